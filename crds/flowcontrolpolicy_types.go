@@ -1,0 +1,435 @@
+package crds
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Status condition of a FlowControlPolicy, and its reasons.
+const (
+	// ConditionAccepted is True when the policy is the one in force for its pool, and False with one of the
+	// reasons below otherwise.
+	ConditionAccepted = "Accepted"
+
+	// ReasonAccepted: the policy is valid and applied to its pool.
+	ReasonAccepted = "Accepted"
+	// ReasonInvalidSpec: the spec does not convert to a flow control configuration; the message says why.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonPoolNotFound: the referenced InferencePool does not exist.
+	ReasonPoolNotFound = "PoolNotFound"
+	// ReasonConflicted: another valid policy for the same pool is older and therefore wins.
+	ReasonConflicted = "Conflicted"
+)
+
+// FlowControlPolicy configures priority-aware admission for one InferencePool: how InferenceObjective priorities
+// map to the Critical, Standard and Sheddable bands, how much each band may queue in the EPP and for how long, when
+// it sheds with 429 and which Retry-After it computes, and per-tenant weights and band caps. At most one policy is
+// in force per pool (the oldest valid one); without one the EPP uses the defaults shown by an empty spec.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=fcp,categories=sluice
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolRef.name`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type FlowControlPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec FlowControlPolicySpec `json:"spec"`
+	// +optional
+	Status FlowControlPolicyStatus `json:"status,omitempty"`
+}
+
+// FlowControlPolicyList is a list of FlowControlPolicy.
+//
+// +kubebuilder:object:root=true
+type FlowControlPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []FlowControlPolicy `json:"items"`
+}
+
+// FlowControlPolicySpec is the desired admission policy. Apart from poolRef it mirrors flowcontrol.APIConfig field
+// for field; every other field is optional and defaulted by the API server.
+type FlowControlPolicySpec struct {
+	// PoolRef is the InferencePool, in the policy's namespace, that this policy configures.
+	// +required
+	PoolRef PoolReference `json:"poolRef"`
+
+	// Bands configures each priority band.
+	// +optional
+	// +kubebuilder:default={}
+	Bands *Bands `json:"bands,omitempty"`
+
+	// MaxQueuedRequests caps the requests waiting in the EPP across all bands. A band allowed to displace evicts the
+	// newest requests of lower bands rather than be refused at this limit.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=10000
+	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
+
+	// MaxQueuedBytes caps the request body bytes waiting in the EPP across all bands. Default 1 GiB.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1073741824
+	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
+
+	// PriorityMapping maps an InferenceObjective priority to a band.
+	// +optional
+	// +kubebuilder:default={}
+	PriorityMapping *PriorityMapping `json:"priorityMapping,omitempty"`
+
+	// Endpoint holds the per-endpoint saturation thresholds that define headroom.
+	// +optional
+	// +kubebuilder:default={}
+	Endpoint *EndpointThresholds `json:"endpoint,omitempty"`
+
+	// Tenants sets per-tenant (fairness ID) weights and band caps. Tenants not listed use defaultTenant.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=256
+	Tenants []TenantPolicy `json:"tenants,omitempty"`
+
+	// DefaultTenant applies to every tenant not listed in tenants.
+	// +optional
+	// +kubebuilder:default={}
+	DefaultTenant *DefaultTenantPolicy `json:"defaultTenant,omitempty"`
+
+	// RetryAfterJitter spreads Retry-After values by plus or minus this fraction so that shed clients do not return
+	// in lock-step. In [0, 1).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:validation:ExclusiveMaximum=true
+	// +kubebuilder:default=0.2
+	RetryAfterJitter *float64 `json:"retryAfterJitter,omitempty"`
+
+	// DrainRateWindow is the time constant of the moving average of the pool's drain rate, which predicts waits and
+	// Retry-After. A Go duration, for example "10s".
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="drainRateWindow must be positive"
+	// +kubebuilder:default="10s"
+	DrainRateWindow *metav1.Duration `json:"drainRateWindow,omitempty"`
+}
+
+// PoolReference names an InferencePool in the policy's namespace.
+type PoolReference struct {
+	// Group is the InferencePool's API group.
+	// +optional
+	// +kubebuilder:validation:Enum=inference.networking.k8s.io;inference.networking.x-k8s.io
+	// +kubebuilder:default="inference.networking.k8s.io"
+	Group string `json:"group,omitempty"`
+
+	// Kind is the referenced kind; only InferencePool is supported.
+	// +optional
+	// +kubebuilder:validation:Enum=InferencePool
+	// +kubebuilder:default=InferencePool
+	Kind string `json:"kind,omitempty"`
+
+	// Name is the InferencePool's name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// Bands configures the three priority bands. Saturation ceilings must not increase from Critical to Sheddable:
+// a lower band must never get headroom that a higher band lacks.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.critical) || !has(self.standard) || !has(self.critical.saturationCeiling) || !has(self.standard.saturationCeiling) || self.standard.saturationCeiling <= self.critical.saturationCeiling",message="inverted ceilings: standard.saturationCeiling must not exceed critical.saturationCeiling"
+// +kubebuilder:validation:XValidation:rule="!has(self.standard) || !has(self.sheddable) || !has(self.standard.saturationCeiling) || !has(self.sheddable.saturationCeiling) || self.sheddable.saturationCeiling <= self.standard.saturationCeiling",message="inverted ceilings: sheddable.saturationCeiling must not exceed standard.saturationCeiling"
+type Bands struct {
+	// +optional
+	// +kubebuilder:default={}
+	Critical *CriticalBand `json:"critical,omitempty"`
+	// +optional
+	// +kubebuilder:default={}
+	Standard *StandardBand `json:"standard,omitempty"`
+	// +optional
+	// +kubebuilder:default={}
+	Sheddable *SheddableBand `json:"sheddable,omitempty"`
+}
+
+// The three band types below have the fields of flowcontrol.APIBandConfig, in its order and with its types (Go
+// converts between them), and differ only in their defaults. A field or rule changed in one must change in all three.
+
+// CriticalBand configures the Critical band.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.retryAfterMin) || !has(self.retryAfterMax) || duration(self.retryAfterMin) <= duration(self.retryAfterMax)",message="retryAfterMin must not exceed retryAfterMax"
+type CriticalBand struct {
+	// MaxQueuedRequests caps the band's waiting requests.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=10000
+	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
+	// MaxQueuedBytes caps the band's waiting request body bytes. Default 1 GiB.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1073741824
+	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
+	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
+	// +kubebuilder:default="30s"
+	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
+	// headroom for this band. In (0, 1].
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:default=1.0
+	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
+	// RejectWhenSaturated rejects an arrival at once (429, reason "saturated") when no endpoint is below the
+	// ceiling, instead of queueing it.
+	// +optional
+	// +kubebuilder:default=false
+	RejectWhenSaturated *bool `json:"rejectWhenSaturated,omitempty"`
+	// RetryAfterMin is the lower bound of the computed Retry-After; at least 1s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="retryAfterMin must be at least 1s"
+	// +kubebuilder:default="1s"
+	RetryAfterMin *metav1.Duration `json:"retryAfterMin,omitempty"`
+	// RetryAfterMax is the upper bound of the computed Retry-After; at least retryAfterMin.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="retryAfterMax must be at least 1s"
+	// +kubebuilder:default="15s"
+	RetryAfterMax *metav1.Duration `json:"retryAfterMax,omitempty"`
+	// MayDisplace lets an arrival that finds the EPP full evict the newest queued request of the lowest non-empty
+	// lower band.
+	// +optional
+	// +kubebuilder:default=true
+	MayDisplace *bool `json:"mayDisplace,omitempty"`
+}
+
+// StandardBand configures the Standard band.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.retryAfterMin) || !has(self.retryAfterMax) || duration(self.retryAfterMin) <= duration(self.retryAfterMax)",message="retryAfterMin must not exceed retryAfterMax"
+type StandardBand struct {
+	// MaxQueuedRequests caps the band's waiting requests.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=10000
+	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
+	// MaxQueuedBytes caps the band's waiting request body bytes. Default 1 GiB.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1073741824
+	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
+	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
+	// +kubebuilder:default="15s"
+	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
+	// headroom for this band. In (0, 1]; at most critical's.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:default=1.0
+	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
+	// RejectWhenSaturated rejects an arrival at once (429, reason "saturated") when no endpoint is below the
+	// ceiling, instead of queueing it.
+	// +optional
+	// +kubebuilder:default=false
+	RejectWhenSaturated *bool `json:"rejectWhenSaturated,omitempty"`
+	// RetryAfterMin is the lower bound of the computed Retry-After; at least 1s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="retryAfterMin must be at least 1s"
+	// +kubebuilder:default="1s"
+	RetryAfterMin *metav1.Duration `json:"retryAfterMin,omitempty"`
+	// RetryAfterMax is the upper bound of the computed Retry-After; at least retryAfterMin.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="retryAfterMax must be at least 1s"
+	// +kubebuilder:default="30s"
+	RetryAfterMax *metav1.Duration `json:"retryAfterMax,omitempty"`
+	// MayDisplace lets an arrival that finds the EPP full evict the newest queued request of the lowest non-empty
+	// lower band.
+	// +optional
+	// +kubebuilder:default=true
+	MayDisplace *bool `json:"mayDisplace,omitempty"`
+}
+
+// SheddableBand configures the Sheddable band. Its defaults make it the holdback band: it only dispatches below 80%
+// of the endpoint thresholds and is shed at once above.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.retryAfterMin) || !has(self.retryAfterMax) || duration(self.retryAfterMin) <= duration(self.retryAfterMax)",message="retryAfterMin must not exceed retryAfterMax"
+type SheddableBand struct {
+	// MaxQueuedRequests caps the band's waiting requests.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=10000
+	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
+	// MaxQueuedBytes caps the band's waiting request body bytes. Default 1 GiB.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1073741824
+	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
+	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
+	// +kubebuilder:default="5s"
+	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
+	// headroom for this band. In (0, 1]; at most standard's.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:default=0.8
+	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
+	// RejectWhenSaturated rejects an arrival at once (429, reason "saturated") when no endpoint is below the
+	// ceiling, instead of queueing it.
+	// +optional
+	// +kubebuilder:default=true
+	RejectWhenSaturated *bool `json:"rejectWhenSaturated,omitempty"`
+	// RetryAfterMin is the lower bound of the computed Retry-After; at least 1s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="retryAfterMin must be at least 1s"
+	// +kubebuilder:default="1s"
+	RetryAfterMin *metav1.Duration `json:"retryAfterMin,omitempty"`
+	// RetryAfterMax is the upper bound of the computed Retry-After; at least retryAfterMin.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="retryAfterMax must be at least 1s"
+	// +kubebuilder:default="60s"
+	RetryAfterMax *metav1.Duration `json:"retryAfterMax,omitempty"`
+	// MayDisplace lets an arrival that finds the EPP full evict the newest queued request of the lowest non-empty
+	// lower band.
+	// +optional
+	// +kubebuilder:default=false
+	MayDisplace *bool `json:"mayDisplace,omitempty"`
+}
+
+// PriorityMapping maps InferenceObjective priorities to bands: priority >= criticalMinPriority is Critical,
+// priority <= sheddableMaxPriority is Sheddable, anything between (including unset, 0) is Standard.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.criticalMinPriority) || !has(self.sheddableMaxPriority) || self.sheddableMaxPriority < self.criticalMinPriority",message="sheddableMaxPriority must be below criticalMinPriority"
+type PriorityMapping struct {
+	// CriticalMinPriority is the lowest priority served in the Critical band.
+	// +optional
+	// +kubebuilder:default=1
+	CriticalMinPriority *int `json:"criticalMinPriority,omitempty"`
+	// SheddableMaxPriority is the highest priority served in the Sheddable band; below criticalMinPriority.
+	// +optional
+	// +kubebuilder:default=-1
+	SheddableMaxPriority *int `json:"sheddableMaxPriority,omitempty"`
+}
+
+// EndpointThresholds define an endpoint's saturation: the largest of (waiting queue + requests the EPP dispatched
+// to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
+// running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
+type EndpointThresholds struct {
+	// QueueDepthThreshold is the queue length (waiting plus recently dispatched requests) at which an endpoint is
+	// saturated. At least 1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=5
+	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
+	// KVCacheUtilThreshold is the KV-cache utilisation at which an endpoint is saturated. In (0, 1].
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:default=0.8
+	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`
+	// RunningThreshold is the number of running requests at which an endpoint is saturated; 0 disables this term.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=0
+	RunningThreshold *int `json:"runningThreshold,omitempty"`
+	// MetricsStalenessThreshold is the age beyond which an endpoint's metrics no longer prove headroom. A Go
+	// duration, for example "200ms".
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="metricsStalenessThreshold must be positive"
+	// +kubebuilder:default="200ms"
+	MetricsStalenessThreshold *metav1.Duration `json:"metricsStalenessThreshold,omitempty"`
+}
+
+// TenantPolicy is one tenant's policy. Its fields are flowcontrol.APITenantPolicy's.
+type TenantPolicy struct {
+	// Name is the tenant's fairness ID.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// Weight is the tenant's share of its band relative to other tenants. In (0, 1e6].
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1000000
+	// +kubebuilder:default=1
+	Weight *float64 `json:"weight,omitempty"`
+	// MaxBand is the highest band the tenant may use; its requests above it are served in it.
+	// +optional
+	// +kubebuilder:validation:Enum=Critical;Standard;Sheddable
+	// +kubebuilder:default=Critical
+	MaxBand *string `json:"maxBand,omitempty"`
+}
+
+// DefaultTenantPolicy is the policy of tenants not listed in tenants.
+type DefaultTenantPolicy struct {
+	// Weight is the tenant's share of its band relative to other tenants. In (0, 1e6].
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1000000
+	// +kubebuilder:default=1
+	Weight *float64 `json:"weight,omitempty"`
+	// MaxBand is the highest band the tenant may use; its requests above it are served in it.
+	// +optional
+	// +kubebuilder:validation:Enum=Critical;Standard;Sheddable
+	// +kubebuilder:default=Critical
+	MaxBand *string `json:"maxBand,omitempty"`
+}
+
+// FlowControlPolicyStatus is written by the EPP serving the referenced pool.
+type FlowControlPolicyStatus struct {
+	// ObservedGeneration is the metadata.generation the conditions describe.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Accepted is True when the policy is in force, False with reason InvalidSpec, PoolNotFound or
+	// Conflicted otherwise.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}

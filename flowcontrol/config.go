@@ -1,0 +1,482 @@
+package flowcontrol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Defaults. They are sane with no policy at all: Critical and Standard queue up to their maximum queue time,
+// Sheddable is held back below 80% of an endpoint's saturation thresholds and shed at once above it.
+const (
+	DefaultMaxQueuedRequests int64 = 10000
+	DefaultMaxQueuedBytes    int64 = 1 << 30 // 1 GiB of request bodies held in the EPP.
+
+	DefaultCriticalMinPriority  = 1
+	DefaultSheddableMaxPriority = -1
+
+	DefaultQueueDepthThreshold       = 5
+	DefaultKVCacheUtilThreshold      = 0.8
+	DefaultMetricsStalenessThreshold = 200 * time.Millisecond
+
+	DefaultRetryAfterJitter = 0.2
+	DefaultDrainRateWindow  = 10 * time.Second
+	DefaultRetryAfterMin    = time.Second
+	DefaultTenantWeight     = 1.0
+)
+
+// defaultBands holds each band's defaults, indexed by Band.
+var defaultBands = [NumBands]BandConfig{
+	Critical: {
+		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
+		MaxQueueTime: 30 * time.Second, SaturationCeiling: 1.0,
+		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 15 * time.Second, MayDisplace: true,
+	},
+	Standard: {
+		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
+		MaxQueueTime: 15 * time.Second, SaturationCeiling: 1.0,
+		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 30 * time.Second, MayDisplace: true,
+	},
+	Sheddable: {
+		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
+		MaxQueueTime: 5 * time.Second, SaturationCeiling: 0.8, RejectWhenSaturated: true,
+		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 60 * time.Second,
+	},
+}
+
+// APIConfig is the external, JSON-serialisable policy schema. Unset (nil) fields take defaults. The FlowControlPolicy
+// CRD spec mirrors it field for field; its JSON names are camelCase and stable.
+type APIConfig struct {
+	// Bands configures each band; unset bands take defaults.
+	Bands *APIBands `json:"bands,omitempty"`
+	// MaxQueuedRequests caps the requests waiting in the EPP across all bands. A band allowed to displace evicts the
+	// newest requests of lower bands rather than be refused at this limit. Default 10000.
+	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
+	// MaxQueuedBytes caps the request bytes waiting in the EPP across all bands. Default 1 GiB.
+	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
+	// PriorityMapping maps an InferenceObjective priority to a band.
+	PriorityMapping *APIPriorityMapping `json:"priorityMapping,omitempty"`
+	// Endpoint holds the per-endpoint saturation thresholds that define headroom.
+	Endpoint *APIEndpointThresholds `json:"endpoint,omitempty"`
+	// Tenants sets per-tenant (fairness ID) weights and band caps. Tenants not listed use DefaultTenant.
+	Tenants []APITenantPolicy `json:"tenants,omitempty"`
+	// DefaultTenant applies to tenants not listed in Tenants. Its name must be empty. Default weight 1, no cap.
+	DefaultTenant *APITenantPolicy `json:"defaultTenant,omitempty"`
+	// RetryAfterJitter spreads Retry-After values by ±this fraction so shed clients do not return in lock-step.
+	// In [0, 1). Default 0.2.
+	RetryAfterJitter *float64 `json:"retryAfterJitter,omitempty"`
+	// DrainRateWindow is the time constant of the moving average of the pool's drain rate, used to predict waits and
+	// compute Retry-After. Default 10s.
+	DrainRateWindow *metav1.Duration `json:"drainRateWindow,omitempty"`
+}
+
+// APIBands configures the three bands.
+type APIBands struct {
+	Critical  *APIBandConfig `json:"critical,omitempty"`
+	Standard  *APIBandConfig `json:"standard,omitempty"`
+	Sheddable *APIBandConfig `json:"sheddable,omitempty"`
+}
+
+// APIBandConfig configures one band.
+type APIBandConfig struct {
+	// MaxQueuedRequests caps the band's waiting requests. Default 10000.
+	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
+	// MaxQueuedBytes caps the band's waiting request bytes. Default 1 GiB.
+	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
+	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once.
+	// Defaults: Critical 30s, Standard 15s, Sheddable 5s.
+	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
+	// headroom for this band. Ceilings must not increase from Critical to Sheddable.
+	// Defaults: Critical 1.0, Standard 1.0, Sheddable 0.8 (the holdback).
+	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
+	// RejectWhenSaturated rejects an arrival at once (reason "saturated") when no endpoint is below the ceiling,
+	// instead of queueing it. Defaults: true for Sheddable, false otherwise.
+	RejectWhenSaturated *bool `json:"rejectWhenSaturated,omitempty"`
+	// RetryAfterMin and RetryAfterMax bound the computed Retry-After. Min is at least 1s.
+	// Defaults: min 1s; max Critical 15s, Standard 30s, Sheddable 60s.
+	RetryAfterMin *metav1.Duration `json:"retryAfterMin,omitempty"`
+	RetryAfterMax *metav1.Duration `json:"retryAfterMax,omitempty"`
+	// MayDisplace lets an arrival that finds the EPP full evict the newest queued request of the lowest non-empty
+	// lower band. Defaults: true for Critical and Standard.
+	MayDisplace *bool `json:"mayDisplace,omitempty"`
+}
+
+// APIPriorityMapping maps InferenceObjective priorities to bands: priority >= criticalMinPriority is Critical,
+// priority <= sheddableMaxPriority is Sheddable, anything between (including unset, 0) is Standard.
+type APIPriorityMapping struct {
+	// Default 1.
+	CriticalMinPriority *int `json:"criticalMinPriority,omitempty"`
+	// Default -1.
+	SheddableMaxPriority *int `json:"sheddableMaxPriority,omitempty"`
+}
+
+// APIEndpointThresholds defines an endpoint's saturation: the largest of (waiting queue + requests the EPP dispatched
+// to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
+// running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
+type APIEndpointThresholds struct {
+	// Default 5.
+	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
+	// In (0, 1]. Default 0.8.
+	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`
+	// 0 disables the running-requests term. Default 0.
+	RunningThreshold *int `json:"runningThreshold,omitempty"`
+	// Default 200ms.
+	MetricsStalenessThreshold *metav1.Duration `json:"metricsStalenessThreshold,omitempty"`
+}
+
+// APITenantPolicy is one tenant's policy.
+type APITenantPolicy struct {
+	// Name is the fairness ID.
+	Name string `json:"name,omitempty"`
+	// Weight is the tenant's share of its band relative to other tenants. Default 1.
+	Weight *float64 `json:"weight,omitempty"`
+	// MaxBand is the highest band the tenant may use ("Critical", "Standard", "Sheddable"); requests above it are
+	// served in it. Default "Critical" (no cap).
+	MaxBand *string `json:"maxBand,omitempty"`
+}
+
+// Config is the validated, defaulted configuration the Controller runs on. Build it with NewConfig, ParseConfig or
+// DefaultConfig; a hand-built Config must pass Validate.
+type Config struct {
+	Bands             [NumBands]BandConfig
+	MaxQueuedRequests int64
+	MaxQueuedBytes    int64
+
+	CriticalMinPriority  int
+	SheddableMaxPriority int
+
+	Endpoint EndpointThresholds
+
+	Tenants       map[string]TenantPolicy
+	DefaultTenant TenantPolicy
+
+	RetryAfterJitter float64
+	DrainRateWindow  time.Duration
+}
+
+// BandConfig is one band's validated configuration. See APIBandConfig for the meaning of each field.
+type BandConfig struct {
+	MaxQueuedRequests   int64
+	MaxQueuedBytes      int64
+	MaxQueueTime        time.Duration
+	SaturationCeiling   float64
+	RejectWhenSaturated bool
+	RetryAfterMin       time.Duration
+	RetryAfterMax       time.Duration
+	MayDisplace         bool
+}
+
+// EndpointThresholds is the validated form of APIEndpointThresholds.
+type EndpointThresholds struct {
+	QueueDepth       int
+	KVCacheUtil      float64
+	Running          int
+	MetricsStaleness time.Duration
+}
+
+// TenantPolicy is one tenant's validated policy.
+type TenantPolicy struct {
+	Weight  float64
+	MaxBand Band
+}
+
+// DefaultConfig returns the configuration used when no policy exists.
+func DefaultConfig() *Config {
+	cfg, err := NewConfig(nil)
+	if err != nil {
+		panic("flowcontrol: defaults do not validate: " + err.Error())
+	}
+	return cfg
+}
+
+// ParseConfig decodes a JSON APIConfig (unknown fields are errors), applies defaults and validates it. Empty input
+// yields the defaults.
+func ParseConfig(raw []byte) (*Config, error) {
+	var api APIConfig
+	if len(bytes.TrimSpace(raw)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&api); err != nil {
+			return nil, fmt.Errorf("invalid flow control configuration: %w", err)
+		}
+	}
+	return NewConfig(&api)
+}
+
+// NewConfig applies defaults to a copy of api (nil means all defaults), validates it and returns the plain Config.
+// All validation failures are reported together.
+func NewConfig(api *APIConfig) (*Config, error) {
+	var safe APIConfig
+	if api != nil {
+		safe = *api
+	}
+	applyDefaults(&safe)
+	cfg, convErr := toConfig(&safe)
+	if err := errors.Join(convErr, cfg.Validate()); err != nil {
+		return nil, fmt.Errorf("invalid flow control configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// applyDefaults fills unset fields. Nested structs are copied before being written, so the caller's APIConfig is
+// never modified.
+func applyDefaults(api *APIConfig) {
+	bands := APIBands{}
+	if api.Bands != nil {
+		bands = *api.Bands
+	}
+	for _, b := range allBands {
+		slot := bands.slot(b)
+		bc := APIBandConfig{}
+		if *slot != nil {
+			bc = **slot
+		}
+		d := defaultBands[b]
+		bc.MaxQueuedRequests = orDefault(bc.MaxQueuedRequests, d.MaxQueuedRequests)
+		bc.MaxQueuedBytes = orDefault(bc.MaxQueuedBytes, d.MaxQueuedBytes)
+		bc.MaxQueueTime = orDefaultDuration(bc.MaxQueueTime, d.MaxQueueTime)
+		bc.SaturationCeiling = orDefault(bc.SaturationCeiling, d.SaturationCeiling)
+		bc.RejectWhenSaturated = orDefault(bc.RejectWhenSaturated, d.RejectWhenSaturated)
+		bc.RetryAfterMin = orDefaultDuration(bc.RetryAfterMin, d.RetryAfterMin)
+		bc.RetryAfterMax = orDefaultDuration(bc.RetryAfterMax, d.RetryAfterMax)
+		bc.MayDisplace = orDefault(bc.MayDisplace, d.MayDisplace)
+		*slot = &bc
+	}
+	api.Bands = &bands
+
+	api.MaxQueuedRequests = orDefault(api.MaxQueuedRequests, DefaultMaxQueuedRequests)
+	api.MaxQueuedBytes = orDefault(api.MaxQueuedBytes, DefaultMaxQueuedBytes)
+
+	pm := APIPriorityMapping{}
+	if api.PriorityMapping != nil {
+		pm = *api.PriorityMapping
+	}
+	pm.CriticalMinPriority = orDefault(pm.CriticalMinPriority, DefaultCriticalMinPriority)
+	pm.SheddableMaxPriority = orDefault(pm.SheddableMaxPriority, DefaultSheddableMaxPriority)
+	api.PriorityMapping = &pm
+
+	ep := APIEndpointThresholds{}
+	if api.Endpoint != nil {
+		ep = *api.Endpoint
+	}
+	ep.QueueDepthThreshold = orDefault(ep.QueueDepthThreshold, DefaultQueueDepthThreshold)
+	ep.KVCacheUtilThreshold = orDefault(ep.KVCacheUtilThreshold, DefaultKVCacheUtilThreshold)
+	ep.RunningThreshold = orDefault(ep.RunningThreshold, 0)
+	ep.MetricsStalenessThreshold = orDefaultDuration(ep.MetricsStalenessThreshold, DefaultMetricsStalenessThreshold)
+	api.Endpoint = &ep
+
+	tenants := make([]APITenantPolicy, len(api.Tenants))
+	for i, t := range api.Tenants {
+		t.Weight = orDefault(t.Weight, DefaultTenantWeight)
+		t.MaxBand = orDefault(t.MaxBand, Critical.String())
+		tenants[i] = t
+	}
+	api.Tenants = tenants
+
+	dt := APITenantPolicy{}
+	if api.DefaultTenant != nil {
+		dt = *api.DefaultTenant
+	}
+	dt.Weight = orDefault(dt.Weight, DefaultTenantWeight)
+	dt.MaxBand = orDefault(dt.MaxBand, Critical.String())
+	api.DefaultTenant = &dt
+
+	api.RetryAfterJitter = orDefault(api.RetryAfterJitter, DefaultRetryAfterJitter)
+	api.DrainRateWindow = orDefaultDuration(api.DrainRateWindow, DefaultDrainRateWindow)
+}
+
+func (b *APIBands) slot(band Band) **APIBandConfig {
+	switch band {
+	case Critical:
+		return &b.Critical
+	case Standard:
+		return &b.Standard
+	default:
+		return &b.Sheddable
+	}
+}
+
+func orDefault[T any](v *T, def T) *T {
+	if v == nil {
+		return ptr.To(def)
+	}
+	return v
+}
+
+func orDefaultDuration(v *metav1.Duration, def time.Duration) *metav1.Duration {
+	if v == nil {
+		return &metav1.Duration{Duration: def}
+	}
+	return v
+}
+
+// toConfig converts a defaulted APIConfig. It reports what cannot be represented (unknown band names, duplicate
+// tenants); range checks are Validate's job.
+func toConfig(api *APIConfig) (*Config, error) {
+	var errs []error
+	cfg := &Config{
+		MaxQueuedRequests:    *api.MaxQueuedRequests,
+		MaxQueuedBytes:       *api.MaxQueuedBytes,
+		CriticalMinPriority:  *api.PriorityMapping.CriticalMinPriority,
+		SheddableMaxPriority: *api.PriorityMapping.SheddableMaxPriority,
+		Endpoint: EndpointThresholds{
+			QueueDepth:       *api.Endpoint.QueueDepthThreshold,
+			KVCacheUtil:      *api.Endpoint.KVCacheUtilThreshold,
+			Running:          *api.Endpoint.RunningThreshold,
+			MetricsStaleness: api.Endpoint.MetricsStalenessThreshold.Duration,
+		},
+		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
+		RetryAfterJitter: *api.RetryAfterJitter,
+		DrainRateWindow:  api.DrainRateWindow.Duration,
+	}
+	for _, b := range allBands {
+		bc := *api.Bands.slot(b)
+		cfg.Bands[b] = BandConfig{
+			MaxQueuedRequests:   *bc.MaxQueuedRequests,
+			MaxQueuedBytes:      *bc.MaxQueuedBytes,
+			MaxQueueTime:        bc.MaxQueueTime.Duration,
+			SaturationCeiling:   *bc.SaturationCeiling,
+			RejectWhenSaturated: *bc.RejectWhenSaturated,
+			RetryAfterMin:       bc.RetryAfterMin.Duration,
+			RetryAfterMax:       bc.RetryAfterMax.Duration,
+			MayDisplace:         *bc.MayDisplace,
+		}
+	}
+	for i, t := range api.Tenants {
+		if t.Name == "" {
+			errs = append(errs, fmt.Errorf("tenants[%d].name must not be empty", i))
+			continue
+		}
+		if _, dup := cfg.Tenants[t.Name]; dup {
+			errs = append(errs, fmt.Errorf("tenants[%d]: duplicate tenant %q", i, t.Name))
+			continue
+		}
+		band, err := ParseBand(*t.MaxBand)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tenants[%d] (%q).maxBand: %w", i, t.Name, err))
+			continue
+		}
+		cfg.Tenants[t.Name] = TenantPolicy{Weight: *t.Weight, MaxBand: band}
+	}
+	if api.DefaultTenant.Name != "" {
+		errs = append(errs, fmt.Errorf("defaultTenant.name must be empty, got %q", api.DefaultTenant.Name))
+	}
+	band, err := ParseBand(*api.DefaultTenant.MaxBand)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("defaultTenant.maxBand: %w", err))
+	}
+	cfg.DefaultTenant = TenantPolicy{Weight: *api.DefaultTenant.Weight, MaxBand: band}
+	return cfg, errors.Join(errs...)
+}
+
+// Validate checks every constraint and reports all violations together.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.MaxQueuedRequests < 0 {
+		errs = append(errs, fmt.Errorf("maxQueuedRequests must not be negative, got %d", c.MaxQueuedRequests))
+	}
+	if c.MaxQueuedBytes < 0 {
+		errs = append(errs, fmt.Errorf("maxQueuedBytes must not be negative, got %d", c.MaxQueuedBytes))
+	}
+	for _, b := range allBands {
+		bc := c.Bands[b]
+		p := "bands." + lowerFirst(b.String()) + "."
+		if bc.MaxQueuedRequests < 0 {
+			errs = append(errs, fmt.Errorf("%smaxQueuedRequests must not be negative, got %d", p, bc.MaxQueuedRequests))
+		}
+		if bc.MaxQueuedBytes < 0 {
+			errs = append(errs, fmt.Errorf("%smaxQueuedBytes must not be negative, got %d", p, bc.MaxQueuedBytes))
+		}
+		if bc.MaxQueueTime <= 0 {
+			errs = append(errs, fmt.Errorf("%smaxQueueTime must be positive, got %v", p, bc.MaxQueueTime))
+		}
+		if !(bc.SaturationCeiling > 0) {
+			errs = append(errs, fmt.Errorf("%ssaturationCeiling must be positive, got %v", p, bc.SaturationCeiling))
+		}
+		if bc.RetryAfterMin < time.Second {
+			errs = append(errs, fmt.Errorf("%sretryAfterMin must be at least 1s, got %v", p, bc.RetryAfterMin))
+		}
+		if bc.RetryAfterMin > bc.RetryAfterMax {
+			errs = append(errs, fmt.Errorf("%sretryAfterMin (%v) must not exceed retryAfterMax (%v)",
+				p, bc.RetryAfterMin, bc.RetryAfterMax))
+		}
+		if b > Critical && bc.SaturationCeiling > c.Bands[b-1].SaturationCeiling {
+			errs = append(errs, fmt.Errorf("inverted ceilings: bands.%s.saturationCeiling (%v) exceeds bands.%s.saturationCeiling (%v); "+
+				"a lower band must not get headroom a higher band lacks", lowerFirst(b.String()), bc.SaturationCeiling,
+				lowerFirst((b-1).String()), c.Bands[b-1].SaturationCeiling))
+		}
+	}
+	if c.SheddableMaxPriority >= c.CriticalMinPriority {
+		errs = append(errs, fmt.Errorf("priorityMapping.sheddableMaxPriority (%d) must be below criticalMinPriority (%d)",
+			c.SheddableMaxPriority, c.CriticalMinPriority))
+	}
+	if c.Endpoint.QueueDepth <= 0 {
+		errs = append(errs, fmt.Errorf("endpoint.queueDepthThreshold must be positive, got %d", c.Endpoint.QueueDepth))
+	}
+	if !(c.Endpoint.KVCacheUtil > 0 && c.Endpoint.KVCacheUtil <= 1) {
+		errs = append(errs, fmt.Errorf("endpoint.kvCacheUtilThreshold must be in (0, 1], got %v", c.Endpoint.KVCacheUtil))
+	}
+	if c.Endpoint.Running < 0 {
+		errs = append(errs, fmt.Errorf("endpoint.runningThreshold must not be negative, got %d", c.Endpoint.Running))
+	}
+	if c.Endpoint.MetricsStaleness <= 0 {
+		errs = append(errs, fmt.Errorf("endpoint.metricsStalenessThreshold must be positive, got %v", c.Endpoint.MetricsStaleness))
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Tenants)) {
+		errs = append(errs, validateTenant(fmt.Sprintf("tenants[%q]", name), c.Tenants[name])...)
+	}
+	errs = append(errs, validateTenant("defaultTenant", c.DefaultTenant)...)
+	if !(c.RetryAfterJitter >= 0 && c.RetryAfterJitter < 1) {
+		errs = append(errs, fmt.Errorf("retryAfterJitter must be in [0, 1), got %v", c.RetryAfterJitter))
+	}
+	if c.DrainRateWindow <= 0 {
+		errs = append(errs, fmt.Errorf("drainRateWindow must be positive, got %v", c.DrainRateWindow))
+	}
+	return errors.Join(errs...)
+}
+
+func validateTenant(path string, t TenantPolicy) []error {
+	var errs []error
+	if !(t.Weight > 0) || t.Weight > 1e6 {
+		errs = append(errs, fmt.Errorf("%s.weight must be in (0, 1e6], got %v", path, t.Weight))
+	}
+	if !t.MaxBand.Valid() {
+		errs = append(errs, fmt.Errorf("%s.maxBand is not a valid band: %v", path, t.MaxBand))
+	}
+	return errs
+}
+
+func lowerFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return string(s[0]|0x20) + s[1:]
+}
+
+// BandFor maps an InferenceObjective priority to a band.
+func (c *Config) BandFor(priority int) Band {
+	switch {
+	case priority >= c.CriticalMinPriority:
+		return Critical
+	case priority <= c.SheddableMaxPriority:
+		return Sheddable
+	default:
+		return Standard
+	}
+}
+
+// tenantPolicy returns the policy of a tenant (fairness ID).
+func (c *Config) tenantPolicy(tenant string) TenantPolicy {
+	if p, ok := c.Tenants[tenant]; ok {
+		return p
+	}
+	return c.DefaultTenant
+}

@@ -1,0 +1,738 @@
+package flowcontrol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Request describes one request asking for admission. It carries plain values only.
+type Request struct {
+	// ID identifies the request until it finishes; it must be unique among requests the controller still tracks
+	// (waiting, or dispatched and not yet released or covered by a scrape). Bind and Release use it.
+	ID string
+	// Tenant is the fairness ID. Tenants share a band fairly, weighted by their policy weight.
+	Tenant string
+	// Priority is the InferenceObjective priority, mapped to a band by the configuration (then capped by the tenant's
+	// policy).
+	Priority int
+	// Bytes is the request body size, counted against queue byte capacities while the request waits.
+	Bytes int64
+	// EstimatedCost is the request's expected work in tokens (prompt + expected output). Fair queuing shares a band's
+	// cost, not its request count, between tenants. 0 counts as 1.
+	EstimatedCost uint64
+}
+
+// Deps are the controller's seams. Nil fields take production defaults.
+type Deps struct {
+	// Clock provides all time, including queue-timeout and shutdown-grace events. Default clock.RealClock{}.
+	Clock clock.WithDelayedExecution
+	// Rand draws Retry-After jitter; it is only used under the controller's lock. Default: seeded from the clock.
+	Rand *rand.Rand
+	// Recorder receives metrics. Default: discards them.
+	Recorder Recorder
+}
+
+// Controller decides when each request may proceed to the scheduler. See the package documentation for the
+// algorithm, invariants and concurrency model.
+type Controller struct {
+	// Immutable after New.
+	cfg      *Config
+	clock    clock.WithDelayedExecution
+	recorder Recorder
+
+	mu sync.Mutex // guards everything below
+
+	rng           *rand.Rand
+	bands         [NumBands]*bandQueue
+	queued        map[string]*item // waiting requests by ID
+	totalCount    int64
+	totalBytes    int64
+	seq           uint64
+	endpoints     []endpointState
+	endpointIndex map[string]int
+	reservations  map[string]reservation // dispatched requests not yet covered by a scrape, by ID
+	drain         drainEstimator
+
+	// ttlTimer fires at ttlAt, no later than the earliest deadline of a waiting request; ttlGen tells a stale firing
+	// from the current one.
+	ttlTimer clock.Timer
+	ttlAt    time.Time
+	ttlGen   uint64
+
+	shuttingDown  bool
+	drained       chan struct{} // closed once shutting down and nothing waits
+	drainedClosed bool
+	graceTimer    clock.Timer
+}
+
+// New returns a Controller. A nil cfg means DefaultConfig(); a non-nil one must pass Validate.
+func New(cfg *Config, deps Deps) (*Controller, error) {
+	if cfg == nil {
+		cfg = DefaultConfig()
+	} else if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid flow control configuration: %w", err)
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.RealClock{}
+	}
+	if deps.Rand == nil {
+		deps.Rand = rand.New(rand.NewPCG(uint64(deps.Clock.Now().UnixNano()), 0x5111ce))
+	}
+	if deps.Recorder == nil {
+		deps.Recorder = noopRecorder{}
+	}
+	c := &Controller{
+		cfg:           cfg,
+		clock:         deps.Clock,
+		recorder:      deps.Recorder,
+		rng:           deps.Rand,
+		queued:        make(map[string]*item),
+		endpointIndex: make(map[string]int),
+		reservations:  make(map[string]reservation),
+		drain:         newDrainEstimator(cfg.DrainRateWindow),
+	}
+	for i := range c.bands {
+		c.bands[i] = newBandQueue()
+	}
+	return c, nil
+}
+
+// Config returns the controller's configuration. It must not be modified.
+func (c *Controller) Config() *Config { return c.cfg }
+
+// Admit blocks until the request is dispatched, rejected, found unavailable, or ctx ends, and returns the decision.
+// The error is nil exactly when the outcome is Dispatched; otherwise it is an *Error wrapping one of ErrRejected,
+// ErrUnavailable or ErrCancelled. A dispatched request holds a reservation on an endpoint until Release, or until a
+// scrape taken after it covers it; call Bind once the scheduler has picked the endpoint. If ctx ends just as the
+// request is dispatched, Dispatched wins and the caller must still Release it.
+func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		band, capped, _ := c.bandOf(req)
+		d := Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: band, Capped: capped}
+		c.recorder.RecordDecision(req.Tenant, d)
+		return d, newError(d, err)
+	}
+
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	d, cause, it, changed := c.admitLocked(req, now)
+	var sample QueueSample
+	if changed {
+		c.endOpLocked(now)
+		sample = c.queueSampleLocked(now)
+	}
+	c.mu.Unlock()
+	if changed {
+		c.recorder.RecordQueue(sample)
+	}
+
+	if it != nil {
+		d, cause = c.wait(ctx, it)
+	}
+	c.recorder.RecordDecision(req.Tenant, d)
+	if d.Outcome == Dispatched {
+		return d, nil
+	}
+	return d, newError(d, cause)
+}
+
+// wait blocks until it is finalized, removing it from its queue if ctx ends first.
+func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
+	select {
+	case <-it.done:
+	case <-ctx.Done():
+		c.mu.Lock()
+		if !it.finalized {
+			now := c.clock.Now()
+			c.drain.advance(now)
+			c.removeQueuedLocked(it)
+			c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band,
+				Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}, ctx.Err())
+			c.endOpLocked(now)
+			sample := c.queueSampleLocked(now)
+			c.mu.Unlock()
+			c.recorder.RecordQueue(sample)
+		} else {
+			c.mu.Unlock()
+		}
+		<-it.done
+	}
+	return it.decision, it.cause
+}
+
+// admitLocked decides an arrival. It returns either a final decision, or the queued item to wait on. changed reports
+// whether queues changed (an enqueue or a displacement); the fast path changes none.
+func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, cause error, it *item, changed bool) {
+	band, capped, weight := c.bandOf(req)
+	d = Decision{Band: band, Capped: capped}
+	if cause = c.validateLocked(req); cause != nil {
+		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
+		return d, cause, nil, false
+	}
+	if c.shuttingDown {
+		c.unavailableLocked(&d, ReasonShuttingDown)
+		return d, nil, nil, false
+	}
+	fresh, best := c.headroomLocked(band, now)
+	if fresh == 0 {
+		c.unavailableLocked(&d, ReasonNoEndpoints)
+		return d, nil, nil, false
+	}
+	cost := costOf(req)
+	if best >= 0 && c.queuedAtOrAbove(band) == 0 {
+		// Fast path: headroom and nobody ahead.
+		d.Outcome = Dispatched
+		d.Endpoints = c.endpointsWithHeadroomLocked(band, now)
+		c.reserveLocked(req.ID, best, now)
+		if c.totalCount > 0 {
+			c.drain.add(cost)
+		}
+		return d, nil, nil, false
+	}
+
+	bc := &c.cfg.Bands[band]
+	if bc.RejectWhenSaturated {
+		c.rejectLocked(&d, ReasonSaturated, c.timeUntilAdmitLocked(band, cost))
+		return d, nil, nil, false
+	}
+	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost); known && wait > bc.MaxQueueTime {
+		c.rejectLocked(&d, ReasonPredictedWait, wait)
+		return d, nil, nil, false
+	}
+	victims, fits := c.makeRoomLocked(band, req.Bytes)
+	if !fits {
+		c.rejectLocked(&d, ReasonQueueFull, c.timeUntilAdmitLocked(band, cost))
+		return d, nil, nil, false
+	}
+	for _, v := range victims {
+		c.removeQueuedLocked(v)
+		vd := Decision{Band: v.band, Capped: v.capped, Waited: now.Sub(v.enqueuedAt)}
+		c.rejectLocked(&vd, ReasonDisplaced, c.timeUntilAdmitLocked(v.band, v.cost))
+		c.finalizeLocked(v, vd, nil)
+	}
+
+	c.seq++
+	it = &item{
+		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, bytes: req.Bytes, seq: c.seq,
+		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
+	}
+	c.bands[band].push(it, weight)
+	c.queued[req.ID] = it
+	c.totalCount++
+	c.totalBytes += req.Bytes
+	return d, nil, it, true
+}
+
+func (c *Controller) validateLocked(req Request) error {
+	if req.ID == "" {
+		return errors.New("request ID must not be empty")
+	}
+	if req.Bytes < 0 {
+		return fmt.Errorf("request %q: byte size must not be negative, got %d", req.ID, req.Bytes)
+	}
+	if _, dup := c.queued[req.ID]; dup {
+		return fmt.Errorf("request ID %q is already waiting for admission", req.ID)
+	}
+	if _, dup := c.reservations[req.ID]; dup {
+		return fmt.Errorf("request ID %q is already dispatched and not yet released", req.ID)
+	}
+	return nil
+}
+
+// bandOf maps the request's priority to a band, applies its tenant's cap and returns the tenant's weight.
+func (c *Controller) bandOf(req Request) (band Band, capped bool, weight float64) {
+	band = c.cfg.BandFor(req.Priority)
+	pol := c.cfg.tenantPolicy(req.Tenant)
+	if band.higherThan(pol.MaxBand) {
+		return pol.MaxBand, true, pol.Weight
+	}
+	return band, false, pol.Weight
+}
+
+func costOf(req Request) float64 {
+	if req.EstimatedCost == 0 {
+		return 1
+	}
+	return float64(req.EstimatedCost)
+}
+
+func (c *Controller) queuedAtOrAbove(band Band) int {
+	n := 0
+	for b := Critical; b <= band; b++ {
+		n += c.bands[b].count
+	}
+	return n
+}
+
+// headroomLocked returns the number of endpoints with fresh metrics and the index of the least saturated one with
+// headroom for band (-1 if none).
+func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int) {
+	ceiling := c.cfg.Bands[band].SaturationCeiling
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	best = -1
+	for i := range c.endpoints {
+		e := &c.endpoints[i]
+		if e.scrapedNs < cutoff {
+			continue
+		}
+		fresh++
+		if e.sat < ceiling && (best < 0 || e.sat < c.endpoints[best].sat) {
+			best = i
+		}
+	}
+	return fresh, best
+}
+
+// endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling, in snapshot order.
+func (c *Controller) endpointsWithHeadroomLocked(band Band, now time.Time) []string {
+	ceiling := c.cfg.Bands[band].SaturationCeiling
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	n := 0
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.scrapedNs >= cutoff && e.sat < ceiling {
+			n++
+		}
+	}
+	names := make([]string, 0, n)
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.scrapedNs >= cutoff && e.sat < ceiling {
+			names = append(names, e.Name)
+		}
+	}
+	return names
+}
+
+func (c *Controller) freshCountLocked(now time.Time) int {
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	n := 0
+	for i := range c.endpoints {
+		if c.endpoints[i].scrapedNs >= cutoff {
+			n++
+		}
+	}
+	return n
+}
+
+// reserveLocked counts a dispatched request against endpoint i until a scrape covers it or it is released.
+func (c *Controller) reserveLocked(id string, i int, now time.Time) {
+	c.endpoints[i].reserve(1, c.cfg.Endpoint)
+	c.reservations[id] = reservation{endpoint: c.endpoints[i].Name, at: now}
+}
+
+// estimatedWaitLocked predicts how long a new request would wait: the cost ahead of it (higher bands' backlog plus
+// its fair position in its own band, plus itself) over the drain rate. known is false while the rate is unknown.
+func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost float64) (wait time.Duration, known bool) {
+	rate, ok := c.drain.rate()
+	if !ok {
+		return 0, false
+	}
+	ahead := c.bands[band].costAhead(tenant, weight) + cost
+	for b := Critical; b < band; b++ {
+		ahead += c.bands[b].cost
+	}
+	return secondsToDuration(ahead / rate), true
+}
+
+// timeUntilAdmitLocked estimates when band would admit again: its backlog and the backlog of higher bands, plus
+// cost, over the drain rate. Unknown rate: the band's minimum if nothing waits, else its maximum.
+func (c *Controller) timeUntilAdmitLocked(band Band, cost float64) time.Duration {
+	backlog := 0.0
+	for b := Critical; b <= band; b++ {
+		backlog += c.bands[b].cost
+	}
+	rate, ok := c.drain.rate()
+	switch {
+	case ok:
+		return secondsToDuration((backlog + cost) / rate)
+	case backlog == 0:
+		return c.cfg.Bands[band].RetryAfterMin
+	default:
+		return c.cfg.Bands[band].RetryAfterMax
+	}
+}
+
+func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration) {
+	bc := &c.cfg.Bands[d.Band]
+	d.Outcome, d.Reason = Rejected, reason
+	d.RetryAfter = retryAfter(estimate, bc.RetryAfterMin, bc.RetryAfterMax, c.cfg.RetryAfterJitter, c.rng.Float64())
+}
+
+// unavailableLocked answers 503: there is no backlog to estimate from, so Retry-After is the band's minimum, jittered.
+func (c *Controller) unavailableLocked(d *Decision, reason Reason) {
+	bc := &c.cfg.Bands[d.Band]
+	d.Outcome, d.Reason = Unavailable, reason
+	d.RetryAfter = retryAfter(bc.RetryAfterMin, bc.RetryAfterMin, bc.RetryAfterMax, c.cfg.RetryAfterJitter, c.rng.Float64())
+}
+
+// makeRoomLocked checks capacity for an arrival in band of size bytes. If only the controller-wide limits are hit and
+// the band may displace, it returns the victims to evict: newest first from the lowest non-empty lower band upwards.
+// Nothing is evicted unless enough room can be made.
+func (c *Controller) makeRoomLocked(band Band, bytes int64) (victims []*item, fits bool) {
+	bc := &c.cfg.Bands[band]
+	q := c.bands[band]
+	if int64(q.count)+1 > bc.MaxQueuedRequests || q.bytes+bytes > bc.MaxQueuedBytes || bytes > c.cfg.MaxQueuedBytes {
+		return nil, false
+	}
+	needReq := c.totalCount + 1 - c.cfg.MaxQueuedRequests
+	needBytes := c.totalBytes + bytes - c.cfg.MaxQueuedBytes
+	if needReq <= 0 && needBytes <= 0 {
+		return nil, true
+	}
+	if !bc.MayDisplace {
+		return nil, false
+	}
+	for lower := Band(NumBands - 1); lower > band; lower-- {
+		for v := c.bands[lower].newest; v != nil && (needReq > 0 || needBytes > 0); v = v.bPrev {
+			victims = append(victims, v)
+			needReq--
+			needBytes -= v.bytes
+		}
+	}
+	if needReq > 0 || needBytes > 0 {
+		return nil, false
+	}
+	return victims, true
+}
+
+// removeQueuedLocked takes a waiting item out of all queue state.
+func (c *Controller) removeQueuedLocked(it *item) {
+	c.bands[it.band].remove(it)
+	c.dequeuedLocked(it)
+}
+
+func (c *Controller) dequeuedLocked(it *item) {
+	delete(c.queued, it.id)
+	c.totalCount--
+	c.totalBytes -= it.bytes
+}
+
+// finalizeLocked sets it's decision and wakes its Admit call. Finalizing twice is a bug that would answer a request
+// twice, so it panics.
+func (c *Controller) finalizeLocked(it *item, d Decision, cause error) {
+	if it.finalized {
+		panic(fmt.Sprintf("flowcontrol: request %q finalized twice (had %s, now %s)", it.id, it.decision.Outcome, d.Outcome))
+	}
+	it.finalized, it.decision, it.cause = true, d, cause
+	close(it.done)
+}
+
+// dispatchLocked dispatches waiting requests in order while endpoints have headroom: bands strictly by priority,
+// fair within a band. It stops at the first non-empty band without headroom; lower bands, whose ceilings are no
+// higher, have none either. It returns the number dispatched.
+func (c *Controller) dispatchLocked(now time.Time) int {
+	n := 0
+	for _, b := range allBands {
+		q := c.bands[b]
+		for q.count > 0 {
+			_, best := c.headroomLocked(b, now)
+			if best < 0 {
+				return n
+			}
+			names := c.endpointsWithHeadroomLocked(b, now)
+			it := q.pop()
+			c.dequeuedLocked(it)
+			c.reserveLocked(it.id, best, now)
+			c.drain.add(it.cost)
+			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
+				Waited: now.Sub(it.enqueuedAt)}, nil)
+			n++
+		}
+	}
+	return n
+}
+
+// expireLocked answers every request whose maximum queue time has passed: Unavailable if no endpoint is fresh (the
+// pool, not the load, is the problem), Rejected with ReasonQueueTimeout otherwise.
+func (c *Controller) expireLocked(now time.Time) int {
+	n := 0
+	noEndpoints := c.freshCountLocked(now) == 0
+	for _, b := range allBands {
+		q := c.bands[b]
+		for q.oldest != nil && !q.oldest.deadline.After(now) {
+			it := q.oldest
+			c.removeQueuedLocked(it)
+			d := Decision{Band: it.band, Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}
+			if noEndpoints {
+				c.unavailableLocked(&d, ReasonNoEndpoints)
+			} else {
+				c.rejectLocked(&d, ReasonQueueTimeout, c.timeUntilAdmitLocked(b, it.cost))
+			}
+			c.finalizeLocked(it, d, nil)
+			n++
+		}
+	}
+	return n
+}
+
+// endOpLocked restores the bookkeeping every state change must leave consistent: the drain estimator's backlog
+// flag, the queue-timeout timer, and the shutdown signal.
+func (c *Controller) endOpLocked(now time.Time) {
+	c.drain.setBacklogged(c.totalCount > 0)
+	c.armTTLTimerLocked(now)
+	if c.shuttingDown && !c.drainedClosed && c.totalCount == 0 {
+		c.drainedClosed = true
+		close(c.drained)
+		if c.graceTimer != nil {
+			c.graceTimer.Stop()
+			c.graceTimer = nil
+		}
+	}
+}
+
+// armTTLTimerLocked makes sure a timer fires no later than the earliest deadline of a waiting request. Deadlines in a
+// band follow arrival order, so the earliest is among the bands' oldest items. A timer that fires early (its request
+// left) simply re-arms.
+func (c *Controller) armTTLTimerLocked(now time.Time) {
+	var earliest time.Time
+	for _, q := range c.bands {
+		if o := q.oldest; o != nil && (earliest.IsZero() || o.deadline.Before(earliest)) {
+			earliest = o.deadline
+		}
+	}
+	if earliest.IsZero() {
+		if c.ttlTimer != nil {
+			c.ttlTimer.Stop()
+			c.ttlTimer = nil
+		}
+		return
+	}
+	if c.ttlTimer != nil && !c.ttlAt.After(earliest) {
+		return
+	}
+	if c.ttlTimer != nil {
+		c.ttlTimer.Stop()
+	}
+	c.ttlGen++
+	gen := c.ttlGen
+	c.ttlAt = earliest
+	// The callback only starts a goroutine: fake clocks run callbacks while holding their own lock, and onTTLTimer
+	// reads the clock.
+	c.ttlTimer = c.clock.AfterFunc(earliest.Sub(now), func() { go c.onTTLTimer(gen) })
+}
+
+func (c *Controller) onTTLTimer(gen uint64) {
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	if gen == c.ttlGen {
+		c.ttlTimer = nil
+	}
+	n := c.expireLocked(now)
+	c.endOpLocked(now)
+	sample := c.queueSampleLocked(now)
+	c.mu.Unlock()
+	if n > 0 {
+		c.recorder.RecordQueue(sample)
+	}
+}
+
+// UpdateEndpoints replaces the pool snapshot after a scrape. Reservations on endpoints scraped after the reservation
+// was made (or no longer in the pool) are dropped, since the scrape counts those requests itself. Waiting requests
+// are then dispatched onto any endpoint with headroom. Invalid entries (empty or duplicate names, negative counts,
+// KV usage outside [0, 1]) are left out, and reported in the returned error; the rest of the snapshot applies.
+func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
+	var errs []error
+	states := make([]endpointState, 0, len(eps))
+	index := make(map[string]int, len(eps))
+	for i, e := range eps {
+		switch {
+		case e.Name == "":
+			errs = append(errs, fmt.Errorf("endpoints[%d]: name must not be empty", i))
+		case e.WaitingQueue < 0 || e.Running < 0:
+			errs = append(errs, fmt.Errorf("endpoint %q: negative queue (%d) or running (%d)", e.Name, e.WaitingQueue, e.Running))
+		case !(e.KVCacheUsage >= 0 && e.KVCacheUsage <= 1):
+			errs = append(errs, fmt.Errorf("endpoint %q: KV cache usage %v is outside [0, 1]", e.Name, e.KVCacheUsage))
+		default:
+			if _, dup := index[e.Name]; dup {
+				errs = append(errs, fmt.Errorf("endpoint %q appears twice; keeping the first", e.Name))
+				continue
+			}
+			index[e.Name] = len(states)
+			states = append(states, newEndpointState(e))
+		}
+	}
+
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	for id, r := range c.reservations {
+		i, ok := index[r.endpoint]
+		if !ok || r.at.Before(states[i].ScrapedAt) {
+			delete(c.reservations, id)
+			continue
+		}
+		states[i].reserved++
+	}
+	for i := range states {
+		states[i].reserve(0, c.cfg.Endpoint)
+	}
+	c.endpoints, c.endpointIndex = states, index
+	c.dispatchLocked(now)
+	c.endOpLocked(now)
+	sample := c.queueSampleLocked(now)
+	c.mu.Unlock()
+	c.recorder.RecordQueue(sample)
+	return errors.Join(errs...)
+}
+
+// Bind moves a dispatched request's reservation to the endpoint the scheduler picked (the controller provisionally
+// reserved its least saturated endpoint with headroom). It reports whether the request still held a reservation.
+func (c *Controller) Bind(id, endpoint string) bool {
+	c.mu.Lock()
+	r, ok := c.reservations[id]
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.unreserveLocked(r)
+	r.endpoint, r.at = endpoint, now
+	c.reservations[id] = r
+	if i, ok := c.endpointIndex[endpoint]; ok {
+		c.endpoints[i].reserve(1, c.cfg.Endpoint)
+	}
+	c.afterFreedLocked(now) // unlocks
+	return true
+}
+
+// Release ends a dispatched request's reservation (the request finished or failed before reaching its endpoint).
+// It reports whether the request still held one; after a covering scrape it does not, and that is not an error.
+func (c *Controller) Release(id string) bool {
+	c.mu.Lock()
+	r, ok := c.reservations[id]
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	delete(c.reservations, id)
+	c.unreserveLocked(r)
+	if c.totalCount == 0 {
+		c.mu.Unlock()
+		return true
+	}
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.afterFreedLocked(now) // unlocks
+	return true
+}
+
+func (c *Controller) unreserveLocked(r reservation) {
+	if i, ok := c.endpointIndex[r.endpoint]; ok {
+		c.endpoints[i].reserve(-1, c.cfg.Endpoint)
+	}
+}
+
+// afterFreedLocked dispatches onto headroom a reservation change may have freed, then unlocks and reports metrics.
+func (c *Controller) afterFreedLocked(now time.Time) {
+	n := c.dispatchLocked(now)
+	var sample QueueSample
+	if n > 0 {
+		c.endOpLocked(now)
+		sample = c.queueSampleLocked(now)
+	}
+	c.mu.Unlock()
+	if n > 0 {
+		c.recorder.RecordQueue(sample)
+	}
+}
+
+// Shutdown stops admission: new arrivals are answered Unavailable (ReasonShuttingDown) at once. Waiting requests are
+// still dispatched as headroom appears, for up to grace (measured on the controller's clock); those left then are
+// answered Unavailable. The returned channel is closed when no request waits any more. Calling Shutdown again
+// returns the same channel and does not change the grace period.
+func (c *Controller) Shutdown(grace time.Duration) <-chan struct{} {
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	if !c.shuttingDown {
+		c.shuttingDown = true
+		c.drained = make(chan struct{})
+		if grace <= 0 {
+			c.flushLocked(now)
+		} else if c.totalCount > 0 {
+			c.graceTimer = c.clock.AfterFunc(grace, func() { go c.onGraceTimer() })
+		}
+		c.endOpLocked(now)
+	}
+	ch := c.drained
+	c.mu.Unlock()
+	return ch
+}
+
+func (c *Controller) onGraceTimer() {
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.graceTimer = nil
+	c.flushLocked(now)
+	c.endOpLocked(now)
+	sample := c.queueSampleLocked(now)
+	c.mu.Unlock()
+	c.recorder.RecordQueue(sample)
+}
+
+// flushLocked answers every waiting request Unavailable (ReasonShuttingDown).
+func (c *Controller) flushLocked(now time.Time) {
+	for _, q := range c.bands {
+		for q.oldest != nil {
+			it := q.oldest
+			c.removeQueuedLocked(it)
+			d := Decision{Band: it.band, Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}
+			c.unavailableLocked(&d, ReasonShuttingDown)
+			c.finalizeLocked(it, d, nil)
+		}
+	}
+}
+
+// Stats is a point-in-time view of the controller, for tests, debugging and status reporting.
+type Stats struct {
+	Queued      [NumBands]int
+	QueuedBytes [NumBands]int64
+	// Reserved is the number of dispatched requests still counted against an endpoint.
+	Reserved int
+	// DrainRate is the estimated drain rate in cost units per second; 0 while unknown.
+	DrainRate    float64
+	ShuttingDown bool
+}
+
+// Stats returns the current state.
+func (c *Controller) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := Stats{Reserved: len(c.reservations), ShuttingDown: c.shuttingDown}
+	for b, q := range c.bands {
+		s.Queued[b] = q.count
+		s.QueuedBytes[b] = q.bytes
+	}
+	s.DrainRate, _ = c.drain.rate()
+	return s
+}
+
+func (c *Controller) queueSampleLocked(now time.Time) QueueSample {
+	var s QueueSample
+	for b, q := range c.bands {
+		s.Queued[b] = q.count
+	}
+	s.DrainRate, _ = c.drain.rate()
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	sum, n := 0.0, 0
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.scrapedNs >= cutoff {
+			sum += e.sat
+			n++
+		}
+	}
+	s.PoolSaturation = 1
+	if n > 0 {
+		s.PoolSaturation = sum / float64(n)
+	}
+	return s
+}

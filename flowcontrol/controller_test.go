@@ -1,0 +1,606 @@
+package flowcontrol
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestFastPath(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 4), ep("b", 0), ep("c", 9))
+		d := h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone)
+		if !slices.Equal(d.Endpoints, []string{"a", "b"}) || d.Waited != 0 || d.Band != Standard || d.RetryAfter != 0 {
+			t.Fatalf("decision = %+v, want endpoints [a b], no wait, band Standard", d)
+		}
+		if s := h.c.Stats(); s.Reserved != 1 || s.Queued != [NumBands]int{} {
+			t.Fatalf("stats = %+v, want one reservation and nothing queued", s)
+		}
+		// Reservations go to the least saturated endpoint: b until it levels with a at 4, then a (first on ties).
+		for range 3 {
+			h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone)
+		}
+		if d = h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"a", "b"}) {
+			t.Fatalf("endpoints = %v, want [a b]", d.Endpoints)
+		}
+		if d = h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"b"}) {
+			t.Fatalf("endpoints = %v, want [b] (a is full)", d.Endpoints)
+		}
+		h.admit(0, "t", 10).wantWaiting(t) // a and b both at their threshold until the next scrape
+	})
+}
+
+// TestStrictPriority: with the pool full, requests wait; as headroom appears one slot at a time they leave strictly
+// by band, FIFO within a band.
+func TestStrictPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, queueingSheddable))
+		h.scrape(ep("a", 5))
+		s1 := h.admit(0, "t", 1)
+		x1 := h.admit(-1, "t", 1)
+		c1 := h.admit(1, "t", 1)
+		s2 := h.admit(0, "t", 1)
+		c2 := h.admit(5, "t", 1)
+		calls := []*call{s1, x1, c1, s2, c2}
+		for _, cl := range calls {
+			cl.wantWaiting(t)
+		}
+		var order []string
+		for range calls {
+			// A later scrape shows one free slot (and covers the previous dispatch's reservation).
+			h.step(10 * time.Millisecond)
+			h.scrape(ep("a", 4))
+			got := dispatchedIDs(calls...)
+			if len(got) != len(order)+1 {
+				t.Fatalf("after a one-slot scrape, dispatched %v (before: %v)", got, order)
+			}
+			for _, id := range got {
+				if !slices.Contains(order, id) {
+					order = append(order, id)
+				}
+			}
+		}
+		want := []string{c1.req.ID, c2.req.ID, s1.req.ID, s2.req.ID, x1.req.ID}
+		if !slices.Equal(order, want) {
+			t.Fatalf("dispatch order %v, want %v", order, want)
+		}
+		if d := c1.result(t); d.Waited != 10*time.Millisecond || !slices.Equal(d.Endpoints, []string{"a"}) {
+			t.Fatalf("c1 decision %+v", d)
+		}
+	})
+}
+
+// TestPerEndpointDispatch reproduces upstream's goodput failure: nine endpoints far past their thresholds and one
+// idle, so the pool's average saturation is ~9x. Requests must still flow to the idle endpoint, and only to it.
+func TestPerEndpointDispatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		busy := func() []Endpoint {
+			var eps []Endpoint
+			for _, n := range []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8"} {
+				eps = append(eps, Endpoint{Name: n, WaitingQueue: 50, KVCacheUsage: 0.99})
+			}
+			return eps
+		}
+		h.scrape(append(busy(), Endpoint{Name: "idle", WaitingQueue: 50, KVCacheUsage: 0.2})...)
+		var waiting []*call
+		for range 7 {
+			cl := h.admit(0, "t", 1)
+			cl.wantWaiting(t)
+			waiting = append(waiting, cl)
+		}
+		if avg := h.rec.lastSample().PoolSaturation; avg < 5 {
+			t.Fatalf("pool saturation %v; the scenario needs a high average", avg)
+		}
+
+		h.step(10 * time.Millisecond)
+		h.scrape(append(busy(), Endpoint{Name: "idle", KVCacheUsage: 0.2})...)
+		// The idle endpoint takes five (its queue-depth threshold) before the scrape; two keep waiting.
+		got := dispatchedIDs(waiting...)
+		if len(got) != 5 {
+			t.Fatalf("dispatched %d onto the idle endpoint, want 5", len(got))
+		}
+		for _, cl := range waiting[:5] {
+			if d := cl.result(t); !slices.Equal(d.Endpoints, []string{"idle"}) {
+				t.Fatalf("%s restricted to %v, want [idle]", cl.req.ID, d.Endpoints)
+			}
+		}
+		waiting[5].wantWaiting(t)
+		if avg := h.rec.lastSample().PoolSaturation; avg < 5 {
+			t.Fatalf("pool saturation %v while dispatching; want the average still high", avg)
+		}
+		// A new arrival does not jump the two waiting ones.
+		late := h.admit(0, "t", 1)
+		late.wantWaiting(t)
+		h.c.Release(waiting[0].req.ID)
+		synctest.Wait()
+		waiting[5].wantOutcome(t, Dispatched, ReasonNone)
+		waiting[6].wantWaiting(t)
+		late.wantWaiting(t)
+	})
+}
+
+// TestReservations: the EPP's own dispatches count against an endpoint until a later scrape covers them, so a burst
+// between scrapes does not pile onto one endpoint; Release and Bind adjust the count.
+func TestReservations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 0), ep("b", 3))
+		// a takes 5, b takes 2 (3 waiting + 2 reserved = threshold), interleaved by least saturation.
+		var first []*call
+		for range 7 {
+			first = append(first, h.admit(0, "t", 1))
+		}
+		for _, cl := range first {
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+		}
+		if d := first[6].result(t); !slices.Equal(d.Endpoints, []string{"b"}) {
+			t.Fatalf("last of the burst restricted to %v", d.Endpoints)
+		}
+		next := h.admit(0, "t", 1)
+		next.wantWaiting(t)
+
+		// A scrape at the same instant does not cover reservations made at that instant.
+		h.scrape(ep("a", 0), ep("b", 3))
+		next.wantWaiting(t)
+
+		// Release of one request frees its slot.
+		if !h.c.Release(first[0].req.ID) {
+			t.Fatal("Release found no reservation")
+		}
+		synctest.Wait()
+		next.wantOutcome(t, Dispatched, ReasonNone)
+		if h.c.Release(first[0].req.ID) {
+			t.Fatal("second Release found a reservation")
+		}
+
+		// Bind moves a reservation: moving one of a's onto b (full) frees a slot on a.
+		blocked := h.admit(0, "t", 1)
+		blocked.wantWaiting(t)
+		if !h.c.Bind(first[1].req.ID, "b") {
+			t.Fatal("Bind found no reservation")
+		}
+		synctest.Wait()
+		if d := blocked.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"a"}) {
+			t.Fatalf("after Bind, restricted to %v, want [a]", d.Endpoints)
+		}
+
+		// A later scrape covers everything dispatched before it.
+		h.step(50 * time.Millisecond)
+		h.scrape(ep("a", 5), ep("b", 5))
+		if s := h.c.Stats(); s.Reserved != 0 {
+			t.Fatalf("%d reservations survive a covering scrape", s.Reserved)
+		}
+		if h.c.Release(first[2].req.ID) {
+			t.Fatal("Release after a covering scrape found a reservation")
+		}
+	})
+}
+
+// TestTenantFairnessController: a light tenant arriving behind a heavy tenant's backlog is served next, not after it.
+func TestTenantFairnessController(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 5))
+		var heavy []*call
+		for range 20 {
+			heavy = append(heavy, h.admit(0, "heavy", 100))
+		}
+		light := h.admit(0, "light", 100)
+		h.c.Release("none") // no-op; exercises the unknown-ID path
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 3)) // two slots
+		if got := dispatchedIDs(append(heavy, light)...); !slices.Equal(got, []string{heavy[0].req.ID, light.req.ID}) {
+			t.Fatalf("dispatched %v, want the first heavy request and the light one", got)
+		}
+	})
+}
+
+func TestSheddableHoldback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 4)) // saturation 0.8: not below the holdback ceiling
+		d := h.admit(-1, "t", 1).wantOutcome(t, Rejected, ReasonSaturated)
+		if d.RetryAfter != time.Second || d.Band != Sheddable {
+			t.Fatalf("holdback decision %+v, want Retry-After 1s (nothing queued)", d)
+		}
+		h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // Standard still has headroom
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 3))
+		h.admit(-1, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+	})
+}
+
+func TestDisplacement(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			queueingSheddable(c)
+			c.MaxQueuedRequests = 3
+			c.Bands[Standard].MayDisplace = false
+		}))
+		h.scrape(ep("a", 5))
+		x1 := h.admit(-1, "t", 1)
+		x2 := h.admit(-1, "t", 1)
+		s1 := h.admit(0, "t", 1)
+		// Full. Standard may not displace: refused.
+		h.admit(0, "t", 1).wantOutcome(t, Rejected, ReasonQueueFull)
+		// Critical displaces the newest Sheddable.
+		c1 := h.admit(1, "t", 1)
+		c1.wantWaiting(t)
+		d := x2.wantOutcome(t, Rejected, ReasonDisplaced)
+		if d.RetryAfter < time.Second || d.Band != Sheddable {
+			t.Fatalf("displaced decision %+v", d)
+		}
+		x1.wantWaiting(t)
+		c2 := h.admit(1, "t", 1)
+		x1.wantOutcome(t, Rejected, ReasonDisplaced)
+		// Then the newest of the next lowest band.
+		c3 := h.admit(1, "t", 1)
+		s1.wantOutcome(t, Rejected, ReasonDisplaced)
+		// Nothing lower left: refused, nobody evicted.
+		h.admit(1, "t", 1).wantOutcome(t, Rejected, ReasonQueueFull)
+		for _, cl := range []*call{c1, c2, c3} {
+			cl.wantWaiting(t)
+		}
+		if s := h.c.Stats(); s.Queued != [NumBands]int{3, 0, 0} {
+			t.Fatalf("queued %v", s.Queued)
+		}
+	})
+}
+
+func TestBandCapacity(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			queueingSheddable(c)
+			c.Bands[Critical].MaxQueuedRequests = 1
+			c.Bands[Standard].MaxQueuedBytes = 250
+		}))
+		h.scrape(ep("a", 5))
+		x := h.admit(-1, "t", 1)
+		h.admit(1, "t", 1).wantWaiting(t)
+		// The band itself is full: displacing lower bands would not help.
+		h.admit(1, "t", 1).wantOutcome(t, Rejected, ReasonQueueFull)
+		x.wantWaiting(t)
+		// Bytes: two 100-byte requests fit in 250, a third does not.
+		h.admit(0, "t", 1).wantWaiting(t)
+		h.admit(0, "t", 1).wantWaiting(t)
+		d := h.admit(0, "t", 1).wantOutcome(t, Rejected, ReasonQueueFull)
+		// Unknown drain rate with a backlog: Retry-After is the band maximum.
+		if d.RetryAfter != 30*time.Second {
+			t.Fatalf("Retry-After %v, want the Standard maximum 30s", d.RetryAfter)
+		}
+		if s := h.c.Stats(); s.QueuedBytes != [NumBands]int64{100, 200, 100} {
+			t.Fatalf("queued bytes %v", s.QueuedBytes)
+		}
+	})
+}
+
+// warmDrainRate runs one Critical request per second through a one-slot endpoint for 20 s while keeping `backlog`
+// Critical requests of cost 100 waiting, so the drain rate is about 100 tokens per second. It returns the waiting calls.
+func warmDrainRate(t *testing.T, h *harness, backlog int) []*call {
+	t.Helper()
+	h.scrape(ep("a", 1))
+	var waiting []*call
+	for range backlog {
+		waiting = append(waiting, h.admit(1, "warm", 100))
+	}
+	for range 20 {
+		h.step(time.Second)
+		waiting = append(waiting, h.admit(1, "warm", 100))
+		h.scrape(ep("a", 0)) // one slot; dispatches the head
+	}
+	var still []*call
+	for _, cl := range waiting {
+		if !cl.finished() {
+			still = append(still, cl)
+		}
+	}
+	if len(still) != backlog {
+		t.Fatalf("backlog %d after warm-up, want %d", len(still), backlog)
+	}
+	rate := h.c.Stats().DrainRate
+	if rate < 90 || rate > 115 {
+		t.Fatalf("drain rate %v, want about 100/s", rate)
+	}
+	return still
+}
+
+func oneSlot(c *Config) { c.Endpoint.QueueDepth = 1 }
+
+func TestPredictiveShedding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			oneSlot(c)
+			c.Bands[Standard].MaxQueueTime = 5 * time.Second
+		}))
+		backlog := warmDrainRate(t, h, 10)
+		// 10 Critical requests (1000 tokens) ahead plus its own 100 at ~100 tokens/s: ~11 s > 5 s.
+		d := h.admit(0, "t", 100).wantOutcome(t, Rejected, ReasonPredictedWait)
+		if d.RetryAfter < 10*time.Second || d.RetryAfter > 13*time.Second {
+			t.Fatalf("Retry-After %v, want about the predicted 11 s", d.RetryAfter)
+		}
+		// Drain the backlog down to 2: a ~3 s wait is admitted to the queue.
+		for range 8 {
+			h.step(100 * time.Millisecond)
+			h.scrape(ep("a", 0))
+		}
+		for _, cl := range backlog[:8] {
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+		}
+		h.admit(0, "t", 100).wantWaiting(t)
+	})
+}
+
+// TestRetryAfterGrowsWithBacklog: with jitter off and a known drain rate, a deeper backlog never yields a shorter
+// Retry-After, and it stays within the band's bounds.
+func TestRetryAfterGrowsWithBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			oneSlot(c)
+			c.Bands[Standard].MaxQueuedRequests = 0    // every Standard arrival without headroom is refused
+			c.Bands[Standard].MaxQueueTime = time.Hour // never predicted to wait too long
+		}))
+		warmDrainRate(t, h, 1)
+		prev := time.Duration(0)
+		var seen []time.Duration
+		for range 40 {
+			d := h.admit(0, "t", 100).wantOutcome(t, Rejected, ReasonQueueFull)
+			if d.RetryAfter < prev || d.RetryAfter < time.Second || d.RetryAfter > 30*time.Second {
+				t.Fatalf("Retry-After %v after %v (bounds [1s, 30s])", d.RetryAfter, prev)
+			}
+			prev = d.RetryAfter
+			seen = append(seen, prev)
+			h.admit(1, "t", 100) // deepen the Critical backlog ahead of Standard
+		}
+		if seen[0] >= seen[len(seen)-1] || seen[len(seen)-1] != 30*time.Second {
+			t.Fatalf("Retry-After did not grow to the bound: %v", seen)
+		}
+	})
+}
+
+func TestRetryAfterJitterSpread(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.RetryAfterJitter = 0.5
+			c.Bands[Sheddable].RetryAfterMin = 4 * time.Second
+		}))
+		h.scrape(ep("a", 5))
+		values := map[time.Duration]int{}
+		for range 200 {
+			d := h.admit(-1, "t", 1).wantOutcome(t, Rejected, ReasonSaturated)
+			if d.RetryAfter < 4*time.Second || d.RetryAfter > 6*time.Second || d.RetryAfter%time.Second != 0 {
+				t.Fatalf("Retry-After %v outside [4s, 6s] or not whole seconds", d.RetryAfter)
+			}
+			values[d.RetryAfter]++
+		}
+		if len(values) < 2 {
+			t.Fatalf("jitter produced a single value: %v", values)
+		}
+		for v, n := range values {
+			if n > 150 {
+				t.Fatalf("%d of 200 clients told %v: lock-step (%v)", n, v, values)
+			}
+		}
+	})
+}
+
+// TestQueueTimeout: the maximum queue time is a clock event, not a context deadline.
+func TestQueueTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Bands[Standard].MaxQueueTime = 2 * time.Second }))
+		h.scrape(ep("a", 5))
+		s := h.admit(0, "t", 1)
+		h.step(time.Second)
+		c := h.admit(1, "t", 1) // Critical: 30 s
+		s2 := h.admit(0, "t", 1)
+		h.step(time.Second - time.Nanosecond)
+		s.wantWaiting(t)
+		h.step(time.Nanosecond)
+		d := s.wantOutcome(t, Rejected, ReasonQueueTimeout)
+		if d.Waited != 2*time.Second || d.RetryAfter < time.Second {
+			t.Fatalf("timeout decision %+v", d)
+		}
+		s2.wantWaiting(t)
+		c.wantWaiting(t)
+		h.step(time.Second)
+		s2.wantOutcome(t, Rejected, ReasonQueueTimeout)
+		c.wantWaiting(t)
+		// The pool vanishes: the remaining request times out as Unavailable.
+		h.scrape()
+		h.step(28 * time.Second)
+		c.wantOutcome(t, Unavailable, ReasonNoEndpoints)
+		if s := h.c.Stats(); s.Queued != [NumBands]int{} {
+			t.Fatalf("queued %v", s.Queued)
+		}
+	})
+}
+
+func TestNoEndpoints(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.MetricsStaleness = 200 * time.Millisecond }))
+		d := h.admit(1, "t", 1).wantOutcome(t, Unavailable, ReasonNoEndpoints)
+		if d.RetryAfter != time.Second {
+			t.Fatalf("Retry-After %v", d.RetryAfter)
+		}
+		h.scrape(ep("a", 0))
+		h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+		h.step(201 * time.Millisecond) // every endpoint's metrics are now stale
+		cl := h.admit(0, "t", 1)
+		cl.wantOutcome(t, Unavailable, ReasonNoEndpoints)
+		if !errors.Is(cl.err, ErrUnavailable) || errors.Is(cl.err, ErrRejected) {
+			t.Fatalf("error %v does not match ErrUnavailable only", cl.err)
+		}
+	})
+}
+
+func TestDisconnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 5))
+		gone := h.admit(0, "t", 1)
+		stays := h.admit(0, "t", 1)
+		h.step(time.Second)
+		gone.cancel()
+		synctest.Wait()
+		d := gone.wantOutcome(t, Cancelled, ReasonCancelled)
+		if d.Waited != time.Second || !errors.Is(gone.err, ErrCancelled) || !errors.Is(gone.err, context.Canceled) {
+			t.Fatalf("cancelled decision %+v, error %v", d, gone.err)
+		}
+		if s := h.c.Stats(); s.Queued[Standard] != 1 {
+			t.Fatalf("queued %v after disconnect", s.Queued)
+		}
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 4))
+		stays.wantOutcome(t, Dispatched, ReasonNone)
+		stays.cancel() // cancelling after the decision changes nothing
+		synctest.Wait()
+		stays.wantOutcome(t, Dispatched, ReasonNone)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		d, err := h.c.Admit(ctx, Request{ID: "early", Priority: 1})
+		if d.Outcome != Cancelled || d.Band != Critical || !errors.Is(err, context.Canceled) {
+			t.Fatalf("pre-cancelled Admit = %+v, %v", d, err)
+		}
+	})
+}
+
+func TestShutdownDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 5))
+		var waiting []*call
+		for range 3 {
+			waiting = append(waiting, h.admit(0, "t", 1))
+		}
+		done := h.c.Shutdown(10 * time.Second)
+		if again := h.c.Shutdown(time.Hour); again != done {
+			t.Fatal("second Shutdown returned a different channel")
+		}
+		d := h.admit(1, "t", 1).wantOutcome(t, Unavailable, ReasonShuttingDown)
+		if d.RetryAfter < time.Second {
+			t.Fatalf("shutdown Retry-After %v", d.RetryAfter)
+		}
+		h.step(5 * time.Second)
+		h.scrape(ep("a", 4)) // still dispatching during the grace period
+		waiting[0].wantOutcome(t, Dispatched, ReasonNone)
+		select {
+		case <-done:
+			t.Fatal("drained while requests still wait")
+		default:
+		}
+		h.step(5 * time.Second)
+		waiting[1].wantOutcome(t, Unavailable, ReasonShuttingDown)
+		waiting[2].wantOutcome(t, Unavailable, ReasonShuttingDown)
+		<-done
+		if s := h.c.Stats(); !s.ShuttingDown || s.Queued != [NumBands]int{} {
+			t.Fatalf("stats %+v", s)
+		}
+	})
+}
+
+func TestShutdownEmptyAndDrainedEarly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		<-h.c.Shutdown(time.Minute) // nothing waits: closed at once
+
+		h = newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 5))
+		w := h.admit(0, "t", 1)
+		done := h.c.Shutdown(time.Minute)
+		h.step(time.Second)
+		h.scrape(ep("a", 0))
+		w.wantOutcome(t, Dispatched, ReasonNone)
+		<-done // closed by the dispatch, long before the grace period
+
+		h = newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 5))
+		w = h.admit(0, "t", 1)
+		<-h.c.Shutdown(0)
+		synctest.Wait()
+		w.wantOutcome(t, Unavailable, ReasonShuttingDown)
+	})
+}
+
+func TestTenantCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Tenants = map[string]TenantPolicy{"free": {Weight: 1, MaxBand: Standard}}
+		}))
+		h.scrape(ep("a", 0))
+		d := h.admit(10, "free", 1).wantOutcome(t, Dispatched, ReasonNone)
+		if d.Band != Standard || !d.Capped {
+			t.Fatalf("capped tenant got band %s capped=%v", d.Band, d.Capped)
+		}
+		if d := h.admit(10, "paid", 1).result(t); d.Band != Critical || d.Capped {
+			t.Fatalf("uncapped tenant got band %s capped=%v", d.Band, d.Capped)
+		}
+		if d := h.admit(-3, "free", 1).result(t); d.Band != Sheddable || d.Capped {
+			t.Fatalf("below its cap, band %s capped=%v", d.Band, d.Capped)
+		}
+	})
+}
+
+func TestInvalidRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 4))
+		h.admitReq(Request{ID: "dup", Tenant: "t"}).wantOutcome(t, Dispatched, ReasonNone) // reserved
+		h.admitReq(Request{ID: "q", Tenant: "t"}).wantWaiting(t)                           // queued
+		for _, req := range []Request{{ID: ""}, {ID: "neg", Bytes: -1}, {ID: "dup"}, {ID: "q"}} {
+			cl := h.admitReq(req)
+			d := cl.wantOutcome(t, Rejected, ReasonInvalidRequest)
+			if !errors.Is(cl.err, ErrInvalidRequest) || !errors.Is(cl.err, ErrRejected) || d.RetryAfter != 0 {
+				t.Errorf("request %+v: error %v, decision %+v", req, cl.err, d)
+			}
+		}
+		var fcErr *Error
+		cl := h.admitReq(Request{ID: ""})
+		if !errors.As(cl.err, &fcErr) || fcErr.Reason != ReasonInvalidRequest || fcErr.Error() == "" {
+			t.Fatalf("error %v is not a descriptive *Error", cl.err)
+		}
+	})
+}
+
+func TestUpdateEndpointsValidation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		now := h.clk.Now()
+		err := h.c.UpdateEndpoints([]Endpoint{
+			{Name: "", ScrapedAt: now},
+			{Name: "neg", WaitingQueue: -1, ScrapedAt: now},
+			{Name: "kv", KVCacheUsage: 1.5, ScrapedAt: now},
+			{Name: "good", ScrapedAt: now},
+			{Name: "good", WaitingQueue: 100, ScrapedAt: now},
+		})
+		if err == nil {
+			t.Fatal("invalid endpoints accepted silently")
+		}
+		for _, w := range []string{"name must not be empty", `"neg"`, `"kv"`, `"good" appears twice`} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q lacks %q", err, w)
+			}
+		}
+		d := h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+		if !slices.Equal(d.Endpoints, []string{"good"}) {
+			t.Fatalf("endpoints %v, want only the valid one", d.Endpoints)
+		}
+	})
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Bands[Critical].MaxQueuedRequests = -1
+	if _, err := New(cfg, Deps{}); err == nil {
+		t.Fatal("New accepted an invalid Config")
+	}
+	c, err := New(nil, Deps{})
+	if err != nil || c.Config().Bands[Sheddable].SaturationCeiling != 0.8 {
+		t.Fatalf("New(nil) = %v, %v", c, err)
+	}
+}

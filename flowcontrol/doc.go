@@ -1,0 +1,53 @@
+// Package flowcontrol decides when an inference request may leave the EPP for the scheduler: priority bands with
+// queued admission, fair sharing between tenants, and explicit load shedding with a computed Retry-After.
+//
+// It is pure decision logic: plain inputs (Request, Endpoint snapshots, Config), an injected clock and random source,
+// no I/O, and no dependency on the Gateway API Inference Extension. plugins/ adapts it to upstream's
+// requestcontrol.AdmissionController; the gRPC layer maps its outcomes to HTTP.
+//
+// # Algorithm
+//
+// A request's InferenceObjective priority maps to a Band (Critical, Standard, Sheddable), lowered to its tenant's
+// cap if it asks for more. An endpoint's saturation is the largest of its waiting queue plus the requests the EPP sent
+// it since its last scrape over the queue-depth threshold, its KV-cache use over the KV threshold and, optionally, its
+// running count over a running threshold. An endpoint has headroom for a band when its metrics are fresh and its
+// saturation is below the band's ceiling.
+//
+// On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
+// dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
+// headroom it hands to the scheduler. Otherwise, in order: a band that rejects when saturated (by default Sheddable,
+// the holdback band) rejects; a request whose predicted wait exceeds the band's maximum queue time is rejected; a full
+// band rejects; a full controller lets a band allowed to displace evict the newest requests of the lowest lower band;
+// else the request waits.
+//
+// Waiting requests leave in order whenever an event creates headroom (a scrape, a Release, a Bind): bands strictly by
+// priority, and within a band by start-time fair queuing across tenants, weighted by policy and charged by estimated
+// cost (tokens), FIFO per tenant. Dispatch is per endpoint: one idle endpoint is enough for the head of the highest
+// non-empty band to go, whatever the pool's average saturation.
+//
+// A dispatched request is reserved on the least saturated endpoint with headroom until the scheduler's choice moves it
+// (Bind), the request finishes (Release), or a scrape taken after it covers it (UpdateEndpoints). This keeps a burst
+// between two scrapes from piling onto one endpoint.
+//
+// Retry-After is the estimated time until the band admits again, i.e. the backlog at and above the band over the
+// drain rate (an exponential moving average of cost dispatched per second of backlogged time), clamped to the band's
+// bounds, jittered and rounded up to whole seconds.
+//
+// # Invariants
+//
+//   - Every Admit call ends in exactly one Decision: Dispatched, Rejected (with a Reason), Unavailable, or Cancelled.
+//     A request is finalized once under the lock; finalizing twice panics.
+//   - A non-empty band has no endpoint with headroom for it. Ceilings never increase from Critical to Sheddable, so
+//     a lower band never overtakes a higher one.
+//   - Every time limit is a clock event: waiting requests expire through a timer on the injected clock, never through
+//     context deadlines. A cancelled context removes its waiting request.
+//   - Waiting counts and bytes never exceed the band's and the controller's capacities.
+//   - During shutdown nothing new is admitted; waiting requests are dispatched until the grace period ends, and the
+//     rest are answered Unavailable.
+//
+// # Concurrency
+//
+// A Controller is safe for concurrent use. One mutex guards all state; methods whose names end in "Locked" expect it
+// held. Admit blocks its caller on a per-request channel, never while holding the lock. Clock callbacks only start a
+// goroutine (fake clocks run callbacks under their own lock). The Recorder is called outside the lock.
+package flowcontrol

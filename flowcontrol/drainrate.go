@@ -1,0 +1,84 @@
+package flowcontrol
+
+import (
+	"math"
+	"time"
+)
+
+// drainEstimator measures how fast the pool absorbs work while requests wait in the EPP: an exponentially weighted
+// moving average of dispatched cost per second of backlogged time. Only backlogged time counts, because while nothing
+// waits the dispatch rate is the arrival rate, not the pool's capacity; an idle spell therefore leaves the last
+// measured drain rate intact instead of decaying it to zero (which would make every burst look hopeless).
+//
+// All methods take the time explicitly; the Controller calls advance at the start of every operation.
+type drainEstimator struct {
+	window float64 // time constant in seconds
+	// cost and busy are exponentially decayed sums: dispatched cost, and seconds spent backlogged.
+	cost, busy float64
+	last       time.Time
+	backlogged bool
+}
+
+func newDrainEstimator(window time.Duration) drainEstimator {
+	return drainEstimator{window: window.Seconds()}
+}
+
+// advance accounts the time since the previous call, in the backlog state set by setBacklogged.
+func (d *drainEstimator) advance(now time.Time) {
+	if d.last.IsZero() || !now.After(d.last) {
+		if d.last.IsZero() {
+			d.last = now
+		}
+		return
+	}
+	dt := now.Sub(d.last).Seconds()
+	d.last = now
+	if !d.backlogged {
+		return
+	}
+	decay := math.Exp(-dt / d.window)
+	d.cost *= decay
+	d.busy = d.busy*decay + d.window*(1-decay)
+}
+
+// setBacklogged records whether requests are waiting from now on.
+func (d *drainEstimator) setBacklogged(b bool) { d.backlogged = b }
+
+// add records cost dispatched while backlogged.
+func (d *drainEstimator) add(cost float64) { d.cost += cost }
+
+// rate returns the drain rate in cost units per second, and false until a tenth of a window of backlogged time has
+// been observed (too little evidence to predict waits from).
+func (d *drainEstimator) rate() (float64, bool) {
+	if d.busy < d.window/10 || d.cost <= 0 {
+		return 0, false
+	}
+	return d.cost / d.busy, true
+}
+
+// retryAfter turns an estimated time-until-admission into an RFC 9110 delay-seconds value: clamp the estimate to
+// [lo, hi], spread it by ±jitter (u is uniform in [0, 1)), clamp again and round up to whole seconds. Jitter is applied
+// after the first clamp so that clients shed at the bound do not all return at the same second.
+func retryAfter(estimate, lo, hi time.Duration, jitter, u float64) time.Duration {
+	s := clampF(estimate.Seconds(), lo.Seconds(), hi.Seconds())
+	s = clampF(s*(1+jitter*(2*u-1)), lo.Seconds(), hi.Seconds())
+	return time.Duration(math.Ceil(s)) * time.Second
+}
+
+func clampF(v, lo, hi float64) float64 {
+	if math.IsNaN(v) || v < lo {
+		return lo
+	}
+	if v > hi {
+		return hi
+	}
+	return v
+}
+
+// secondsToDuration converts seconds to a Duration, saturating instead of overflowing.
+func secondsToDuration(s float64) time.Duration {
+	if s >= float64(math.MaxInt64)/float64(time.Second) {
+		return math.MaxInt64
+	}
+	return time.Duration(s * float64(time.Second))
+}

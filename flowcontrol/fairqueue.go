@@ -1,0 +1,268 @@
+package flowcontrol
+
+import "time"
+
+// item is one queued request. Its links put it in two intrusive lists at once: its tenant's FIFO and its band's
+// arrival order (the latter finds the oldest item for TTL and the newest for displacement in O(1)).
+type item struct {
+	id     string
+	tenant string
+	band   Band
+	capped bool
+	cost   float64 // estimated cost in tokens, at least 1
+	bytes  int64
+	seq    uint64 // arrival sequence, breaks ties between equal virtual start tags
+
+	enqueuedAt time.Time
+	deadline   time.Time // enqueuedAt + band's MaxQueueTime
+
+	tq           *tenantQueue
+	tPrev, tNext *item
+	bPrev, bNext *item
+
+	// done is closed exactly once, by finalizeLocked, after decision and cause are set.
+	done      chan struct{}
+	finalized bool
+	decision  Decision
+	cause     error
+}
+
+// tenantQueue is one tenant's FIFO inside a band, plus its fair-queuing state.
+type tenantQueue struct {
+	name       string
+	weight     float64
+	head, tail *item
+	n          int
+	cost       float64 // sum of queued items' cost
+	// headStart is the virtual start tag of head. It is assigned when an item becomes head, so removing a waiting item
+	// (cancel, TTL, displacement) never leaves a gap that would penalise the tenant's later requests.
+	headStart float64
+	// lastFinish is the virtual finish tag of the tenant's last dispatched item.
+	lastFinish float64
+	heapIdx    int // index in bandQueue.active, -1 when the tenant has nothing queued
+}
+
+// bandQueue holds one band's waiting requests and dispatches them by start-time fair queuing (SFQ) across tenants:
+// an item's start tag is S = max(V, F_prev), its finish tag F = S + cost/weight, the item with the smallest start tag
+// goes first, and the band's virtual time V becomes that tag. A tenant that stays backlogged receives cost in
+// proportion to its weight; an idle tenant re-enters at V, so it can neither hoard credit nor starve.
+type bandQueue struct {
+	tenants map[string]*tenantQueue
+	// active is a binary min-heap of tenants with queued items, keyed by (headStart, head.seq).
+	active       []*tenantQueue
+	activeWeight float64
+	vtime        float64
+
+	oldest, newest *item
+	count          int
+	bytes          int64
+	cost           float64
+
+	// sweepAt is the tenant-map size that triggers pruning idle tenants whose lastFinish <= vtime (those would
+	// re-enter at vtime anyway, so forgetting them is lossless).
+	sweepAt int
+}
+
+const minSweepAt = 64
+
+func newBandQueue() *bandQueue {
+	return &bandQueue{tenants: make(map[string]*tenantQueue), sweepAt: minSweepAt}
+}
+
+// push appends it to its tenant's FIFO and to the band's arrival order.
+func (q *bandQueue) push(it *item, weight float64) {
+	tq := q.tenants[it.tenant]
+	if tq == nil {
+		tq = &tenantQueue{name: it.tenant, heapIdx: -1}
+		q.tenants[it.tenant] = tq
+	}
+	tq.weight = weight
+	it.tq = tq
+	it.tPrev, it.tNext = tq.tail, nil
+	if tq.tail != nil {
+		tq.tail.tNext = it
+	} else {
+		tq.head = it
+	}
+	tq.tail = it
+	tq.n++
+	tq.cost += it.cost
+	if tq.n == 1 {
+		tq.headStart = max(q.vtime, tq.lastFinish)
+		q.heapPush(tq)
+		q.activeWeight += tq.weight
+	}
+
+	it.bPrev, it.bNext = q.newest, nil
+	if q.newest != nil {
+		q.newest.bNext = it
+	} else {
+		q.oldest = it
+	}
+	q.newest = it
+	q.count++
+	q.bytes += it.bytes
+	q.cost += it.cost
+}
+
+// pop removes and returns the item with the smallest virtual start tag, advancing virtual time. The queue must not
+// be empty.
+func (q *bandQueue) pop() *item {
+	tq := q.active[0]
+	it := tq.head
+	q.vtime = tq.headStart
+	tq.lastFinish = tq.headStart + it.cost/tq.weight
+	q.unlink(it)
+	return it
+}
+
+// remove takes a waiting item out without dispatching it (cancel, TTL, displacement, shutdown).
+func (q *bandQueue) remove(it *item) { q.unlink(it) }
+
+func (q *bandQueue) unlink(it *item) {
+	tq := it.tq
+	wasHead := tq.head == it
+	if it.tPrev != nil {
+		it.tPrev.tNext = it.tNext
+	} else {
+		tq.head = it.tNext
+	}
+	if it.tNext != nil {
+		it.tNext.tPrev = it.tPrev
+	} else {
+		tq.tail = it.tPrev
+	}
+	it.tPrev, it.tNext, it.tq = nil, nil, nil
+	tq.n--
+	tq.cost -= it.cost
+	switch {
+	case tq.n == 0:
+		tq.cost = 0 // no float drift carried into the tenant's next busy period
+		q.heapRemove(tq.heapIdx)
+		q.activeWeight -= tq.weight
+	case wasHead:
+		tq.headStart = max(q.vtime, tq.lastFinish)
+		q.heapFix(tq.heapIdx)
+	}
+
+	if it.bPrev != nil {
+		it.bPrev.bNext = it.bNext
+	} else {
+		q.oldest = it.bNext
+	}
+	if it.bNext != nil {
+		it.bNext.bPrev = it.bPrev
+	} else {
+		q.newest = it.bPrev
+	}
+	it.bPrev, it.bNext = nil, nil
+	q.count--
+	q.bytes -= it.bytes
+	q.cost -= it.cost
+
+	if q.count == 0 {
+		// Idle band: everyone is caught up, so virtual time and all tenant history restart.
+		q.vtime, q.cost, q.activeWeight = 0, 0, 0
+		clear(q.tenants)
+		q.sweepAt = minSweepAt
+	} else if len(q.tenants) > q.sweepAt {
+		q.sweep()
+	}
+}
+
+func (q *bandQueue) sweep() {
+	for name, tq := range q.tenants {
+		if tq.n == 0 && tq.lastFinish <= q.vtime {
+			delete(q.tenants, name)
+		}
+	}
+	q.sweepAt = max(minSweepAt, 2*len(q.tenants))
+}
+
+// costAhead estimates the cost that would be dispatched from this band before a new item of tenant (with weight)
+// reaches the head: the virtual start tag S the item would get, times the weight of the backlogged tenants, bounded
+// by the band's backlog. It is a lower bound, so predictive shedding errs towards admitting.
+func (q *bandQueue) costAhead(tenant string, weight float64) float64 {
+	start := q.vtime
+	if tq := q.tenants[tenant]; tq != nil {
+		if tq.n > 0 {
+			start = tq.headStart + tq.cost/tq.weight
+		} else {
+			start = max(q.vtime, tq.lastFinish)
+		}
+	}
+	return min(q.cost, (start-q.vtime)*q.activeWeight)
+}
+
+// --- heap of active tenants ---
+
+func (q *bandQueue) less(i, j int) bool {
+	a, b := q.active[i], q.active[j]
+	if a.headStart != b.headStart {
+		return a.headStart < b.headStart
+	}
+	return a.head.seq < b.head.seq
+}
+
+func (q *bandQueue) swap(i, j int) {
+	q.active[i], q.active[j] = q.active[j], q.active[i]
+	q.active[i].heapIdx = i
+	q.active[j].heapIdx = j
+}
+
+func (q *bandQueue) heapPush(tq *tenantQueue) {
+	tq.heapIdx = len(q.active)
+	q.active = append(q.active, tq)
+	q.up(tq.heapIdx)
+}
+
+func (q *bandQueue) heapRemove(i int) {
+	last := len(q.active) - 1
+	removed := q.active[i]
+	if i != last {
+		q.swap(i, last)
+	}
+	q.active[last] = nil
+	q.active = q.active[:last]
+	removed.heapIdx = -1
+	if i != last {
+		q.heapFix(i)
+	}
+}
+
+func (q *bandQueue) heapFix(i int) {
+	if !q.down(i) {
+		q.up(i)
+	}
+}
+
+func (q *bandQueue) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !q.less(i, parent) {
+			return
+		}
+		q.swap(i, parent)
+		i = parent
+	}
+}
+
+func (q *bandQueue) down(i int) bool {
+	start, n := i, len(q.active)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		j := l
+		if r := l + 1; r < n && q.less(r, l) {
+			j = r
+		}
+		if !q.less(j, i) {
+			break
+		}
+		q.swap(i, j)
+		i = j
+	}
+	return i > start
+}

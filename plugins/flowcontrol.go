@@ -1,0 +1,518 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
+)
+
+// FlowControlType is the plugin type of the FlowControl adapter. FlowControl is not declared in an
+// EndpointPickerConfig: it is the EPP's admission controller, and the runner calls its request-control hooks because
+// the admission controller is itself a plugin. The name labels its hooks in upstream's plugin latency metrics.
+const FlowControlType = "sluice-flow-control"
+
+// ShedReasonHeader is the response header naming why flow control did not admit a request: a flowcontrol.Reason
+// value such as "saturated" or "queue_timeout".
+const ShedReasonHeader = "x-sluice-shed-reason"
+
+// bytesPerToken estimates prompt tokens from the request body size. Four bytes per token is the usual rule of thumb
+// for English text with BPE tokenizers (upstream's LLMRequest.RequestSizeBytes documents the same estimate); the JSON
+// envelope makes it an overestimate, which only matters relative to other requests, since fair queuing compares
+// costs, never absolute token counts.
+const bytesPerToken = 4
+
+// maxEstimatedOutputTokens caps a client's max_tokens in the cost estimate, so an absurd value cannot overflow it.
+const maxEstimatedOutputTokens = 1 << 24
+
+var (
+	_ fwkrc.PreRequest   = (*FlowControl)(nil)
+	_ fwkrc.ResponseBody = (*FlowControl)(nil)
+)
+
+// EndpointLister lists the pool's endpoints with their latest metrics. upstream's datastore.Datastore implements it.
+type EndpointLister interface {
+	PodList(predicate func(fwkdl.Endpoint) bool) []fwkdl.Endpoint
+}
+
+// FlowControlOptions are the adapter's settings: how upstream requests become flowcontrol.Requests and how often the
+// pool snapshot is taken. The admission policy itself is a flowcontrol.Config.
+type FlowControlOptions struct {
+	// DefaultOutputTokens is the expected output length of a request that sets no max_tokens (nor
+	// max_completion_tokens or max_output_tokens). Default 256.
+	DefaultOutputTokens int
+	// SnapshotInterval is how often endpoint metrics are read from the datastore and handed to the controller; use
+	// the EPP's metrics refresh interval. Default 50ms.
+	SnapshotInterval time.Duration
+	// ShutdownGrace is how long, after the EPP is told to stop, waiting requests may still be dispatched before the
+	// rest are answered 503 with Retry-After. Keep it below the gRPC servers' drain period. Default 10s.
+	ShutdownGrace time.Duration
+	// MaxPendingDecisions bounds each per-request decision store (rejections waiting for their response, dispatches
+	// waiting for the headroom filter). Default 65536.
+	MaxPendingDecisions int
+	// DecisionTTL drops a stored decision whose consumer never ran. Default 1m.
+	DecisionTTL time.Duration
+}
+
+// Defaults of FlowControlOptions.
+const (
+	DefaultOutputTokens        = 256
+	DefaultSnapshotInterval    = 50 * time.Millisecond
+	DefaultShutdownGrace       = 10 * time.Second
+	DefaultMaxPendingDecisions = 1 << 16
+	DefaultDecisionTTL         = time.Minute
+)
+
+func (o *FlowControlOptions) applyDefaults() {
+	if o.DefaultOutputTokens == 0 {
+		o.DefaultOutputTokens = DefaultOutputTokens
+	}
+	if o.SnapshotInterval == 0 {
+		o.SnapshotInterval = DefaultSnapshotInterval
+	}
+	if o.ShutdownGrace == 0 {
+		o.ShutdownGrace = DefaultShutdownGrace
+	}
+	if o.MaxPendingDecisions == 0 {
+		o.MaxPendingDecisions = DefaultMaxPendingDecisions
+	}
+	if o.DecisionTTL == 0 {
+		o.DecisionTTL = DefaultDecisionTTL
+	}
+}
+
+func (o *FlowControlOptions) validate() error {
+	var errs []error
+	if o.DefaultOutputTokens < 0 {
+		errs = append(errs, fmt.Errorf("default output tokens must not be negative, got %d", o.DefaultOutputTokens))
+	}
+	if o.SnapshotInterval < 0 {
+		errs = append(errs, fmt.Errorf("snapshot interval must be positive, got %s", o.SnapshotInterval))
+	}
+	if o.ShutdownGrace < 0 {
+		errs = append(errs, fmt.Errorf("shutdown grace must not be negative, got %s", o.ShutdownGrace))
+	}
+	if o.MaxPendingDecisions < 0 {
+		errs = append(errs, fmt.Errorf("max pending decisions must be positive, got %d", o.MaxPendingDecisions))
+	}
+	if o.DecisionTTL < 0 {
+		errs = append(errs, fmt.Errorf("decision TTL must be positive, got %s", o.DecisionTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// FlowControlDeps are FlowControl's seams. Endpoints is required; nil fields take production defaults.
+type FlowControlDeps struct {
+	Endpoints EndpointLister
+	// Clock drives the controller's timers, the snapshot ticker and decision expiry. Default clock.RealClock{}.
+	Clock clock.WithTickerAndDelayedExecution
+	// Rand draws Retry-After jitter. Default: seeded from the clock.
+	Rand *rand.Rand
+	// Recorder receives the controller's metrics. Default: discarded.
+	Recorder flowcontrol.Recorder
+	// Logger defaults to logr.Discard().
+	Logger logr.Logger
+}
+
+// FlowControl adapts a flowcontrol.Controller to upstream's EPP:
+//
+//   - Admit (requestcontrol.AdmissionController) turns the request into a flowcontrol.Request and waits for the
+//     controller's decision: Dispatched proceeds to scheduling; Rejected is 429 (400 for invalid requests);
+//     Unavailable is 503; Cancelled returns the context's error (the client is gone).
+//   - ShapeImmediateResponse (the runner's ResponseShaper) adds Retry-After, x-sluice-shed-reason and an OpenAI
+//     error body to the immediate response of every request Admit did not admit.
+//   - PreRequest binds the request's reservation to the endpoint the scheduler picked; ResponseBody releases it when
+//     the response ends (upstream calls it with EndOfStream also on errors and client disconnects).
+//   - Run feeds the controller a snapshot of endpoint metrics every SnapshotInterval and, when its context ends,
+//     shuts the controller down so that waiting requests get an answer.
+//   - Attached HeadroomFilters restrict scheduling to the endpoints that had headroom when the request was
+//     dispatched.
+//
+// Concurrency: all methods are safe for concurrent use.
+type FlowControl struct {
+	ctrl      *flowcontrol.Controller
+	endpoints EndpointLister
+	clock     clock.WithTicker
+	logger    logr.Logger
+	opts      FlowControlOptions
+
+	// shed holds rejections until ShapeImmediateResponse answers them.
+	shed *decisionStore
+	// headroom holds dispatched decisions until PreRequest; filled only while a HeadroomFilter is attached.
+	headroom  *decisionStore
+	filtering atomic.Bool
+}
+
+// NewFlowControl builds the adapter around a new controller running cfg (nil means flowcontrol.DefaultConfig()).
+func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowControlDeps) (*FlowControl, error) {
+	opts.applyDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("invalid flow control options: %w", err)
+	}
+	if deps.Endpoints == nil {
+		return nil, errors.New("flow control needs an endpoint lister")
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.RealClock{}
+	}
+	if deps.Logger.GetSink() == nil {
+		deps.Logger = logr.Discard()
+	}
+	ctrl, err := flowcontrol.New(cfg, flowcontrol.Deps{Clock: deps.Clock, Rand: deps.Rand, Recorder: deps.Recorder})
+	if err != nil {
+		return nil, err
+	}
+	return &FlowControl{
+		ctrl:      ctrl,
+		endpoints: deps.Endpoints,
+		clock:     deps.Clock,
+		logger:    deps.Logger,
+		opts:      opts,
+		shed:      newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
+		headroom:  newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
+	}, nil
+}
+
+// TypedName implements fwkplugin.Plugin.
+func (f *FlowControl) TypedName() fwkplugin.TypedName {
+	return fwkplugin.TypedName{Type: FlowControlType, Name: FlowControlType}
+}
+
+// Controller returns the wrapped controller (for status and tests).
+func (f *FlowControl) Controller() *flowcontrol.Controller { return f.ctrl }
+
+// Attach connects every HeadroomFilter among plugins (the EPP configuration's plugins, by name) to this adapter and
+// returns how many it found. Dispatched decisions are kept for the filters only when at least one is attached.
+func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
+	n := 0
+	for _, p := range plugins {
+		if hf, ok := p.(*HeadroomFilter); ok {
+			hf.source.Store(f)
+			n++
+		}
+	}
+	if n > 0 {
+		f.filtering.Store(true)
+	}
+	return n
+}
+
+// Admit implements requestcontrol.AdmissionController. It blocks while the request waits in its band.
+func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
+	req := f.requestOf(reqCtx, priority)
+	d, err := f.ctrl.Admit(ctx, req)
+	switch d.Outcome {
+	case flowcontrol.Dispatched:
+		if f.filtering.Load() && len(d.Endpoints) > 0 {
+			f.headroom.put(req.ID, d, "")
+		}
+		return nil
+	case flowcontrol.Cancelled:
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		return err
+	}
+	msg := shedMessage(d, err)
+	f.shed.put(req.ID, d, msg)
+	return errcommon.Error{Code: errorCode(d), Msg: msg}
+}
+
+// requestOf maps an upstream request to the controller's plain request.
+func (f *FlowControl) requestOf(reqCtx *handlers.RequestContext, priority int) flowcontrol.Request {
+	req := flowcontrol.Request{Tenant: reqCtx.FairnessID, Priority: priority, Bytes: int64(reqCtx.RequestSize)}
+	var body *fwksched.LLMRequestBody
+	if sr := reqCtx.SchedulingRequest; sr != nil {
+		req.ID, body = sr.RequestId, sr.Body
+	}
+	if req.ID == "" && reqCtx.Request != nil {
+		req.ID = reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey]
+	}
+	req.EstimatedCost = EstimatedCost(reqCtx.RequestSize, body, f.opts.DefaultOutputTokens)
+	return req
+}
+
+// EstimatedCost is a request's expected work in tokens: its prompt, estimated as bodyBytes/4 rounded up, plus its
+// expected output, the body's max_completion_tokens, max_tokens or max_output_tokens (first positive one), else
+// defaultOutput.
+func EstimatedCost(bodyBytes int, body *fwksched.LLMRequestBody, defaultOutput int) uint64 {
+	prompt := uint64(max(bodyBytes, 0)+bytesPerToken-1) / bytesPerToken
+	output := uint64(max(defaultOutput, 0))
+	if body != nil {
+		if m, ok := body.Payload.(fwksched.PayloadMap); ok {
+			for _, key := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
+				if n, ok := positiveCount(m[key]); ok {
+					output = min(n, maxEstimatedOutputTokens)
+					break
+				}
+			}
+		}
+	}
+	return prompt + output
+}
+
+// positiveCount reads a JSON number that counts something.
+func positiveCount(v any) (uint64, bool) {
+	var f float64
+	switch n := v.(type) {
+	case float64:
+		f = n
+	case json.Number:
+		var err error
+		if f, err = n.Float64(); err != nil {
+			return 0, false
+		}
+	case int:
+		f = float64(n)
+	case int64:
+		f = float64(n)
+	default:
+		return 0, false
+	}
+	if !(f >= 1) || math.IsInf(f, 0) {
+		return 0, false
+	}
+	return uint64(min(f, maxEstimatedOutputTokens)), true
+}
+
+// errorCode maps a decision that is not Dispatched to upstream's error code, hence the HTTP status.
+func errorCode(d flowcontrol.Decision) string {
+	switch {
+	case d.Outcome == flowcontrol.Unavailable:
+		return errcommon.ServiceUnavailable
+	case d.Reason == flowcontrol.ReasonInvalidRequest:
+		return errcommon.BadRequest
+	default:
+		return errcommon.ResourceExhausted
+	}
+}
+
+// httpStatus is the status upstream answers for errorCode(d).
+func httpStatus(d flowcontrol.Decision) int {
+	switch errorCode(d) {
+	case errcommon.ServiceUnavailable:
+		return http.StatusServiceUnavailable
+	case errcommon.BadRequest:
+		return http.StatusBadRequest
+	default:
+		return http.StatusTooManyRequests
+	}
+}
+
+// shedMessage is the client-facing explanation of a decision that is not Dispatched.
+func shedMessage(d flowcontrol.Decision, err error) string {
+	var why string
+	switch d.Reason {
+	case flowcontrol.ReasonSaturated:
+		why = "every endpoint is above the " + d.Band.String() + " band's saturation ceiling"
+	case flowcontrol.ReasonQueueFull:
+		why = "the " + d.Band.String() + " queue is full"
+	case flowcontrol.ReasonDisplaced:
+		why = "the request was displaced from the " + d.Band.String() + " queue by higher-priority traffic"
+	case flowcontrol.ReasonPredictedWait:
+		why = "the predicted wait exceeds the " + d.Band.String() + " band's maximum queue time"
+	case flowcontrol.ReasonQueueTimeout:
+		why = "the request waited the " + d.Band.String() + " band's maximum queue time"
+	case flowcontrol.ReasonNoEndpoints:
+		why = "no model server endpoint has fresh metrics"
+	case flowcontrol.ReasonShuttingDown:
+		why = "the endpoint picker is shutting down"
+	case flowcontrol.ReasonInvalidRequest:
+		var fe *flowcontrol.Error
+		if errors.As(err, &fe) && fe.Err != nil {
+			return "invalid request: " + fe.Err.Error()
+		}
+		return "invalid request"
+	default:
+		why = d.Reason.String()
+	}
+	msg := "Request not admitted: " + why + "."
+	if s := d.RetryAfterSeconds(); s > 0 {
+		msg += fmt.Sprintf(" Retry after %d seconds.", s)
+	}
+	return msg
+}
+
+// PreRequest implements fwkrc.PreRequest: the reservation the controller made at dispatch moves to the endpoint the
+// scheduler picked (the primary profile's first target, where the request is sent).
+func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
+	if request == nil {
+		return
+	}
+	f.headroom.delete(request.RequestId)
+	if result == nil {
+		return
+	}
+	primary := result.ProfileResults[result.PrimaryProfileName]
+	if primary == nil || len(primary.TargetEndpoints) == 0 {
+		return
+	}
+	f.ctrl.Bind(request.RequestId, EndpointName(primary.TargetEndpoints[0].GetMetadata()))
+}
+
+// ResponseBody implements fwkrc.ResponseBody: the request's reservation ends with its response. Upstream calls the
+// hook with EndOfStream once per request that reached an endpoint, also after errors and client disconnects.
+func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMRequest, response *fwkrc.Response, _ *fwkdl.EndpointMetadata) {
+	if request == nil || response == nil || !response.EndOfStream {
+		return
+	}
+	f.ctrl.Release(request.RequestId)
+}
+
+// ShapeImmediateResponse implements the runner's ResponseShaper. An immediate response ends its request, so a
+// request Admit dispatched that failed afterwards (no candidates, scheduling error) releases its reservation here. A
+// request Admit did not admit gets Retry-After (whenever the controller computed one: every 429 and 503),
+// x-sluice-shed-reason, and an OpenAI-style JSON error whose code is the reason.
+func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string, resp *extprocv3.ImmediateResponse) {
+	f.headroom.delete(requestID)
+	f.ctrl.Release(requestID)
+	sd, ok := f.shed.take(requestID)
+	if !ok {
+		return
+	}
+	d := sd.decision
+	if s := d.RetryAfterSeconds(); s > 0 {
+		setImmediateResponseHeader(resp, "retry-after", strconv.FormatInt(s, 10))
+	}
+	setImmediateResponseHeader(resp, ShedReasonHeader, d.Reason.String())
+	setImmediateResponseHeader(resp, "content-type", "application/json")
+	resp.Body = openAIErrorJSON(httpStatus(d), sd.message, d.Reason.String())
+}
+
+// openAIError is the OpenAI error envelope, {"error":{"message","type","param","code"}}.
+type openAIError struct {
+	Error openAIErrorObject `json:"error"`
+}
+
+type openAIErrorObject struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// openAIErrorJSON renders an OpenAI error for the statuses flow control answers. It matches runner.OpenAIError,
+// which this package cannot import (runner imports plugins).
+func openAIErrorJSON(status int, message, code string) []byte {
+	errType := "rate_limit_error"
+	switch status {
+	case http.StatusServiceUnavailable:
+		errType = "service_unavailable_error"
+	case http.StatusBadRequest:
+		errType = "invalid_request_error"
+	}
+	body, _ := json.Marshal(openAIError{Error: openAIErrorObject{Message: message, Type: errType, Code: code}})
+	return body
+}
+
+// setImmediateResponseHeader sets (replaces) a header on an immediate response, like
+// runner.SetImmediateResponseHeader.
+func setImmediateResponseHeader(resp *extprocv3.ImmediateResponse, key, value string) {
+	if resp.Headers == nil {
+		resp.Headers = &extprocv3.HeaderMutation{}
+	}
+	for _, h := range resp.Headers.SetHeaders {
+		if h.Header != nil && strings.EqualFold(h.Header.Key, key) {
+			h.Header.RawValue, h.Header.Value = []byte(value), ""
+			return
+		}
+	}
+	resp.Headers.SetHeaders = append(resp.Headers.SetHeaders, &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	})
+}
+
+// EndpointName names an endpoint the way the EPP routes to it: address:port (upstream's x-gateway-destination-endpoint).
+func EndpointName(md *fwkdl.EndpointMetadata) string {
+	if md == nil {
+		return ""
+	}
+	return net.JoinHostPort(md.GetIPAddress(), md.GetPort())
+}
+
+// EndpointSnapshot converts an upstream endpoint and its latest metrics to the controller's view. An endpoint with no
+// metrics yet has a zero scrape time, hence no headroom. Negative counts read as 0 and KV-cache usage is clamped to
+// [0, 1] (vLLM reports a fraction), so one odd scrape cannot drop the endpoint from the snapshot.
+func EndpointSnapshot(ep fwkdl.Endpoint) flowcontrol.Endpoint {
+	e := flowcontrol.Endpoint{Name: EndpointName(ep.GetMetadata())}
+	m := ep.GetMetrics()
+	if m == nil {
+		return e
+	}
+	e.WaitingQueue = max(m.WaitingQueueSize, 0)
+	e.Running = max(m.RunningRequestsSize, 0)
+	e.KVCacheUsage = m.KVCacheUsagePercent
+	if !(e.KVCacheUsage >= 0) { // also NaN
+		e.KVCacheUsage = 0
+	}
+	e.KVCacheUsage = min(e.KVCacheUsage, 1)
+	e.ScrapedAt = m.UpdateTime
+	return e
+}
+
+func allEndpoints(fwkdl.Endpoint) bool { return true }
+
+// SyncEndpoints hands the controller a snapshot of every endpoint's latest metrics, which dispatches waiting
+// requests onto any endpoint that now has headroom. The error lists endpoints the controller left out.
+func (f *FlowControl) SyncEndpoints() error {
+	pool := f.endpoints.PodList(allEndpoints)
+	eps := make([]flowcontrol.Endpoint, len(pool))
+	for i, ep := range pool {
+		eps[i] = EndpointSnapshot(ep)
+	}
+	return f.ctrl.UpdateEndpoints(eps)
+}
+
+// Run takes a snapshot at once and then every SnapshotInterval, until ctx ends. Then it shuts the controller down:
+// new requests are answered 503 (shutting_down), waiting ones may still be dispatched for ShutdownGrace (snapshots
+// continue meanwhile) and are answered 503 after that. Run returns once no request waits.
+func (f *FlowControl) Run(ctx context.Context) {
+	ticker := f.clock.NewTicker(f.opts.SnapshotInterval)
+	defer ticker.Stop()
+	lastErr := ""
+	snapshot := func() {
+		err := f.SyncEndpoints()
+		if msg := fmt.Sprint(err); err != nil && msg != lastErr {
+			f.logger.Error(err, "Some endpoints were left out of the flow control snapshot")
+		}
+		lastErr = fmt.Sprint(err)
+	}
+	snapshot()
+	done := ctx.Done()
+	var drained <-chan struct{}
+	for {
+		select {
+		case <-done:
+			f.logger.Info("Shutting down flow control", "grace", f.opts.ShutdownGrace)
+			done, drained = nil, f.ctrl.Shutdown(f.opts.ShutdownGrace)
+		case <-drained:
+			return
+		case <-ticker.C():
+			snapshot()
+		}
+	}
+}

@@ -1,0 +1,205 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+
+	configapi "sigs.k8s.io/gateway-api-inference-extension/apix/config/v1alpha1"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
+)
+
+// flowControlMetricTenants bounds the tenant label of Sluice's flow-control metrics: the first this many fairness IDs
+// keep their name, the rest are counted as "other".
+const flowControlMetricTenants = 32
+
+// FlowControlCommand is Sluice admission as the EPP binary exposes it: its command-line flags, its policy file, and
+// the FlowControl it starts. cmd/epp registers its flags, calls Complete after parsing, Start from the runner's
+// admission factory, and installs it as a response shaper.
+//
+// Sluice admission is off unless --sluice-admission or --flow-control-config is given; then the EPP behaves exactly
+// like upstream's (upstream's admission, no Sluice headers). When on:
+//
+//   - The policy is a flowcontrol.APIConfig (JSON or YAML) read from --flow-control-config, or the defaults. The
+//     FlowControlPolicy CRD will feed the same schema.
+//   - Without --config-file/--config-text, the EPP runs upstream's default EndpointPickerConfig with the
+//     sluice-headroom-filter added to its profile (DefaultEndpointPickerConfig). A given configuration is used as is;
+//     add the filter to its scheduling profiles (Start logs a warning when it is missing).
+//   - Bind and Release run as request-control hooks of the admission controller itself; nothing to declare.
+//
+// Concurrency: flags and Complete run before Start; ShapeImmediateResponse is safe for concurrent use at any time and
+// does nothing until Start has succeeded.
+type FlowControlCommand struct {
+	enabled    bool
+	configFile string
+	opts       FlowControlOptions
+
+	cfg     *flowcontrol.Config
+	started atomic.Pointer[FlowControl]
+}
+
+// NewFlowControlCommand returns the command with its defaults.
+func NewFlowControlCommand() *FlowControlCommand {
+	c := &FlowControlCommand{}
+	c.opts.applyDefaults()
+	return c
+}
+
+// AddFlags registers Sluice admission's flags.
+func (c *FlowControlCommand) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&c.enabled, "sluice-admission", c.enabled,
+		"Sluice admission: priority bands (Critical/Standard/Sheddable) with queued admission in the EPP, per-endpoint "+
+			"dispatch, and 429/503 with Retry-After and x-sluice-shed-reason. Off by default (upstream admission); "+
+			"--flow-control-config turns it on too.")
+	fs.StringVar(&c.configFile, "flow-control-config", c.configFile,
+		"Sluice admission policy file (JSON or YAML of the FlowControlPolicy spec: bands, priorityMapping, endpoint "+
+			"thresholds, tenants). Turns Sluice admission on; unset fields take defaults.")
+	fs.IntVar(&c.opts.DefaultOutputTokens, "flow-control-default-output-tokens", c.opts.DefaultOutputTokens,
+		"Sluice admission: expected output tokens of a request without max_tokens, for its fair-queuing cost.")
+	fs.DurationVar(&c.opts.ShutdownGrace, "flow-control-shutdown-grace", c.opts.ShutdownGrace,
+		"Sluice admission: on shutdown, how long queued requests may still be dispatched before they are answered 503.")
+}
+
+// Enabled reports whether Sluice admission is on.
+func (c *FlowControlCommand) Enabled() bool { return c.enabled || c.configFile != "" }
+
+// Complete loads and validates the policy, so a bad file fails at startup, and, when Sluice admission is on and no
+// EndpointPickerConfig is given, selects DefaultEndpointPickerConfig.
+func (c *FlowControlCommand) Complete(opts *runserver.Options) error {
+	if !c.Enabled() {
+		return nil
+	}
+	if err := c.opts.validate(); err != nil {
+		return err
+	}
+	cfg, err := LoadFlowControlConfig(c.configFile)
+	if err != nil {
+		return err
+	}
+	c.cfg = cfg
+	if opts.ConfigFile == "" && opts.ConfigText == "" {
+		text, err := DefaultEndpointPickerConfig()
+		if err != nil {
+			return err
+		}
+		opts.ConfigText = text
+	}
+	return nil
+}
+
+// LoadFlowControlConfig reads a policy file (JSON or YAML; "" means the defaults), applies defaults and validates it.
+func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
+	if path == "" {
+		return flowcontrol.DefaultConfig(), nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--flow-control-config: %w", err)
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("--flow-control-config %s: %w", path, err)
+	}
+	if string(js) == "null" {
+		js = nil
+	}
+	cfg, err := flowcontrol.ParseConfig(js)
+	if err != nil {
+		return nil, fmt.Errorf("--flow-control-config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// DefaultEndpointPickerConfig is the EndpointPickerConfig Sluice admission runs when none is given: upstream's
+// default (queue, KV-cache and prefix-cache scorers, the metrics data source) with the sluice-headroom-filter first
+// in its scheduling profile. It is derived from upstream's default, not copied, so it follows upstream's choices.
+func DefaultEndpointPickerConfig() (string, error) {
+	raw, _, err := loader.LoadRawConfig(nil, logr.Discard())
+	if err != nil {
+		return "", fmt.Errorf("loading upstream's default EPP configuration: %w", err)
+	}
+	if len(raw.SchedulingProfiles) != 1 {
+		return "", fmt.Errorf("upstream's default EPP configuration has %d scheduling profiles, want 1", len(raw.SchedulingProfiles))
+	}
+	raw.Plugins = append(raw.Plugins, configapi.PluginSpec{Name: HeadroomFilterType, Type: HeadroomFilterType})
+	prof := &raw.SchedulingProfiles[0]
+	prof.Plugins = append([]configapi.SchedulingPlugin{{PluginRef: HeadroomFilterType}}, prof.Plugins...)
+	text, err := json.Marshal(raw)
+	if err != nil {
+		return "", err
+	}
+	return string(text), nil
+}
+
+// FlowControlEnv is what Start needs from the assembled EPP.
+type FlowControlEnv struct {
+	// Endpoints is the EPP's datastore.
+	Endpoints EndpointLister
+	// Plugins are the plugins instantiated from the EndpointPickerConfig, by name; HeadroomFilters among them are
+	// attached.
+	Plugins map[string]fwkplugin.Plugin
+	// RefreshInterval is the EPP's metrics refresh interval, used as the snapshot interval.
+	RefreshInterval time.Duration
+	// Registerer receives the flow-control metrics (the registry the EPP's /metrics serves); nil means none.
+	Registerer prometheus.Registerer
+	Logger     logr.Logger
+}
+
+// Start builds the FlowControl from the completed flags and env, attaches the configured HeadroomFilters and runs the
+// endpoint snapshots until ctx ends (then shuts the controller down). It may be called once.
+func (c *FlowControlCommand) Start(ctx context.Context, env FlowControlEnv) (*FlowControl, error) {
+	if !c.Enabled() {
+		return nil, errors.New("sluice admission is not enabled")
+	}
+	if c.cfg == nil {
+		return nil, errors.New("sluice admission: Complete must run before Start")
+	}
+	if c.started.Load() != nil {
+		return nil, errors.New("sluice admission already started")
+	}
+	opts := c.opts
+	if env.RefreshInterval > 0 {
+		opts.SnapshotInterval = env.RefreshInterval
+	}
+	deps := FlowControlDeps{Endpoints: env.Endpoints, Logger: env.Logger}
+	if env.Registerer != nil {
+		rec, err := flowcontrol.NewPrometheusRecorder(env.Registerer, flowControlMetricTenants)
+		if err != nil {
+			return nil, fmt.Errorf("registering flow control metrics: %w", err)
+		}
+		deps.Recorder = rec
+	}
+	fc, err := NewFlowControl(c.cfg, opts, deps)
+	if err != nil {
+		return nil, err
+	}
+	if fc.Attach(env.Plugins) == 0 {
+		fc.logger.Info("No " + HeadroomFilterType + " plugin is configured: the scheduler may place admitted requests " +
+			"on endpoints without headroom for their band; add it to the scheduling profiles")
+	}
+	c.started.Store(fc)
+	go fc.Run(ctx)
+	fc.logger.Info("Sluice admission enabled", "policyFile", c.configFile, "snapshotInterval", opts.SnapshotInterval)
+	return fc, nil
+}
+
+// ShapeImmediateResponse implements the runner's ResponseShaper by delegating to the started FlowControl.
+func (c *FlowControlCommand) ShapeImmediateResponse(ctx context.Context, requestID string, resp *extprocv3.ImmediateResponse) {
+	if fc := c.started.Load(); fc != nil {
+		fc.ShapeImmediateResponse(ctx, requestID, resp)
+	}
+}

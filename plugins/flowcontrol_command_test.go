@@ -1,0 +1,228 @@
+package plugins
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	eppmetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metrics"
+	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
+)
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadFlowControlConfig(t *testing.T) {
+	yamlPolicy := writeFile(t, "policy.yaml", `
+priorityMapping:
+  sheddableMaxPriority: 0
+  criticalMinPriority: 10
+bands:
+  standard:
+    maxQueueTime: 3s
+tenants:
+- name: batch
+  maxBand: Sheddable
+`)
+	cfg, err := LoadFlowControlConfig(yamlPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.BandFor(0) != flowcontrol.Sheddable || cfg.BandFor(10) != flowcontrol.Critical ||
+		cfg.Bands[flowcontrol.Standard].MaxQueueTime != 3*time.Second || cfg.Tenants["batch"].MaxBand != flowcontrol.Sheddable {
+		t.Fatalf("YAML policy not applied: %+v", cfg)
+	}
+	jsonPolicy := writeFile(t, "policy.json", `{"endpoint":{"queueDepthThreshold":9}}`)
+	if cfg, err := LoadFlowControlConfig(jsonPolicy); err != nil || cfg.Endpoint.QueueDepth != 9 {
+		t.Fatalf("JSON policy: %v %+v", err, cfg)
+	}
+	if cfg, err := LoadFlowControlConfig(writeFile(t, "empty.yaml", "")); err != nil || cfg.Endpoint.QueueDepth != flowcontrol.DefaultQueueDepthThreshold {
+		t.Fatalf("empty policy must mean defaults: %v", err)
+	}
+	for name, content := range map[string]string{
+		"unknown field": "bandz: {}\n",
+		"invalid value": "endpoint:\n  queueDepthThreshold: -1\n",
+		"not YAML":      "bands: [\n",
+	} {
+		if _, err := LoadFlowControlConfig(writeFile(t, "bad.yaml", content)); err == nil || !strings.Contains(err.Error(), "--flow-control-config") {
+			t.Errorf("%s: err = %v, want an error naming the flag", name, err)
+		}
+	}
+	if _, err := LoadFlowControlConfig(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("a missing file was accepted")
+	}
+}
+
+func TestDefaultEndpointPickerConfigAddsHeadroomFilter(t *testing.T) {
+	text, err := DefaultEndpointPickerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _, err := loader.LoadRawConfig([]byte(text), logr.Discard())
+	if err != nil {
+		t.Fatalf("upstream's loader rejects the generated configuration: %v\n%s", err, text)
+	}
+	upstream, _, err := loader.LoadRawConfig(nil, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw.Plugins) != len(upstream.Plugins)+1 || raw.Plugins[len(raw.Plugins)-1].Type != HeadroomFilterType {
+		t.Fatalf("plugins = %+v, want upstream's plus %s", raw.Plugins, HeadroomFilterType)
+	}
+	prof := raw.SchedulingProfiles[0].Plugins
+	if len(prof) != len(upstream.SchedulingProfiles[0].Plugins)+1 || prof[0].PluginRef != HeadroomFilterType {
+		t.Fatalf("profile = %+v, want %s first, then upstream's", prof, HeadroomFilterType)
+	}
+}
+
+func TestFlowControlCommandFlags(t *testing.T) {
+	tests := []struct {
+		name        string
+		args        []string
+		configText  string
+		wantEnabled bool
+		wantDefault bool // DefaultEndpointPickerConfig selected
+		wantErr     string
+	}{
+		{"off by default: upstream behaviour", nil, "", false, false, ""},
+		{"--sluice-admission turns it on with the Sluice default profile", []string{"--sluice-admission"}, "", true, true, ""},
+		{"a policy file turns it on", []string{"--flow-control-config=POLICY"}, "", true, true, ""},
+		{"a given EndpointPickerConfig is kept", []string{"--sluice-admission"}, "kind: EndpointPickerConfig", true, false, ""},
+		{"a bad policy fails at startup", []string{"--flow-control-config=BAD"}, "", true, false, "queueDepthThreshold"},
+		{"negative output tokens fail", []string{"--sluice-admission", "--flow-control-default-output-tokens=-1"}, "", true, false, "output tokens"},
+	}
+	policy := writeFile(t, "p.yaml", "bands: {standard: {maxQueueTime: 1s}}\n")
+	bad := writeFile(t, "bad.yaml", "endpoint: {queueDepthThreshold: 0}\n")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewFlowControlCommand()
+			fs := pflag.NewFlagSet("epp", pflag.ContinueOnError)
+			c.AddFlags(fs)
+			args := make([]string, len(tt.args))
+			for i, a := range tt.args {
+				args[i] = strings.NewReplacer("POLICY", policy, "BAD", bad).Replace(a)
+			}
+			if err := fs.Parse(args); err != nil {
+				t.Fatal(err)
+			}
+			if c.Enabled() != tt.wantEnabled {
+				t.Fatalf("Enabled = %v", c.Enabled())
+			}
+			opts := runserver.NewOptions()
+			opts.ConfigText = tt.configText
+			err := c.Complete(opts)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Complete = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gotDefault := strings.Contains(opts.ConfigText, HeadroomFilterType); gotDefault != tt.wantDefault {
+				t.Fatalf("ConfigText = %q, want the Sluice default: %v", opts.ConfigText, tt.wantDefault)
+			}
+		})
+	}
+}
+
+func TestFlowControlCommandStart(t *testing.T) {
+	c := NewFlowControlCommand()
+	fs := pflag.NewFlagSet("epp", pflag.ContinueOnError)
+	c.AddFlags(fs)
+	ir := &extprocv3.ImmediateResponse{}
+	c.ShapeImmediateResponse(context.Background(), "id", ir)
+	if ir.Headers != nil {
+		t.Fatal("the shaper acted before Start")
+	}
+	if _, err := c.Start(context.Background(), FlowControlEnv{Endpoints: &fakePool{}}); err == nil {
+		t.Fatal("Start succeeded with Sluice admission off")
+	}
+	if err := fs.Parse([]string{"--sluice-admission"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Start(context.Background(), FlowControlEnv{Endpoints: &fakePool{}}); err == nil {
+		t.Fatal("Start succeeded before Complete")
+	}
+	if err := c.Complete(runserver.NewOptions()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	filter := mustHeadroomFilter(t)
+	fc, err := c.Start(ctx, FlowControlEnv{
+		Endpoints:       &fakePool{},
+		Plugins:         map[string]fwkplugin.Plugin{"h": filter},
+		RefreshInterval: 20 * time.Millisecond,
+		Registerer:      reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filter.source.Load() != fc || fc.opts.SnapshotInterval != 20*time.Millisecond {
+		t.Fatal("Start did not attach the filter or take the refresh interval")
+	}
+	if _, err := c.Start(ctx, FlowControlEnv{Endpoints: &fakePool{}}); err == nil {
+		t.Fatal("second Start succeeded")
+	}
+	// The shaper now delegates: an unknown request is left alone, a rejected one is shaped.
+	err = fc.Admit(context.Background(), requestContext("r", "t", 10, nil), 0) // no endpoints: 503
+	if err == nil {
+		t.Fatal("admitted with no endpoints")
+	}
+	c.ShapeImmediateResponse(context.Background(), "r", ir)
+	if answerOf(ir).headers[ShedReasonHeader] != "no_endpoints" {
+		t.Fatalf("shaper did not delegate: %+v", ir)
+	}
+	families, err := reg.Gather()
+	if err != nil || len(families) == 0 {
+		t.Fatalf("no flow-control metrics registered: %v", err)
+	}
+}
+
+// TestFlowControlMetricsBesideUpstream registers Sluice's flow-control metrics on controller-runtime's registry,
+// which the EPP's /metrics serves, next to upstream's: no name may collide.
+func TestFlowControlMetricsBesideUpstream(t *testing.T) {
+	eppmetrics.Register()
+	rec, err := flowcontrol.NewPrometheusRecorder(ctrlmetrics.Registry, 4)
+	if err != nil {
+		t.Fatalf("Sluice's metrics collide with upstream's: %v", err)
+	}
+	rec.RecordDecision("t", flowcontrol.Decision{Outcome: flowcontrol.Rejected, Reason: flowcontrol.ReasonSaturated, RetryAfter: time.Second})
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sluice, upstream int
+	for _, f := range families {
+		if strings.HasPrefix(f.GetName(), "sluice_flowcontrol_") {
+			sluice++
+		} else {
+			upstream++
+		}
+	}
+	if sluice == 0 || upstream == 0 {
+		t.Fatalf("gathered %d Sluice and %d other families, want both", sluice, upstream)
+	}
+}

@@ -1,0 +1,132 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
+)
+
+func mustHeadroomFilter(t testing.TB) *HeadroomFilter {
+	t.Helper()
+	p, err := HeadroomFilterFactory("", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.(*HeadroomFilter)
+}
+
+func candidates(addrs ...string) []fwksched.Endpoint {
+	eps := make([]fwksched.Endpoint, len(addrs))
+	for i, a := range addrs {
+		eps[i] = fwksched.NewEndpoint(&fwkdl.EndpointMetadata{Address: a, Port: "8000"}, fwkdl.NewMetrics(), nil)
+	}
+	return eps
+}
+
+func names(eps []fwksched.Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, ep := range eps {
+		out[i] = EndpointName(ep.GetMetadata())
+	}
+	return out
+}
+
+func TestHeadroomFilterRestrictsCandidates(t *testing.T) {
+	many := make([]string, 40)
+	for i := range many {
+		many[i] = fmt.Sprintf("10.0.1.%d", i)
+	}
+	manyAllowed := []string{"10.0.1.3:8000", "10.0.1.39:8000", "10.0.1.17:8000"}
+	tests := []struct {
+		name       string
+		attached   bool
+		stored     []string // the request's Decision.Endpoints; nil stores nothing
+		candidates []string
+		want       []string
+	}{
+		{"keeps only endpoints with headroom, in candidate order", true,
+			[]string{"10.0.0.3:8000", "10.0.0.1:8000"}, []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"},
+			[]string{"10.0.0.1:8000", "10.0.0.3:8000"}},
+		{"large pools take the map path", true, manyAllowed, many,
+			[]string{"10.0.1.3:8000", "10.0.1.17:8000", "10.0.1.39:8000"}},
+		{"unknown request filters nothing", true, nil, []string{"10.0.0.1", "10.0.0.2"},
+			[]string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"no overlap filters nothing rather than fail scheduling", true,
+			[]string{"10.0.0.9:8000"}, []string{"10.0.0.1", "10.0.0.2"}, []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"not attached (Sluice admission off) filters nothing", false,
+			[]string{"10.0.0.1:8000"}, []string{"10.0.0.1", "10.0.0.2"}, []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fc, _ := newTestFlowControl(t, nil, &fakePool{})
+			f := mustHeadroomFilter(t)
+			if tt.attached {
+				fc.Attach(map[string]fwkplugin.Plugin{"f": f})
+			}
+			if tt.stored != nil {
+				fc.headroom.put("req", flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Endpoints: tt.stored}, "")
+			}
+			got := names(f.Filter(context.Background(), fwksched.NewCycleState(), &fwksched.LLMRequest{RequestId: "req"}, candidates(tt.candidates...)))
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("Filter = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestHeadroomFilterThroughAdmission checks the filter end to end inside the EPP's request path: a Sheddable request
+// dispatched while one endpoint is above the Sheddable ceiling is scheduled only among the others.
+func TestHeadroomFilterThroughAdmission(t *testing.T) {
+	pool := &fakePool{}
+	fc, clk := newTestFlowControl(t, nil, pool)
+	// Queue-depth threshold 5: 4 waiting is 0.8, at the Sheddable ceiling (no headroom); 1 waiting is 0.2.
+	pool.set(upstreamEndpoint("10.0.0.1", 4, 0.1, clk.Now()), upstreamEndpoint("10.0.0.2", 1, 0.1, clk.Now()))
+	if err := fc.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	f := mustHeadroomFilter(t)
+	fc.Attach(map[string]fwkplugin.Plugin{HeadroomFilterType: f})
+	if err := fc.Admit(context.Background(), requestContext("shed-me-not", "t", 100, nil), -1); err != nil {
+		t.Fatal(err)
+	}
+	got := names(f.Filter(context.Background(), fwksched.NewCycleState(), &fwksched.LLMRequest{RequestId: "shed-me-not"}, candidates("10.0.0.1", "10.0.0.2")))
+	if !slices.Equal(got, []string{"10.0.0.2:8000"}) {
+		t.Fatalf("Sheddable request may be scheduled on %v, want only 10.0.0.2:8000", got)
+	}
+	// A Standard request may use both (ceiling 1.0).
+	if err := fc.Admit(context.Background(), requestContext("standard", "t", 100, nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	got = names(f.Filter(context.Background(), fwksched.NewCycleState(), &fwksched.LLMRequest{RequestId: "standard"}, candidates("10.0.0.1", "10.0.0.2")))
+	if len(got) != 2 {
+		t.Fatalf("Standard request may be scheduled on %v, want both", got)
+	}
+}
+
+func TestHeadroomFilterFactory(t *testing.T) {
+	for _, raw := range []string{"", "null", "{}", " { } "} {
+		p, err := HeadroomFilterFactory("mine", json.RawMessage(raw), nil)
+		if err != nil {
+			t.Fatalf("params %q: %v", raw, err)
+		}
+		if tn := p.TypedName(); tn.Type != HeadroomFilterType || tn.Name != "mine" {
+			t.Fatalf("TypedName = %+v", tn)
+		}
+	}
+	for _, raw := range []string{`{"ceiling":1}`, `[1]`, `{`} {
+		if _, err := HeadroomFilterFactory("x", json.RawMessage(raw), nil); err == nil {
+			t.Fatalf("params %q accepted", raw)
+		}
+	}
+	if sluicePlugins[HeadroomFilterType] == nil {
+		t.Fatalf("%s is not registered", HeadroomFilterType)
+	}
+}

@@ -1,0 +1,597 @@
+package prefixcache
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// PodID names a model-server pod. It has the layout of Kubernetes'
+// NamespacedName, so callers convert one without allocating.
+type PodID struct {
+	Namespace string
+	Name      string
+}
+
+func (p PodID) String() string { return p.Namespace + "/" + p.Name }
+
+// CacheInfo is what a pod reports about its KV cache (vLLM's
+// vllm:cache_config_info). Zero fields mean "not reported" and take the
+// configured defaults.
+type CacheInfo struct {
+	// NumBlocks is the pod's KV capacity in blocks (num_gpu_blocks).
+	NumBlocks int
+	// BlockTokens is the pod's KV block size in tokens (block_size).
+	BlockTokens int
+}
+
+// Load is a pod's scraped load.
+type Load struct {
+	Queued        int     // requests waiting in the model server
+	Running       int     // requests being decoded
+	KVUtilization float64 // fraction of KV blocks in use, 0..1
+}
+
+// Candidate is a pod the scheduler may pick.
+type Candidate struct {
+	Pod   PodID
+	Cache CacheInfo
+	Load  Load
+}
+
+// Prompt is a rendered request (AppendText or AppendChat) with its salt.
+type Prompt struct {
+	Salt     Salt
+	Rendered []byte
+}
+
+// Routed is what Route predicted for the pod it recorded.
+type Routed struct {
+	// MatchedBlocks is how many leading blocks the pod was predicted to
+	// hold before this request; TotalBlocks how many the prompt has.
+	MatchedBlocks, TotalBlocks int
+}
+
+// groupPods is how many pods share one holder table: one bit each in a
+// uint64.
+const groupPods = 64
+
+// numShards splits each holder table; a power of two.
+const numShards = 64
+
+// holderShard maps block hashes to a bit set of the pods of its group that
+// hold them.
+type holderShard struct {
+	mu      sync.RWMutex
+	holders map[uint64]uint64
+	_       [32]byte // keep neighbouring shards' locks off one cache line
+}
+
+// group is the holder table of up to 64 pods.
+type group struct {
+	shards [numShards]holderShard
+}
+
+func newGroup() *group {
+	g := &group{}
+	for i := range g.shards {
+		g.shards[i].holders = map[uint64]uint64{}
+	}
+	return g
+}
+
+func (g *group) shard(h uint64) *holderShard { return &g.shards[h>>(64-6)] }
+
+// held returns the bits of the group's pods that hold h.
+func (g *group) held(h uint64) uint64 {
+	s := g.shard(h)
+	s.mu.RLock()
+	v := s.holders[h]
+	s.mu.RUnlock()
+	return v
+}
+
+func (g *group) set(h, bit uint64) {
+	s := g.shard(h)
+	s.mu.Lock()
+	s.holders[h] |= bit
+	s.mu.Unlock()
+}
+
+func (g *group) clear(h, bit uint64) {
+	s := g.shard(h)
+	s.mu.Lock()
+	if v := s.holders[h] &^ bit; v == 0 {
+		delete(s.holders, h)
+	} else {
+		s.holders[h] = v
+	}
+	s.mu.Unlock()
+}
+
+// pod is one indexed model server.
+type pod struct {
+	id    PodID
+	group *group
+	slot  int    // index in group
+	bit   uint64 // 1 << slot
+
+	// Mirrors of the fields below, for lock-free checks on the hot path.
+	blockTokens atomic.Int64
+	nominal     atomic.Int64
+	inflight    atomic.Int64 // routed by this index, not yet finished
+
+	mu      sync.Mutex
+	gone    bool     // forgotten: refuse new entries
+	table   lruTable // what the pod is believed to hold
+	cal     calibration
+	evicted []uint64 // scratch
+}
+
+// registry is an immutable snapshot of the indexed pods, replaced whole on
+// every change so that readers need no lock.
+type registry struct {
+	pods   map[PodID]*pod
+	groups []*group
+	used   [][groupPods]bool // used[g][slot]
+}
+
+// Index predicts which pods hold which prompt prefixes in their KV cache and
+// scores candidates by it. Create one with New. All methods are safe for
+// concurrent use.
+type Index struct {
+	cfg Config
+	rec Recorder
+
+	reg   atomic.Pointer[registry]
+	regMu sync.Mutex // serialises registry changes
+
+	pending pendingTable
+	scratch sync.Pool // *scoreScratch
+}
+
+// Option configures an Index.
+type Option func(*Index)
+
+// WithRecorder reports the index's events to r.
+func WithRecorder(r Recorder) Option { return func(ix *Index) { ix.rec = r } }
+
+// New returns an empty index, or the configuration's errors.
+func New(cfg Config, opts ...Option) (*Index, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid prefix cache config: %w", err)
+	}
+	ix := &Index{cfg: cfg, rec: NopRecorder{}}
+	for _, o := range opts {
+		o(ix)
+	}
+	ix.reg.Store(&registry{pods: map[PodID]*pod{}})
+	ix.pending.init(cfg.MaxPending, cfg.PendingTTL)
+	ix.scratch.New = func() any { return &scoreScratch{} }
+	return ix, nil
+}
+
+// Config returns the index's configuration.
+func (ix *Index) Config() Config { return ix.cfg }
+
+// maxBlocks is how many blocks of blockTokens tokens are hashed at most.
+func (ix *Index) maxBlocks(blockTokens int) int {
+	return max(1, ix.cfg.MaxPrefixTokens/blockTokens)
+}
+
+// resolve returns the cache geometry a pod reporting c is indexed with.
+func (ix *Index) resolve(c CacheInfo) (blockTokens, nominal int) {
+	blockTokens, nominal = c.BlockTokens, c.NumBlocks
+	if blockTokens <= 0 {
+		blockTokens = ix.cfg.DefaultBlockTokens
+	}
+	if nominal <= 0 {
+		nominal = ix.cfg.DefaultPodBlocks
+	}
+	return blockTokens, min(nominal, ix.cfg.MaxBlocksPerPod)
+}
+
+// lookup returns the indexed pod id, registering it when absent and room
+// remains (nil otherwise), with its geometry brought up to date with c.
+func (ix *Index) lookup(id PodID, c CacheInfo) *pod {
+	p := ix.reg.Load().pods[id]
+	if p == nil {
+		if p = ix.register(id); p == nil {
+			return nil
+		}
+	}
+	bt, nominal := ix.resolve(c)
+	if p.blockTokens.Load() != int64(bt) || p.nominal.Load() != int64(nominal) {
+		ix.reconfigure(p, bt, nominal)
+	}
+	return p
+}
+
+func (ix *Index) register(id PodID) *pod {
+	ix.regMu.Lock()
+	defer ix.regMu.Unlock()
+	old := ix.reg.Load()
+	if p := old.pods[id]; p != nil {
+		return p
+	}
+	if len(old.pods) >= ix.cfg.MaxPods {
+		return nil
+	}
+	next := &registry{
+		pods:   make(map[PodID]*pod, len(old.pods)+1),
+		groups: old.groups,
+		used:   append([][groupPods]bool(nil), old.used...),
+	}
+	for k, v := range old.pods {
+		next.pods[k] = v
+	}
+	gi, slot := -1, -1
+	for g := range next.used {
+		for s, taken := range next.used[g] {
+			if !taken {
+				gi, slot = g, s
+				break
+			}
+		}
+		if gi >= 0 {
+			break
+		}
+	}
+	if gi < 0 {
+		next.groups = append(append([]*group(nil), old.groups...), newGroup())
+		next.used = append(next.used, [groupPods]bool{})
+		gi, slot = len(next.groups)-1, 0
+	}
+	next.used[gi][slot] = true
+	p := &pod{id: id, group: next.groups[gi], slot: slot, bit: 1 << slot}
+	p.cal.reset()
+	bt, nominal := ix.resolve(CacheInfo{})
+	p.table = newLRUTable(nominal)
+	p.blockTokens.Store(int64(bt))
+	p.nominal.Store(int64(nominal))
+	next.pods[id] = p
+	ix.reg.Store(next)
+	return p
+}
+
+// reconfigure applies a new block size or capacity to p. A new block size
+// makes every entry meaningless; a new capacity keeps the most recent ones.
+func (ix *Index) reconfigure(p *pod, blockTokens, nominal int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone {
+		return
+	}
+	keep := p.table.appendAll(nil) // most recent first
+	if int64(blockTokens) != p.blockTokens.Load() {
+		for _, h := range keep {
+			p.group.clear(h, p.bit)
+		}
+		keep = keep[:0]
+	}
+	p.table = newLRUTable(nominal)
+	p.nominal.Store(int64(nominal))
+	p.blockTokens.Store(int64(blockTokens))
+	limit := p.cal.limit(nominal)
+	p.table.setLimit(limit, nil)
+	if len(keep) > limit {
+		for _, h := range keep[limit:] {
+			p.group.clear(h, p.bit)
+		}
+		keep = keep[:limit]
+	}
+	for i := len(keep) - 1; i >= 0; i-- { // oldest first
+		p.table.touch(keep[i], nil)
+	}
+}
+
+// Forget drops everything known about pod id (it left the pool). The pod's
+// holder bits are cleared before its slot can go to another pod.
+func (ix *Index) Forget(id PodID) {
+	ix.regMu.Lock()
+	defer ix.regMu.Unlock()
+	old := ix.reg.Load()
+	p := old.pods[id]
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.gone = true
+	for _, h := range p.table.appendAll(nil) {
+		p.group.clear(h, p.bit)
+	}
+	p.table = lruTable{head: noSlot, tail: noSlot}
+	p.mu.Unlock()
+
+	next := &registry{
+		pods:   make(map[PodID]*pod, len(old.pods)),
+		groups: old.groups,
+		used:   append([][groupPods]bool(nil), old.used...),
+	}
+	for k, v := range old.pods {
+		if k != id {
+			next.pods[k] = v
+		}
+	}
+	for g, gr := range old.groups {
+		if gr == p.group {
+			next.used[g][p.slot] = false
+		}
+	}
+	ix.reg.Store(next)
+}
+
+// Retain forgets every indexed pod for which keep returns false.
+func (ix *Index) Retain(keep func(PodID) bool) {
+	for id := range ix.reg.Load().pods {
+		if !keep(id) {
+			ix.Forget(id)
+		}
+	}
+}
+
+// Pods returns the indexed pods, in no particular order.
+func (ix *Index) Pods() []PodID {
+	pods := ix.reg.Load().pods
+	out := make([]PodID, 0, len(pods))
+	for id := range pods {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Stats describes the index's size.
+type Stats struct {
+	Pods int
+	// Entries is the number of (pod, block) entries.
+	Entries int
+	// DistinctBlocks is the number of (group, block hash) holder records.
+	DistinctBlocks int
+	// TableBytes is the memory of the pods' tables (slots only).
+	TableBytes int64
+}
+
+// Stats walks the index; it takes every lock in turn, so keep it off hot
+// paths.
+func (ix *Index) Stats() Stats {
+	reg := ix.reg.Load()
+	st := Stats{Pods: len(reg.pods)}
+	for _, p := range reg.pods {
+		p.mu.Lock()
+		st.Entries += p.table.n
+		st.TableBytes += int64(len(p.table.slots)) * 16
+		p.mu.Unlock()
+	}
+	for _, g := range reg.groups {
+		for i := range g.shards {
+			s := &g.shards[i]
+			s.mu.RLock()
+			st.DistinctBlocks += len(s.holders)
+			s.mu.RUnlock()
+		}
+	}
+	return st
+}
+
+// scoreScratch is reused across Score calls.
+type scoreScratch struct {
+	pods  []*pod
+	match []int
+	total []int
+	load  []float64
+	chain []uint64
+}
+
+// Score writes into scores[i] the prefix affinity of cands[i], in [0,1]:
+// the fraction of the prompt's blocks the pod is predicted to hold
+// (matching stops at the first block it lacks) times the load guard's
+// weight (see GuardConfig). scores must be at least as long as cands.
+// Unknown pods are registered; pods beyond MaxPods score 0.
+func (ix *Index) Score(pr Prompt, cands []Candidate, scores []float64) {
+	n := len(cands)
+	sc := ix.scratch.Get().(*scoreScratch)
+	defer ix.scratch.Put(sc)
+	sc.pods = grow(sc.pods, n)
+	sc.match = grow(sc.match, n)
+	sc.total = grow(sc.total, n)
+	sc.load = grow(sc.load, n)
+
+	for i, c := range cands {
+		p := ix.lookup(c.Pod, c.Cache)
+		sc.pods[i] = p
+		sc.match[i], sc.total[i] = 0, 0
+		load := float64(c.Load.Queued + c.Load.Running)
+		if p != nil {
+			load = math.Max(load, float64(p.inflight.Load()))
+		}
+		sc.load[i] = load
+	}
+
+	// One chain per block size in the pool (usually one), one pass per
+	// holder group (one per 64 pods).
+	for i, p := range sc.pods {
+		if p == nil || sc.total[i] != 0 {
+			continue
+		}
+		bt := int(p.blockTokens.Load())
+		sc.chain = AppendChain(sc.chain[:0], pr.Salt, pr.Rendered, ix.cfg.Tokens.BlockBytes(bt), ix.maxBlocks(bt))
+		if len(sc.chain) == 0 {
+			sc.total[i] = -1
+			continue
+		}
+		ix.matchGroups(sc, i, bt)
+	}
+
+	var mean float64
+	for _, l := range sc.load[:n] {
+		mean += l
+	}
+	if n > 0 {
+		mean /= float64(n)
+	}
+	for i := range cands {
+		scores[i] = 0
+		if sc.total[i] <= 0 {
+			continue
+		}
+		w, action := ix.cfg.Guard.weight(sc.load[i], mean, cands[i].Load.KVUtilization)
+		if sc.match[i] > 0 && action != GuardNone {
+			ix.rec.IncGuard(action)
+		}
+		scores[i] = float64(sc.match[i]) / float64(sc.total[i]) * w
+	}
+	for i := range sc.pods[:n] {
+		sc.pods[i] = nil // do not keep pods alive from the pool
+	}
+}
+
+// matchGroups computes the match of every candidate from first on whose
+// block size is bt, against sc.chain, and marks them done (total set).
+func (ix *Index) matchGroups(sc *scoreScratch, first, bt int) {
+	for {
+		// Candidates of one group: bit → candidate.
+		var g *group
+		var alive uint64
+		var byBit [groupPods]int32
+		var dup []int // candidates naming a pod already in this pass
+		for i := first; i < len(sc.pods); i++ {
+			p := sc.pods[i]
+			if p == nil || sc.total[i] != 0 || int(p.blockTokens.Load()) != bt {
+				continue
+			}
+			if g == nil {
+				g = p.group
+			}
+			if p.group != g {
+				continue
+			}
+			if alive&p.bit != 0 {
+				dup = append(dup, i)
+				continue
+			}
+			alive |= p.bit
+			byBit[p.slot] = int32(i)
+			sc.total[i] = len(sc.chain)
+		}
+		if g == nil {
+			return
+		}
+		for k, h := range sc.chain {
+			held := g.held(h) & alive
+			for dead := alive &^ held; dead != 0; dead &= dead - 1 {
+				sc.match[byBit[bits.TrailingZeros64(dead)]] = k
+			}
+			if alive = held; alive == 0 {
+				break
+			}
+		}
+		for ; alive != 0; alive &= alive - 1 {
+			sc.match[byBit[bits.TrailingZeros64(alive)]] = len(sc.chain)
+		}
+		for _, i := range dup {
+			sc.match[i] = sc.match[byBit[sc.pods[i].slot]]
+			sc.total[i] = len(sc.chain)
+		}
+	}
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// Route records that the request identified by requestID was sent to cand:
+// the pod will hold the prompt's blocks, most recent first, evicting its
+// least recently used ones. It returns the prediction made before
+// recording, which ObserveUsage later checks against the server's report
+// (requestID "" skips that). Route also counts the request as in flight on
+// the pod until ObserveUsage or PendingTTL.
+func (ix *Index) Route(now time.Time, requestID string, pr Prompt, cand Candidate) Routed {
+	p := ix.lookup(cand.Pod, cand.Cache)
+	if p == nil {
+		return Routed{}
+	}
+	bt := int(p.blockTokens.Load())
+	blockBytes := ix.cfg.Tokens.BlockBytes(bt)
+	chain := AppendChain(nil, pr.Salt, pr.Rendered, blockBytes, ix.maxBlocks(bt))
+
+	p.mu.Lock()
+	if p.gone {
+		p.mu.Unlock()
+		return Routed{}
+	}
+	matched := 0
+	for _, h := range chain {
+		if !p.table.contains(h) {
+			break
+		}
+		matched++
+	}
+	// Insert the tail first so that the prefix ends most recent: like the
+	// server, evict a chain from its end.
+	// Clear each eviction before the next insertion: a block evicted here
+	// may be one of this chain's, touched again later in the loop.
+	ev := p.evicted[:0]
+	for i := len(chain) - 1; i >= 0; i-- {
+		var inserted bool
+		inserted, ev = p.table.touch(chain[i], ev[:0])
+		for _, h := range ev {
+			p.group.clear(h, p.bit)
+		}
+		if inserted {
+			p.group.set(chain[i], p.bit)
+		}
+	}
+	p.evicted = ev[:0]
+	promptTokens := ix.cfg.Tokens.Tokens(len(pr.Rendered))
+	p.cal.routed(float64(promptTokens), float64(ix.cfg.Tokens.Tokens(matched*blockBytes)))
+	p.mu.Unlock()
+
+	if requestID != "" {
+		frac := 0.0
+		if len(pr.Rendered) > 0 {
+			frac = math.Min(1, float64(matched*blockBytes)/float64(len(pr.Rendered)))
+		}
+		if ix.pending.put(now, requestID, pendingEntry{pod: p, predicted: frac, at: now}) {
+			p.inflight.Add(1)
+		}
+	}
+	return Routed{MatchedBlocks: matched, TotalBlocks: len(chain)}
+}
+
+// InFlight returns how many requests Route sent to pod id that have not
+// finished.
+func (ix *Index) InFlight(id PodID) int {
+	if p := ix.reg.Load().pods[id]; p != nil {
+		return int(p.inflight.Load())
+	}
+	return 0
+}
+
+// Capacity returns the number of blocks pod id is currently modelled to
+// keep (its calibrated effective capacity) and its nominal capacity.
+func (ix *Index) Capacity(id PodID) (effective, nominal int) {
+	p := ix.reg.Load().pods[id]
+	if p == nil {
+		return 0, 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.table.limit, int(p.nominal.Load())
+}
+
+// Entries returns how many blocks pod id is believed to hold.
+func (ix *Index) Entries(id PodID) int {
+	p := ix.reg.Load().pods[id]
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.table.n
+}

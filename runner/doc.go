@@ -1,0 +1,33 @@
+// Package runner composes the Sluice Endpoint Picker (EPP) from the exported
+// pieces of the Gateway API Inference Extension (GIE) v1.5.0.
+//
+// Upstream's cmd/epp/runner cannot inject an admission controller, a Director
+// or gRPC server options, and it never shapes the immediate responses it sends
+// to the proxy. This package rebuilds the same process from upstream's
+// exported packages (server.Options, NewDefaultManager, the ExtProcServerRunner
+// reconcilers, handlers.NewStreamingServer, requestcontrol.NewDirectorWithConfig,
+// config/loader) and owns the gRPC servers, which gives Sluice two seams:
+//
+//   - AdmissionFactory: builds the requestcontrol.AdmissionController the
+//     Director consults for every request (default: upstream's choice, legacy
+//     saturation admission or the experimental flow controller).
+//   - ResponseShaper: adjusts every immediate response (rejections and errors)
+//     before it reaches the proxy, e.g. to add Retry-After headers and an
+//     OpenAI-style JSON error body.
+//   - WithFlags: lets the binary add its own flags (e.g. Sluice admission's)
+//     and adjust the parsed options before they are validated.
+//
+// Two modes run the same request path:
+//
+//   - Kubernetes mode (--pool-name or --endpoint-selector), exactly upstream's
+//     behaviour: a controller-runtime manager reconciles InferencePools, Pods,
+//     InferenceObjectives and InferenceModelRewrites, with leader election and
+//     an authenticated metrics endpoint available.
+//   - Static mode (--static-endpoints / --static-endpoints-file), which upstream
+//     lacks: no Kubernetes API at all; the listed host:port endpoints form the
+//     pool and their metrics are scraped like pods'. A file is re-read while the
+//     EPP runs, so endpoints can be added and removed without a restart.
+//
+// Every upstream v1.5.0 flag and environment variable keeps its name and
+// default; Sluice adds its own flags beside them.
+package runner

@@ -1,0 +1,118 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
+)
+
+// Options holds every upstream v1.5.0 EPP option, with upstream's flag names
+// and defaults, plus Sluice's own.
+type Options struct {
+	*runserver.Options
+
+	// StaticEndpoints lists host:port model-server endpoints for static mode.
+	StaticEndpoints []string
+	// StaticEndpointsFile names a file of endpoints for static mode; it is
+	// re-read every StaticEndpointsReloadInterval.
+	StaticEndpointsFile string
+	// StaticEndpointsReloadInterval is how often StaticEndpointsFile is re-read.
+	StaticEndpointsReloadInterval time.Duration
+	// ShowVersion prints the version and exits.
+	ShowVersion bool
+
+	fs *pflag.FlagSet
+}
+
+// NewOptions returns Options with upstream's defaults and Sluice's.
+func NewOptions() *Options {
+	return &Options{
+		Options:                       runserver.NewOptions(),
+		StaticEndpointsReloadInterval: 2 * time.Second,
+	}
+}
+
+// AddFlags registers upstream's flags, then Sluice's, on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.fs = fs
+	o.Options.AddFlags(fs)
+	fs.StringSliceVar(&o.StaticEndpoints, "static-endpoints", o.StaticEndpoints,
+		"Static mode: comma-separated host:port model-server endpoints (IP addresses). "+
+			"Runs the EPP with no Kubernetes API; mutually exclusive with --pool-name and --endpoint-selector.")
+	fs.StringVar(&o.StaticEndpointsFile, "static-endpoints-file", o.StaticEndpointsFile,
+		"Static mode: a file of host:port endpoints, one per line or comma-separated ('#' starts a comment). "+
+			"Re-read while running, so endpoints can be added and removed without a restart.")
+	fs.DurationVar(&o.StaticEndpointsReloadInterval, "static-endpoints-reload-interval", o.StaticEndpointsReloadInterval,
+		"Static mode: how often --static-endpoints-file is re-read.")
+	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
+}
+
+// StaticMode reports whether the EPP runs without a Kubernetes API.
+func (o *Options) StaticMode() bool {
+	return len(o.StaticEndpoints) > 0 || o.StaticEndpointsFile != ""
+}
+
+// Complete post-processes the parsed flags, as upstream does.
+func (o *Options) Complete() error {
+	return o.Options.Complete()
+}
+
+// staticPoolName names the pool that static mode synthesises.
+const staticPoolName = "static"
+
+// Validate checks the options. Static mode is checked first, since upstream's
+// validation insists on a pool name or an endpoint selector; the rest of
+// upstream's checks then run unchanged.
+func (o *Options) Validate() error {
+	if !o.StaticMode() {
+		return o.Options.Validate()
+	}
+	var errs []error
+	if o.PoolName != "" || o.EndpointSelector != "" {
+		errs = append(errs, errors.New("--static-endpoints/--static-endpoints-file cannot be combined with --pool-name or --endpoint-selector: "+
+			"static mode runs without a Kubernetes API, Kubernetes mode discovers endpoints through it; choose one"))
+	}
+	if len(o.StaticEndpoints) > 0 && o.StaticEndpointsFile != "" {
+		errs = append(errs, errors.New("set either --static-endpoints or --static-endpoints-file, not both"))
+	}
+	if o.EnableLeaderElection {
+		errs = append(errs, errors.New("--ha-enable-leader-election needs a Kubernetes API and cannot be used in static mode"))
+	}
+	if o.MetricsEndpointAuth {
+		if o.flagChanged("metrics-endpoint-auth") {
+			errs = append(errs, errors.New("--metrics-endpoint-auth authenticates through the Kubernetes API and cannot be used in static mode"))
+		}
+		// Upstream's default (true) cannot work without an API server; static
+		// mode serves metrics unauthenticated unless told otherwise (above).
+		o.MetricsEndpointAuth = false
+	}
+	if o.StaticEndpointsReloadInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--static-endpoints-reload-interval must be positive, got %s", o.StaticEndpointsReloadInterval))
+	}
+	if len(o.StaticEndpoints) > 0 {
+		if _, err := ParseEndpoints(o.StaticEndpoints); err != nil {
+			errs = append(errs, fmt.Errorf("--static-endpoints: %w", err))
+		}
+	}
+	if len(errs) == 0 {
+		// Run upstream's remaining checks (config, scheme, logging, deprecated
+		// metric flags) on a copy that names the synthetic pool.
+		upstream := *o.Options
+		upstream.PoolName = staticPoolName
+		if err := upstream.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o *Options) flagChanged(name string) bool {
+	if o.fs == nil {
+		return false
+	}
+	f := o.fs.Lookup(name)
+	return f != nil && f.Changed
+}

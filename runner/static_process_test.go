@@ -1,0 +1,136 @@
+package runner_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestStaticEndpointsMode(t *testing.T) {
+	port := freePort(t)
+	fakeModelServer(t, "127.0.0.2", port)
+	fakeModelServer(t, "127.0.0.3", port)
+	a, b := fmt.Sprintf("127.0.0.2:%d", port), fmt.Sprintf("127.0.0.3:%d", port)
+
+	t.Run("list routes to the listed endpoints and honours subset hints", func(t *testing.T) {
+		epp := startEPP(t, nil, "--static-endpoints="+a+","+b, "--secure-serving=false")
+		c := dialExtProc(t, epp.grpcPort, false)
+		eventually(t, "both endpoints serve", func() string {
+			seen := destinations(t, c, 20, nil)
+			if msg := onlyIn(seen, a, b); msg != "" {
+				return msg
+			}
+			if len(seen) != 2 {
+				return fmt.Sprintf("only %v received traffic", seen)
+			}
+			return ""
+		})
+		if msg := onlyIn(destinations(t, c, 10, []string{b}), b); msg != "" {
+			t.Fatalf("subset hint ignored: %s", msg)
+		}
+	})
+
+	t.Run("file is re-read while running", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "endpoints")
+		write := func(content string) {
+			t.Helper()
+			tmp := file + ".tmp"
+			if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, file); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write("# fleet\n" + a + "\n")
+		epp := startEPP(t, nil, "--static-endpoints-file="+file, "--static-endpoints-reload-interval=100ms", "--secure-serving=false")
+		c := dialExtProc(t, epp.grpcPort, false)
+		if msg := onlyIn(destinations(t, c, 10, nil), a); msg != "" {
+			t.Fatal(msg)
+		}
+		write(b + " # moved\n")
+		eventually(t, "traffic moves to the new endpoint", func() string { return onlyIn(destinations(t, c, 10, nil), b) })
+		write("not-an-endpoint\n")
+		eventually(t, "a broken file is reported", func() string {
+			if !strings.Contains(epp.output.String(), "Keeping the previous static endpoints") {
+				return "no log line about the broken file"
+			}
+			return ""
+		})
+		if msg := onlyIn(destinations(t, c, 10, nil), b); msg != "" {
+			t.Fatalf("a broken file must keep the last good endpoints: %s", msg)
+		}
+	})
+
+	t.Run("TLS with a self-signed certificate by default", func(t *testing.T) {
+		epp := startEPP(t, nil, "--static-endpoints="+a)
+		c := dialExtProc(t, epp.grpcPort, true)
+		if msg := onlyIn(destinations(t, c, 5, nil), a); msg != "" {
+			t.Fatal(msg)
+		}
+	})
+
+	t.Run("bad request gets an OpenAI-style JSON error", func(t *testing.T) {
+		epp := startEPP(t, nil, "--static-endpoints="+a, "--secure-serving=false")
+		c := dialExtProc(t, epp.grpcPort, false)
+		r := c.route(t, nil, map[string]any{"prompt": "no model"}, nil)
+		if r.status != 400 {
+			t.Fatalf("status = %d (%q), want 400", r.status, r.body)
+		}
+		var body struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != "invalid_request_error" || body.Error.Message == "" {
+			t.Fatalf("body %q is not an OpenAI error (%v)", r.body, err)
+		}
+		if r.headers["content-type"] != "application/json" {
+			t.Fatalf("content-type = %q", r.headers["content-type"])
+		}
+	})
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantExit int
+		want     []string
+	}{
+		{"help lists upstream and Sluice flags", []string{"--help"}, 0,
+			[]string{"--pool-name", "--pool-namespace", "--pool-group", "--endpoint-selector", "--endpoint-target-ports",
+				"--grpc-port", "--grpc-health-port", "--metrics-port", "--config-file", "--config-text", "--secure-serving",
+				"--cert-path", "--enable-cert-reload", "--metrics-endpoint-auth", "--ha-enable-leader-election",
+				"--refresh-metrics-interval", "--metrics-staleness-threshold", "--zap-log-level", "-v, --v",
+				"--static-endpoints", "--static-endpoints-file", "--version"}},
+		{"version", []string{"--version"}, 0, []string{"sluice-epp", "gateway-api-inference-extension v1.5.0", "commit"}},
+		{"static mixed with pool", []string{"--static-endpoints=127.0.0.1:1", "--pool-name=p"}, 1,
+			[]string{"cannot be combined with --pool-name or --endpoint-selector"}},
+		{"unknown flag", []string{"--no-such-flag"}, 1, []string{"unknown flag: --no-such-flag"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := exec.Command(eppPath(t), tt.args...).CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tt.wantExit {
+				t.Fatalf("exit %d, want %d\n%s", code, tt.wantExit, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q\n%s", w, out)
+				}
+			}
+		})
+	}
+}
