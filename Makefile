@@ -35,7 +35,7 @@ $(ENVTEST_ASSETS)/kube-apiserver:
 
 # The whole suite. The process tests run bin/epp as a real process against a
 # real API server (envtest); hack/image's test inspects the image tarball.
-test: lint envtest build image ## The whole suite: lint, unit, integration (real API server), image and race tests.
+test: lint verify-generate envtest build image ## The whole suite: lint, unit, integration (real API server), image and race tests.
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp \
 	SLUICE_IMAGE_TARBALL=$(IMAGE_TARBALL) SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
 		$(GO) test -race -count=1 -timeout 30m ./...
@@ -53,10 +53,11 @@ $(BIN)/staticcheck-$(STATICCHECK_VERSION):
 staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 	$< ./...
 
-run: build ## Start the EPP in static mode against local endpoints (see README).
-	$(BIN)/epp --static-endpoints=$(or $(ENDPOINTS),127.0.0.1:8001,127.0.0.1:8002) --secure-serving=false
+run: build ## Start a local simulated fleet, the EPP (static mode) and the data plane; send a demo load.
+	BIN=$(BIN) examples/local-fleet/run.sh
 
 clean:
 	rm -rf $(BIN)
 
 include hack/image.mk
+include crds/crds.mk

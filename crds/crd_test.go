@@ -107,6 +107,7 @@ func TestSchemaRejectsNonsense(t *testing.T) {
 		{"negative duration", pool + "  bands:\n    critical: {maxQueueTime: -5s}\n",
 			[]string{"spec.bands.critical.maxQueueTime in body should match"}, true},
 		{"duration with days", pool + "  drainRateWindow: 1d\n", []string{"spec.drainRateWindow in body should match"}, false},
+		{"duration beyond time.Duration", pool + "  drainRateWindow: 9999999999h\n", []string{"spec.drainRateWindow", "type conversion error"}, false},
 		{"duration without unit", pool + "  endpoint: {metricsStalenessThreshold: \"200\"}\n",
 			[]string{"spec.endpoint.metricsStalenessThreshold in body should match"}, false},
 		{"endpoint thresholds", pool + "  endpoint: {queueDepthThreshold: 0, kvCacheUtilThreshold: 1.2, runningThreshold: -1, metricsStalenessThreshold: 0s}\n",

@@ -108,7 +108,7 @@ func BenchmarkEnqueueDispatch10kQueued1kTenants(b *testing.B) {
 	enqueue := func(req Request) {
 		c.mu.Lock()
 		now := c.clock.Now()
-		_, _, _, changed := c.admitLocked(req, now)
+		_, _, changed, _ := c.admitLocked(req, now)
 		if changed {
 			c.endOpLocked(now)
 		}

@@ -122,7 +122,7 @@ func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
 	c.mu.Lock()
 	now := c.clock.Now()
 	c.drain.advance(now)
-	d, cause, it, changed := c.admitLocked(req, now)
+	d, it, changed, cause := c.admitLocked(req, now)
 	var sample QueueSample
 	if changed {
 		c.endOpLocked(now)
@@ -169,21 +169,21 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 
 // admitLocked decides an arrival. It returns either a final decision, or the queued item to wait on. changed reports
 // whether queues changed (an enqueue or a displacement); the fast path changes none.
-func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, cause error, it *item, changed bool) {
+func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *item, changed bool, cause error) {
 	band, capped, weight := c.bandOf(req)
 	d = Decision{Band: band, Capped: capped}
 	if cause = c.validateLocked(req); cause != nil {
 		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
-		return d, cause, nil, false
+		return d, nil, false, cause
 	}
 	if c.shuttingDown {
 		c.unavailableLocked(&d, ReasonShuttingDown)
-		return d, nil, nil, false
+		return d, nil, false, nil
 	}
 	fresh, best := c.headroomLocked(band, now)
 	if fresh == 0 {
 		c.unavailableLocked(&d, ReasonNoEndpoints)
-		return d, nil, nil, false
+		return d, nil, false, nil
 	}
 	cost := costOf(req)
 	if best >= 0 && c.queuedAtOrAbove(band) == 0 {
@@ -194,22 +194,22 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, cause 
 		if c.totalCount > 0 {
 			c.drain.add(cost)
 		}
-		return d, nil, nil, false
+		return d, nil, false, nil
 	}
 
 	bc := &c.cfg.Bands[band]
 	if bc.RejectWhenSaturated {
 		c.rejectLocked(&d, ReasonSaturated, c.timeUntilAdmitLocked(band, cost))
-		return d, nil, nil, false
+		return d, nil, false, nil
 	}
 	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost); known && wait > bc.MaxQueueTime {
 		c.rejectLocked(&d, ReasonPredictedWait, wait)
-		return d, nil, nil, false
+		return d, nil, false, nil
 	}
 	victims, fits := c.makeRoomLocked(band, req.Bytes)
 	if !fits {
 		c.rejectLocked(&d, ReasonQueueFull, c.timeUntilAdmitLocked(band, cost))
-		return d, nil, nil, false
+		return d, nil, false, nil
 	}
 	for _, v := range victims {
 		c.removeQueuedLocked(v)
@@ -227,7 +227,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, cause 
 	c.queued[req.ID] = it
 	c.totalCount++
 	c.totalBytes += req.Bytes
-	return d, nil, it, true
+	return d, it, true, nil
 }
 
 func (c *Controller) validateLocked(req Request) error {

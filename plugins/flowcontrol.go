@@ -10,11 +10,9 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
@@ -28,6 +26,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/immediateresponse"
 )
 
 // FlowControlType is the plugin type of the FlowControl adapter. FlowControl is not declared in an
@@ -395,55 +394,11 @@ func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string
 	}
 	d := sd.decision
 	if s := d.RetryAfterSeconds(); s > 0 {
-		setImmediateResponseHeader(resp, "retry-after", strconv.FormatInt(s, 10))
+		immediateresponse.SetHeader(resp, "retry-after", strconv.FormatInt(s, 10))
 	}
-	setImmediateResponseHeader(resp, ShedReasonHeader, d.Reason.String())
-	setImmediateResponseHeader(resp, "content-type", "application/json")
-	resp.Body = openAIErrorJSON(httpStatus(d), sd.message, d.Reason.String())
-}
-
-// openAIError is the OpenAI error envelope, {"error":{"message","type","param","code"}}.
-type openAIError struct {
-	Error openAIErrorObject `json:"error"`
-}
-
-type openAIErrorObject struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    string  `json:"code"`
-}
-
-// openAIErrorJSON renders an OpenAI error for the statuses flow control answers. It matches runner.OpenAIError,
-// which this package cannot import (runner imports plugins).
-func openAIErrorJSON(status int, message, code string) []byte {
-	errType := "rate_limit_error"
-	switch status {
-	case http.StatusServiceUnavailable:
-		errType = "service_unavailable_error"
-	case http.StatusBadRequest:
-		errType = "invalid_request_error"
-	}
-	body, _ := json.Marshal(openAIError{Error: openAIErrorObject{Message: message, Type: errType, Code: code}})
-	return body
-}
-
-// setImmediateResponseHeader sets (replaces) a header on an immediate response, like
-// runner.SetImmediateResponseHeader.
-func setImmediateResponseHeader(resp *extprocv3.ImmediateResponse, key, value string) {
-	if resp.Headers == nil {
-		resp.Headers = &extprocv3.HeaderMutation{}
-	}
-	for _, h := range resp.Headers.SetHeaders {
-		if h.Header != nil && strings.EqualFold(h.Header.Key, key) {
-			h.Header.RawValue, h.Header.Value = []byte(value), ""
-			return
-		}
-	}
-	resp.Headers.SetHeaders = append(resp.Headers.SetHeaders, &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	})
+	immediateresponse.SetHeader(resp, ShedReasonHeader, d.Reason.String())
+	immediateresponse.SetHeader(resp, "content-type", "application/json")
+	resp.Body = immediateresponse.OpenAIError(httpStatus(d), sd.message, d.Reason.String())
 }
 
 // EndpointName names an endpoint the way the EPP routes to it: address:port (upstream's x-gateway-destination-endpoint).

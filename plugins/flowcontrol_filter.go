@@ -20,10 +20,6 @@ var _ fwksched.Filter = (*HeadroomFilter)(nil)
 // headroomScanMax: up to this many candidates and allowed names each, membership is a scan; beyond, a map is cheaper.
 const headroomScanMax = 16
 
-// The filter is declared in EndpointPickerConfigs, so its type must be in the registry. sluicePlugins is the
-// package's list of Sluice plugin types; adding to it here keeps this adapter's files self-contained.
-func init() { sluicePlugins[HeadroomFilterType] = HeadroomFilterFactory }
-
 // HeadroomFilter restricts a request's scheduling candidates to the endpoints that had headroom for its band when
 // flow control dispatched it (flowcontrol.Decision.Endpoints). Without it the scheduler may place an admitted
 // request on an endpoint that is saturated for its band, e.g. a Sheddable request on an endpoint only Critical

@@ -287,7 +287,7 @@ func TestFlowControlShaperLeavesOtherResponsesAlone(t *testing.T) {
 	}
 }
 
-func TestEstimatedCost(t *testing.T) {
+func TestFlowControlEstimatedCost(t *testing.T) {
 	tests := []struct {
 		name    string
 		bytes   int
@@ -317,7 +317,7 @@ func TestEstimatedCost(t *testing.T) {
 	}
 }
 
-func TestEndpointSnapshot(t *testing.T) {
+func TestFlowControlEndpointSnapshot(t *testing.T) {
 	scraped := fcT0.Add(-time.Second)
 	m := fwkdl.NewMetrics()
 	m.WaitingQueueSize, m.RunningRequestsSize, m.KVCacheUsagePercent, m.UpdateTime = 3, 7, 0.42, scraped
@@ -465,7 +465,7 @@ func TestFlowControlRunSnapshotsAndShutdown(t *testing.T) {
 	})
 }
 
-func TestDecisionStoreIsBoundedAndExpires(t *testing.T) {
+func TestFlowControlDecisionStoreIsBoundedAndExpires(t *testing.T) {
 	clk := clocktesting.NewFakeClock(fcT0)
 	s := newDecisionStore(clk, time.Minute, 3)
 	d := flowcontrol.Decision{Outcome: flowcontrol.Rejected, Reason: flowcontrol.ReasonSaturated}

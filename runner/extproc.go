@@ -9,6 +9,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/uuid"
+
+	"github.com/sluice-gw/sluice/immediateresponse"
 )
 
 // requestIDHeader is the header Envoy and upstream's EPP use to correlate a
@@ -114,66 +116,6 @@ func openAIErrorBody(_ context.Context, _ string, resp *extprocv3.ImmediateRespo
 	if message == "" {
 		message = http.StatusText(code)
 	}
-	resp.Body = OpenAIError(code, message, "")
-	SetImmediateResponseHeader(resp, "content-type", "application/json")
-}
-
-// OpenAIError renders an OpenAI-style error object for an HTTP status. code
-// is a short machine-readable code (may be empty).
-func OpenAIError(status int, message, code string) []byte {
-	type errorObject struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    any     `json:"code"`
-	}
-	var c any
-	if code != "" {
-		c = code
-	}
-	body, _ := json.Marshal(struct {
-		Error errorObject `json:"error"`
-	}{errorObject{Message: message, Type: openAIErrorType(status), Code: c}})
-	return body
-}
-
-// openAIErrorType maps an HTTP status to the error type names OpenAI uses.
-func openAIErrorType(status int) string {
-	switch {
-	case status == http.StatusBadRequest:
-		return "invalid_request_error"
-	case status == http.StatusUnauthorized:
-		return "authentication_error"
-	case status == http.StatusForbidden:
-		return "permission_error"
-	case status == http.StatusNotFound:
-		return "not_found_error"
-	case status == http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case status == http.StatusServiceUnavailable:
-		return "service_unavailable_error"
-	case status >= 500:
-		return "server_error"
-	default:
-		return "invalid_request_error"
-	}
-}
-
-// SetImmediateResponseHeader sets (replaces) a header on an immediate
-// response; shapers use it to add headers such as Retry-After.
-func SetImmediateResponseHeader(resp *extprocv3.ImmediateResponse, key, value string) {
-	if resp.Headers == nil {
-		resp.Headers = &extprocv3.HeaderMutation{}
-	}
-	for _, h := range resp.Headers.SetHeaders {
-		if h.Header != nil && strings.EqualFold(h.Header.Key, key) {
-			h.Header.RawValue = []byte(value)
-			h.Header.Value = ""
-			return
-		}
-	}
-	resp.Headers.SetHeaders = append(resp.Headers.SetHeaders, &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	})
+	resp.Body = immediateresponse.OpenAIError(code, message, "")
+	immediateresponse.SetHeader(resp, "content-type", "application/json")
 }

@@ -9,6 +9,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+
+	"github.com/sluice-gw/sluice/immediateresponse"
 )
 
 // fakeStream replays requests and records responses.
@@ -61,7 +63,7 @@ func TestShapingStreamPassesRequestIDToShapers(t *testing.T) {
 				ExternalProcessor_ProcessServer: &fakeStream{in: []*extprocv3.ProcessingRequest{tt.req}},
 				shapers: []ResponseShaper{ResponseShaperFunc(func(_ context.Context, id string, r *extprocv3.ImmediateResponse) {
 					gotID = id
-					SetImmediateResponseHeader(r, "retry-after", "3")
+					immediateresponse.SetHeader(r, "retry-after", "3")
 				})},
 			}
 			req, err := s.Recv()

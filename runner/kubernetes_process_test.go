@@ -3,6 +3,7 @@ package runner_test
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-gw/sluice/runner/runnertest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,10 +113,9 @@ func setPodReady(t *testing.T, c client.Client, pod *corev1.Pod, ip string, read
 func TestKubernetesMode(t *testing.T) {
 	c, kubeconfig := startAPIServer(t)
 	ctx := context.Background()
-	port := freePort(t)
-	fakeModelServer(t, "127.0.0.2", port)
-	fakeModelServer(t, "127.0.0.3", port)
-	a, b := fmt.Sprintf("127.0.0.2:%d", port), fmt.Sprintf("127.0.0.3:%d", port)
+	port := runnertest.FreePort(t)
+	a := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.2:%d", port)).Addr
+	b := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.3:%d", port)).Addr
 
 	pool := &v1.InferencePool{
 		ObjectMeta: metav1.ObjectMeta{Name: "vllm", Namespace: "default"},
@@ -131,12 +131,12 @@ func TestKubernetesMode(t *testing.T) {
 	podA := createReadyPod(t, c, "vllm-a", "127.0.0.2")
 	podB := createReadyPod(t, c, "vllm-b", "127.0.0.3")
 
-	epp := startEPP(t, []string{"KUBECONFIG=" + kubeconfig, "NAMESPACE=default"},
+	epp := runnertest.StartEPP(t, []string{"KUBECONFIG=" + kubeconfig, "NAMESPACE=default"},
 		"--pool-name=vllm", "--secure-serving=false")
-	ext := dialExtProc(t, epp.grpcPort, false)
+	tls := false
 
-	eventually(t, "both Ready pods receive traffic", func() string {
-		seen := destinations(t, ext, 20, nil)
+	runnertest.Eventually(t, "both Ready pods receive traffic", func() string {
+		seen := destinations(t, epp.GRPCPort, tls, 20, nil)
 		if msg := onlyIn(seen, a, b); msg != "" {
 			return msg
 		}
@@ -145,16 +145,16 @@ func TestKubernetesMode(t *testing.T) {
 		}
 		return ""
 	})
-	if msg := onlyIn(destinations(t, ext, 10, []string{a}), a); msg != "" {
+	if msg := onlyIn(destinations(t, epp.GRPCPort, tls, 10, []string{a}), a); msg != "" {
 		t.Fatalf("subset hint ignored: %s", msg)
 	}
 
 	setPodReady(t, c, podB, "127.0.0.3", false)
-	eventually(t, "a NotReady pod stops receiving traffic", func() string { return onlyIn(destinations(t, ext, 10, nil), a) })
+	runnertest.Eventually(t, "a NotReady pod stops receiving traffic", func() string { return onlyIn(destinations(t, epp.GRPCPort, tls, 10, nil), a) })
 
 	setPodReady(t, c, podB, "127.0.0.3", true)
 	if err := c.Delete(ctx, podA); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted pod stops receiving traffic", func() string { return onlyIn(destinations(t, ext, 10, nil), b) })
+	runnertest.Eventually(t, "a deleted pod stops receiving traffic", func() string { return onlyIn(destinations(t, epp.GRPCPort, tls, 10, nil), b) })
 }

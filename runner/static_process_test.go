@@ -3,6 +3,7 @@ package runner_test
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/sluice-gw/sluice/runner/runnertest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,16 +12,15 @@ import (
 )
 
 func TestStaticEndpointsMode(t *testing.T) {
-	port := freePort(t)
-	fakeModelServer(t, "127.0.0.2", port)
-	fakeModelServer(t, "127.0.0.3", port)
-	a, b := fmt.Sprintf("127.0.0.2:%d", port), fmt.Sprintf("127.0.0.3:%d", port)
+	port := runnertest.FreePort(t)
+	a := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.2:%d", port)).Addr
+	b := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.3:%d", port)).Addr
 
 	t.Run("list routes to the listed endpoints and honours subset hints", func(t *testing.T) {
-		epp := startEPP(t, nil, "--static-endpoints="+a+","+b, "--secure-serving=false")
-		c := dialExtProc(t, epp.grpcPort, false)
-		eventually(t, "both endpoints serve", func() string {
-			seen := destinations(t, c, 20, nil)
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a+","+b, "--secure-serving=false")
+		tls := false
+		runnertest.Eventually(t, "both endpoints serve", func() string {
+			seen := destinations(t, epp.GRPCPort, tls, 20, nil)
 			if msg := onlyIn(seen, a, b); msg != "" {
 				return msg
 			}
@@ -29,7 +29,7 @@ func TestStaticEndpointsMode(t *testing.T) {
 			}
 			return ""
 		})
-		if msg := onlyIn(destinations(t, c, 10, []string{b}), b); msg != "" {
+		if msg := onlyIn(destinations(t, epp.GRPCPort, tls, 10, []string{b}), b); msg != "" {
 			t.Fatalf("subset hint ignored: %s", msg)
 		}
 	})
@@ -47,39 +47,39 @@ func TestStaticEndpointsMode(t *testing.T) {
 			}
 		}
 		write("# fleet\n" + a + "\n")
-		epp := startEPP(t, nil, "--static-endpoints-file="+file, "--static-endpoints-reload-interval=100ms", "--secure-serving=false")
-		c := dialExtProc(t, epp.grpcPort, false)
-		if msg := onlyIn(destinations(t, c, 10, nil), a); msg != "" {
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints-file="+file, "--static-endpoints-reload-interval=100ms", "--secure-serving=false")
+		tls := false
+		if msg := onlyIn(destinations(t, epp.GRPCPort, tls, 10, nil), a); msg != "" {
 			t.Fatal(msg)
 		}
 		write(b + " # moved\n")
-		eventually(t, "traffic moves to the new endpoint", func() string { return onlyIn(destinations(t, c, 10, nil), b) })
+		runnertest.Eventually(t, "traffic moves to the new endpoint", func() string { return onlyIn(destinations(t, epp.GRPCPort, tls, 10, nil), b) })
 		write("not-an-endpoint\n")
-		eventually(t, "a broken file is reported", func() string {
-			if !strings.Contains(epp.output.String(), "Keeping the previous static endpoints") {
+		runnertest.Eventually(t, "a broken file is reported", func() string {
+			if !strings.Contains(epp.Output.String(), "Keeping the previous static endpoints") {
 				return "no log line about the broken file"
 			}
 			return ""
 		})
-		if msg := onlyIn(destinations(t, c, 10, nil), b); msg != "" {
+		if msg := onlyIn(destinations(t, epp.GRPCPort, tls, 10, nil), b); msg != "" {
 			t.Fatalf("a broken file must keep the last good endpoints: %s", msg)
 		}
 	})
 
 	t.Run("TLS with a self-signed certificate by default", func(t *testing.T) {
-		epp := startEPP(t, nil, "--static-endpoints="+a)
-		c := dialExtProc(t, epp.grpcPort, true)
-		if msg := onlyIn(destinations(t, c, 5, nil), a); msg != "" {
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a)
+		tls := true
+		if msg := onlyIn(destinations(t, epp.GRPCPort, tls, 5, nil), a); msg != "" {
 			t.Fatal(msg)
 		}
 	})
 
 	t.Run("bad request gets an OpenAI-style JSON error", func(t *testing.T) {
-		epp := startEPP(t, nil, "--static-endpoints="+a, "--secure-serving=false")
-		c := dialExtProc(t, epp.grpcPort, false)
-		r := c.route(t, nil, map[string]any{"prompt": "no model"}, nil)
-		if r.status != 400 {
-			t.Fatalf("status = %d (%q), want 400", r.status, r.body)
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a, "--secure-serving=false")
+		tls := false
+		r := runnertest.Route(t, epp.GRPCPort, tls, nil, map[string]any{"prompt": "no model"}, nil)
+		if r.Status != 400 {
+			t.Fatalf("status = %d (%q), want 400", r.Status, r.Body)
 		}
 		var body struct {
 			Error struct {
@@ -87,11 +87,11 @@ func TestStaticEndpointsMode(t *testing.T) {
 				Type    string `json:"type"`
 			} `json:"error"`
 		}
-		if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != "invalid_request_error" || body.Error.Message == "" {
-			t.Fatalf("body %q is not an OpenAI error (%v)", r.body, err)
+		if err := json.Unmarshal([]byte(r.Body), &body); err != nil || body.Error.Type != "invalid_request_error" || body.Error.Message == "" {
+			t.Fatalf("body %q is not an OpenAI error (%v)", r.Body, err)
 		}
-		if r.headers["content-type"] != "application/json" {
-			t.Fatalf("content-type = %q", r.headers["content-type"])
+		if r.Headers["content-type"] != "application/json" {
+			t.Fatalf("content-type = %q", r.Headers["content-type"])
 		}
 	})
 }
@@ -116,7 +116,7 @@ func TestCommandLine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := exec.Command(eppPath(t), tt.args...).CombinedOutput()
+			out, err := exec.Command(runnertest.EPPPath(t), tt.args...).CombinedOutput()
 			code := 0
 			if ee, ok := err.(*exec.ExitError); ok {
 				code = ee.ExitCode()

@@ -39,7 +39,9 @@ func configWithQueued(n int64) *flowcontrol.Config {
 func TestDecide(t *testing.T) {
 	pool := Pool{Namespace: "ns", Name: "pool"}
 	ref := crds.PoolReference{Group: DefaultPoolGroup, Kind: "InferencePool", Name: "pool"}
-	invalid := func(s *crds.FlowControlPolicySpec) { s.Bands = &crds.Bands{Critical: &crds.CriticalBand{SaturationCeiling: ptr.To(0.5)}} }
+	invalid := func(s *crds.FlowControlPolicySpec) {
+		s.Bands = &crds.Bands{Critical: &crds.CriticalBand{SaturationCeiling: ptr.To(0.5)}}
+	}
 	deleting := policy("deleting", -time.Hour, ref, queued(1))
 	deleting.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
 

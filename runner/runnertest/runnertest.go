@@ -1,0 +1,317 @@
+// Package runnertest drives the Sluice EPP binary as a real process in tests:
+// it starts the EPP on free loopback ports (stopped when the test ends,
+// returned only once its readiness check passes), fakes model servers'
+// metrics pages, and sends requests over ext_proc exactly as Envoy does.
+package runnertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+var (
+	buildOnce sync.Once
+	eppBinary string
+	buildErr  error
+)
+
+// EPPPath returns the EPP binary under test: $SLUICE_EPP_BINARY (the
+// Makefile's freshly built bin/epp) or one built here.
+func EPPPath(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if p := os.Getenv("SLUICE_EPP_BINARY"); p != "" {
+			eppBinary = p
+			return
+		}
+		dir, err := os.MkdirTemp("", "sluice-epp-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		eppBinary = filepath.Join(dir, "epp")
+		out, err := exec.Command("go", "build", "-o", eppBinary, "github.com/sluice-gw/sluice/cmd/epp").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("building the EPP: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return eppBinary
+}
+
+// FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
+func FreePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Process is a running EPP binary.
+type Process struct {
+	cmd *exec.Cmd
+	// GRPCPort serves ext_proc; HealthPort serves gRPC health.
+	GRPCPort, HealthPort, MetricsPort int
+	// Output collects the process's stdout and stderr.
+	Output *SyncBuffer
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent writers.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// StartEPP runs the EPP binary with args plus free ports, stops it when the
+// test ends, and waits until its readiness check passes.
+func StartEPP(t *testing.T, env []string, args ...string) *Process {
+	t.Helper()
+	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
+	args = append(args,
+		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
+		fmt.Sprintf("--grpc-health-port=%d", p.HealthPort),
+		fmt.Sprintf("--metrics-port=%d", p.MetricsPort),
+		"--tracing=false",
+		"--refresh-metrics-interval=50ms",
+	)
+	p.cmd = exec.Command(EPPPath(t), args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout = p.Output
+	p.cmd.Stderr = p.Output
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-exited
+			t.Errorf("EPP did not stop on SIGINT within 20s")
+		}
+		if t.Failed() {
+			t.Logf("EPP output:\n%s", p.Output.String())
+		}
+	})
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", p.HealthPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("EPP exited early: %v\n%s", err, p.Output.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+		cancel()
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("EPP not ready after 60s (last: %v, %v)\n%s", resp, err, p.Output.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ModelServer serves a vLLM-style /metrics page on a loopback address, so the
+// EPP's scraper sees a healthy server whose waiting queue the test sets.
+type ModelServer struct {
+	// Addr is the host:port the server listens on.
+	Addr string
+	// Waiting is the reported vllm:num_requests_waiting.
+	Waiting atomic.Int64
+}
+
+// StartModelServer listens on hostPort (port 0 picks one) until the test ends.
+func StartModelServer(t *testing.T, hostPort string) *ModelServer {
+	t.Helper()
+	l, err := net.Listen("tcp", hostPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &ModelServer{Addr: l.Addr().String()}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, `# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="base"} %d
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="base"} 1
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="base"} 0.1
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="8192"} 1
+`, s.Waiting.Load())
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return s
+}
+
+// Answer is the EPP's decision for one request: a destination, or an
+// immediate response.
+type Answer struct {
+	// Destination is the x-gateway-destination-endpoint header mutation;
+	// Metadata the envoy.lb dynamic metadata value.
+	Destination, Metadata string
+	// Status, Headers and Body describe an immediate response; Status is 0
+	// when the request was routed.
+	Status  int
+	Headers map[string]string
+	Body    string
+}
+
+// Route sends one request to the EPP's ext_proc service on port the way
+// Envoy's ext_proc filter does (request headers, then the buffered body, with
+// an optional subset hint) and returns its answer.
+func Route(t *testing.T, port int, useTLS bool, headers map[string]string, body any, subset []string) Answer {
+	t.Helper()
+	creds := insecure.NewCredentials()
+	if useTLS {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})
+	}
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{}
+	for k, v := range map[string]string{":method": "POST", ":path": "/v1/completions", ":authority": "gateway", "content-type": "application/json"} {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	for k, v := range headers {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	var md *corev3.Metadata
+	if subset != nil {
+		vals := make([]any, len(subset))
+		for i, s := range subset {
+			vals[i] = s
+		}
+		inner, err := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-subset": vals})
+		if err != nil {
+			t.Fatal(err)
+		}
+		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb.subset_hint": inner}}
+	}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}, MetadataContext: md},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: raw, EndOfStream: true}}, MetadataContext: md},
+	} {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var a Answer
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("ext_proc stream: %v", err)
+		}
+		if ir := resp.GetImmediateResponse(); ir != nil {
+			a.Status, a.Body, a.Headers = int(ir.GetStatus().GetCode()), string(ir.Body), map[string]string{}
+			for _, h := range ir.GetHeaders().GetSetHeaders() {
+				a.Headers[strings.ToLower(h.Header.Key)] = string(h.Header.RawValue) + h.Header.Value
+			}
+			break
+		}
+		if rh := resp.GetRequestHeaders(); rh != nil {
+			for _, h := range rh.GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.Header.Key == "x-gateway-destination-endpoint" {
+					a.Destination = string(h.Header.RawValue) + h.Header.Value
+				}
+			}
+			if lb := resp.GetDynamicMetadata().GetFields()["envoy.lb"]; lb != nil {
+				a.Metadata = lb.GetStructValue().GetFields()["x-gateway-destination-endpoint"].GetStringValue()
+			}
+		}
+		if resp.GetRequestBody() != nil && a.Destination != "" {
+			break
+		}
+	}
+	_ = stream.CloseSend()
+	return a
+}
+
+// Eventually retries check until it returns "" or 30s pass: the EPP needs a
+// scrape or a watch event to see a change. The wait bounds a real process,
+// it is not a timing assertion.
+func Eventually(t *testing.T, what string, check func() string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		msg := check()
+		if msg == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s", what, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
