@@ -3,7 +3,6 @@ package runner_test
 import (
 	"context"
 	"fmt"
-	"github.com/sluice-gw/sluice/runner/runnertest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/sluice-gw/sluice/runner/runnertest"
 )
 
 // startAPIServer starts a real kube-apiserver and etcd (built by `make

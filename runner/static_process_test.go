@@ -3,12 +3,13 @@ package runner_test
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/sluice-gw/sluice/runner/runnertest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluice-gw/sluice/runner/runnertest"
 )
 
 func TestStaticEndpointsMode(t *testing.T) {
@@ -133,4 +134,108 @@ func TestCommandLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// conformanceConfig returns the EndpointPickerConfig that upstream's v1.5.0
+// conformance suite deploys (resources/base.yaml, ConfigMap plugins-config),
+// read from the conformance module itself so it is used unchanged.
+func conformanceConfig(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/gateway-api-inference-extension/conformance@v1.5.0")
+	cmd.Env = append(os.Environ(), "GONOSUMDB=sigs.k8s.io/gateway-api-inference-extension/conformance", "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("downloading the conformance module: %v", err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		t.Fatalf("go mod download: %v (%s)", err, out)
+	}
+	base, err := os.ReadFile(filepath.Join(mod.Dir, "resources", "base.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The config is the literal block under "conformance-plugins.yaml: |".
+	lines := strings.Split(string(base), "\n")
+	for i, l := range lines {
+		if strings.TrimSpace(l) != "conformance-plugins.yaml: |" {
+			continue
+		}
+		indent := ""
+		var cfg []string
+		for _, body := range lines[i+1:] {
+			if indent == "" {
+				indent = body[:len(body)-len(strings.TrimLeft(body, " "))]
+			}
+			if !strings.HasPrefix(body, indent) || strings.TrimSpace(body) == "---" {
+				break
+			}
+			cfg = append(cfg, strings.TrimPrefix(body, indent))
+		}
+		return strings.Join(cfg, "\n")
+	}
+	t.Fatal("conformance-plugins.yaml not found in the conformance resources")
+	return ""
+}
+
+// TestConfigsLoad starts the EPP with upstream's conformance config, unchanged,
+// and with a config that names Sluice plugins next to upstream ones, and
+// checks each routes as configured.
+func TestConfigsLoad(t *testing.T) {
+	port := runnertest.FreePort(t)
+	a := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.2:%d", port)).Addr
+	b := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.3:%d", port)).Addr
+
+	t.Run("upstream conformance config", func(t *testing.T) {
+		cfg := conformanceConfig(t)
+		for _, want := range []string{"header-based-testing-filter", "destination-endpoint-served-verifier"} {
+			if !strings.Contains(cfg, want) {
+				t.Fatalf("conformance config lacks %s:\n%s", want, cfg)
+			}
+		}
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a+","+b, "--secure-serving=false", "--config-text="+cfg)
+		for _, target := range []string{a, b, a} {
+			r := runnertest.Route(t, epp.GRPCPort, false, map[string]string{"test-epp-endpoint-selection": target}, completion("conformance"), nil)
+			if r.Destination != target {
+				t.Fatalf("header-based-testing-filter asked for %s, EPP answered %+v", target, r)
+			}
+		}
+	})
+
+	t.Run("Sluice plugins beside upstream ones", func(t *testing.T) {
+		cfg := `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: sluice-prefix-cache-scorer
+- type: sluice-lora-affinity-scorer
+- type: sluice-headroom-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: sluice-headroom-filter
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: sluice-prefix-cache-scorer
+    weight: 3
+  - pluginRef: sluice-lora-affinity-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+`
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a+","+b, "--secure-serving=false", "--config-text="+cfg)
+		if msg := onlyIn(destinations(t, epp.GRPCPort, false, 10, nil), a, b); msg != "" {
+			t.Fatal(msg)
+		}
+	})
+
+	t.Run("unknown plugin type is a clear startup error", func(t *testing.T) {
+		out, err := exec.Command(runnertest.EPPPath(t), "--static-endpoints="+a, "--config-text=apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: no-such-plugin\n").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "no-such-plugin") {
+			t.Fatalf("err %v, output:\n%s", err, out)
+		}
+	})
 }
