@@ -21,6 +21,9 @@ type Options struct {
 	StaticEndpointsFile string
 	// StaticEndpointsReloadInterval is how often StaticEndpointsFile is re-read.
 	StaticEndpointsReloadInterval time.Duration
+	// ObjectivesFile names a file of InferenceObjective objects for static
+	// mode, which has no API server to watch them on.
+	ObjectivesFile string
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -47,6 +50,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"Re-read while running, so endpoints can be added and removed without a restart.")
 	fs.DurationVar(&o.StaticEndpointsReloadInterval, "static-endpoints-reload-interval", o.StaticEndpointsReloadInterval,
 		"Static mode: how often --static-endpoints-file is re-read.")
+	fs.StringVar(&o.ObjectivesFile, "inference-objectives-file", o.ObjectivesFile,
+		"Static mode: a YAML file of InferenceObjective objects (inference.networking.x-k8s.io/v1alpha2), as kubectl applies them; "+
+			"requests name one in x-gateway-inference-objective to get its priority.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -68,6 +74,9 @@ const staticPoolName = "static"
 // upstream's checks then run unchanged.
 func (o *Options) Validate() error {
 	if !o.StaticMode() {
+		if o.ObjectivesFile != "" {
+			return errors.Join(o.Options.Validate(), errors.New("--inference-objectives-file is for static mode; in Kubernetes mode InferenceObjectives come from the API server"))
+		}
 		return o.Options.Validate()
 	}
 	var errs []error

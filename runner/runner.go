@@ -511,6 +511,13 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 func (r *Runner) startStatic(ctx context.Context, opts *Options, ds datastore.Datastore, namespace string) (manager.Runnable, error) {
 	pool := &staticPool{namespace: namespace}
 	logger := ctrl.Log.WithName("static-endpoints")
+	if opts.ObjectivesFile != "" {
+		n, err := loadObjectivesFile(opts.ObjectivesFile, namespace, ds)
+		if err != nil {
+			return nil, err
+		}
+		logger.Info("Inference objectives loaded", "file", opts.ObjectivesFile, "objectives", n)
+	}
 	if opts.StaticEndpointsFile == "" {
 		eps, err := ParseEndpoints(opts.StaticEndpoints)
 		if err != nil {
