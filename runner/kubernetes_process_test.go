@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -158,4 +159,48 @@ func TestKubernetesMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	runnertest.Eventually(t, "a deleted pod stops receiving traffic", func() string { return onlyIn(destinations(t, epp.GRPCPort, tls, 10, nil), b) })
+}
+
+// TestLeaderElection runs two EPP replicas with leader election against a real
+// API server: both are live, and the leader (only) reports ready, as
+// upstream's replicas do behind one Service.
+func TestLeaderElection(t *testing.T) {
+	c, kubeconfig := startAPIServer(t)
+	port := runnertest.FreePort(t)
+	runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.2:%d", port))
+	pool := &v1.InferencePool{
+		ObjectMeta: metav1.ObjectMeta{Name: "vllm", Namespace: "default"},
+		Spec: v1.InferencePoolSpec{
+			Selector:          v1.LabelSelector{MatchLabels: map[v1.LabelKey]v1.LabelValue{"app": "vllm"}},
+			TargetPorts:       []v1.Port{{Number: v1.PortNumber(port)}},
+			EndpointPickerRef: v1.EndpointPickerRef{Name: "sluice-epp", Port: &v1.Port{Number: 9002}},
+		},
+	}
+	if err := c.Create(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	createReadyPod(t, c, "vllm-a", "127.0.0.2")
+	env := []string{"KUBECONFIG=" + kubeconfig, "NAMESPACE=default"}
+	args := []string{"--pool-name=vllm", "--secure-serving=false", "--ha-enable-leader-election"}
+	leader := runnertest.StartEPP(t, env, args...) // returns once ready, i.e. elected
+	follower := runnertest.StartEPPUnready(t, env, args...)
+	for _, check := range []struct {
+		p       *runnertest.Process
+		service string
+		want    bool
+	}{
+		{leader, "readiness", true},
+		{leader, "liveness", true},
+		{follower, "liveness", true},
+		{follower, "readiness", false},
+	} {
+		if got := runnertest.Serving(t, check.p, check.service); got != check.want {
+			t.Errorf("%s on port %d: serving = %v, want %v", check.service, check.p.HealthPort, got, check.want)
+		}
+	}
+	var lease coordinationv1.Lease
+	key := client.ObjectKey{Namespace: "default", Name: "epp-default-vllm.gateway-api-inference-extension.sigs.k8s.io"}
+	if err := c.Get(context.Background(), key, &lease); err != nil || lease.Spec.HolderIdentity == nil {
+		t.Fatalf("no lease held under upstream's lease name: %v", err)
+	}
 }

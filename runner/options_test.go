@@ -149,6 +149,8 @@ func TestValidate(t *testing.T) {
 		{"static bad endpoint", []string{"--static-endpoints=localhost:8001"}, "must be an IP address"},
 		{"static bad port", []string{"--static-endpoints=127.0.0.1:0"}, "from 1 to 65535"},
 		{"static upstream checks still run", []string{"--static-endpoints=127.0.0.1:8001", "--config-file=a", "--config-text=b"}, "can not be set at the same time"},
+		{"objectives file outside static mode", []string{"--pool-name=p", "--inference-objectives-file=/o.yaml"}, "is for static mode"},
+		{"static objectives file", []string{"--static-endpoints=127.0.0.1:8001", "--inference-objectives-file=/o.yaml"}, ""},
 		{"static bad reload interval", []string{"--static-endpoints-file=/x", "--static-endpoints-reload-interval=0s"}, "must be positive"},
 	}
 	for _, tt := range tests {

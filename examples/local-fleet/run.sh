@@ -16,6 +16,7 @@ SLOW=${SLOW:-2}
 BASE_PORT=${BASE_PORT:-8001}
 DATAPLANE_PORT=${DATAPLANE_PORT:-8080}
 EPP_PORT=${EPP_PORT:-9002}
+METRICS_PORT=${METRICS_PORT:-9090}
 MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}
 DEMO_SECONDS=${DEMO_SECONDS:-15}
 DEMO_RATE=${DEMO_RATE:-6}
@@ -54,10 +55,10 @@ for ep in "${endpoints[@]}"; do wait_http "http://$ep/health" "simulator $ep"; d
 
 echo "starting the Sluice EPP (static endpoints, ext_proc on :$EPP_PORT)"
 "$BIN/epp" --static-endpoints="$joined" --secure-serving=false --tracing=false \
-	--grpc-port="$EPP_PORT" --grpc-health-port="$((EPP_PORT + 1))" --metrics-port=9090 \
+	--grpc-port="$EPP_PORT" --grpc-health-port="$((EPP_PORT + 1))" --metrics-port="$METRICS_PORT" \
 	>"$LOGS/epp.log" 2>&1 &
 pids+=($!)
-wait_http "http://127.0.0.1:9090/metrics" "the EPP"
+wait_http "http://127.0.0.1:$METRICS_PORT/metrics" "the EPP"
 
 echo "starting the data plane on 127.0.0.1:$DATAPLANE_PORT"
 "$BIN/dataplane" --listen "127.0.0.1:$DATAPLANE_PORT" --epp "127.0.0.1:$EPP_PORT" >"$LOGS/dataplane.log" 2>&1 &

@@ -105,6 +105,33 @@ func (s *SyncBuffer) String() string {
 // test ends, and waits until its readiness check passes.
 func StartEPP(t *testing.T, env []string, args ...string) *Process {
 	t.Helper()
+	return start(t, env, "readiness", args)
+}
+
+// StartEPPUnready is StartEPP for a replica that is not meant to become
+// ready (a follower under leader election): it waits for liveness only.
+func StartEPPUnready(t *testing.T, env []string, args ...string) *Process {
+	t.Helper()
+	return start(t, env, "liveness", args)
+}
+
+// Serving reports whether the EPP's gRPC health service says service (e.g.
+// "readiness", "liveness") is serving.
+func Serving(t *testing.T, p *Process, service string) bool {
+	t.Helper()
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", p.HealthPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
+}
+
+func start(t *testing.T, env []string, waitFor string, args []string) *Process {
+	t.Helper()
 	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
 	args = append(args,
 		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
@@ -135,12 +162,6 @@ func StartEPP(t *testing.T, env []string, args ...string) *Process {
 			t.Logf("EPP output:\n%s", p.Output.String())
 		}
 	})
-	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", p.HealthPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	health := healthpb.NewHealthClient(conn)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
@@ -148,14 +169,11 @@ func StartEPP(t *testing.T, env []string, args ...string) *Process {
 			t.Fatalf("EPP exited early: %v\n%s", err, p.Output.String())
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-		cancel()
-		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
+		if Serving(t, p, waitFor) {
 			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("EPP not ready after 60s (last: %v, %v)\n%s", resp, err, p.Output.String())
+			t.Fatalf("EPP %s check not serving after 60s\n%s", waitFor, p.Output.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
