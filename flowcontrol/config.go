@@ -473,6 +473,13 @@ func (c *Config) BandFor(priority int) Band {
 	}
 }
 
+// clone returns a copy that shares nothing mutable with c.
+func (c *Config) clone() *Config {
+	cp := *c
+	cp.Tenants = maps.Clone(c.Tenants)
+	return &cp
+}
+
 // tenantPolicy returns the policy of a tenant (fairness ID).
 func (c *Config) tenantPolicy(tenant string) TenantPolicy {
 	if p, ok := c.Tenants[tenant]; ok {

@@ -42,11 +42,13 @@ type Deps struct {
 // algorithm, invariants and concurrency model.
 type Controller struct {
 	// Immutable after New.
-	cfg      *Config
 	clock    clock.WithDelayedExecution
 	recorder Recorder
 
 	mu sync.Mutex // guards everything below
+
+	// cfg is the configuration in force; SetConfig replaces it (never modifies it in place).
+	cfg *Config
 
 	rng           *rand.Rand
 	bands         [NumBands]*bandQueue
@@ -77,6 +79,8 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 		cfg = DefaultConfig()
 	} else if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid flow control configuration: %w", err)
+	} else {
+		cfg = cfg.clone()
 	}
 	if deps.Clock == nil {
 		deps.Clock = clock.RealClock{}
@@ -103,8 +107,63 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 	return c, nil
 }
 
-// Config returns the controller's configuration. It must not be modified.
-func (c *Controller) Config() *Config { return c.cfg }
+// Config returns the configuration in force. It must not be modified; SetConfig replaces it rather than changing it.
+func (c *Controller) Config() *Config {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg
+}
+
+// SetConfig validates cfg and puts a copy of it in force at once; an invalid cfg is rejected and the configuration in
+// force stays. What the new configuration governs:
+//
+//   - Arrivals from now on: priority mapping, tenant caps and weights, saturation ceilings, RejectWhenSaturated,
+//     capacities, displacement, predictive shedding, and Retry-After bounds and jitter.
+//   - Requests already waiting keep their admission and their band (a tenant cap or priority mapping that changed
+//     does not move them), but they are dispatched by the new ceilings and endpoint thresholds (re-evaluated at once,
+//     so a raised ceiling dispatches immediately), and their deadline becomes arrival + their band's new maximum
+//     queue time: a request that has already waited longer is answered now (ReasonQueueTimeout, or Unavailable with
+//     ReasonNoEndpoints if no endpoint is fresh). A tenant's new weight applies from its next arrival.
+//   - Lowered capacities evict nobody: waiting requests beyond them stay queued, and arrivals are refused (or
+//     displace, where allowed) until the queue is back under the new limits.
+//   - The drain-rate estimate is kept; a new window rescales its history, so the estimate carries over unchanged.
+func (c *Controller) SetConfig(cfg *Config) error {
+	if cfg == nil {
+		return errors.New("flow control configuration must not be nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid flow control configuration: %w", err)
+	}
+	cfg = cfg.clone()
+
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.cfg = cfg
+	c.drain.setWindow(cfg.DrainRateWindow)
+	for i := range c.endpoints {
+		c.endpoints[i].reserve(0, cfg.Endpoint)
+	}
+	for b, q := range c.bands {
+		maxWait := cfg.Bands[b].MaxQueueTime
+		for it := q.oldest; it != nil; it = it.bNext {
+			it.deadline = it.enqueuedAt.Add(maxWait)
+		}
+	}
+	changed := c.dispatchLocked(now) + c.expireLocked(now)
+	// The queue-timeout timer may be armed for a deadline that moved later or earlier: re-arm it from scratch.
+	if c.ttlTimer != nil {
+		c.ttlTimer.Stop()
+		c.ttlTimer = nil
+	}
+	c.endOpLocked(now)
+	sample := c.queueSampleLocked(now)
+	c.mu.Unlock()
+	if changed > 0 {
+		c.recorder.RecordQueue(sample)
+	}
+	return nil
+}
 
 // Admit blocks until the request is dispatched, rejected, found unavailable, or ctx ends, and returns the decision.
 // The error is nil exactly when the outcome is Dispatched; otherwise it is an *Error wrapping one of ErrRejected,
@@ -113,7 +172,9 @@ func (c *Controller) Config() *Config { return c.cfg }
 // request is dispatched, Dispatched wins and the caller must still Release it.
 func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
+		c.mu.Lock()
 		band, capped, _ := c.bandOf(req)
+		c.mu.Unlock()
 		d := Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: band, Capped: capped}
 		c.recorder.RecordDecision(req.Tenant, d)
 		return d, newError(d, err)
@@ -246,7 +307,7 @@ func (c *Controller) validateLocked(req Request) error {
 	return nil
 }
 
-// bandOf maps the request's priority to a band, applies its tenant's cap and returns the tenant's weight.
+// bandOf (called with the lock held) maps the request's priority to a band, applies its tenant's cap and returns the tenant's weight.
 func (c *Controller) bandOf(req Request) (band Band, capped bool, weight float64) {
 	band = c.cfg.BandFor(req.Priority)
 	pol := c.cfg.tenantPolicy(req.Tenant)

@@ -45,6 +45,13 @@
 //   - During shutdown nothing new is admitted; waiting requests are dispatched until the grace period ends, and the
 //     rest are answered Unavailable.
 //
+// # Live reconfiguration
+//
+// SetConfig puts a new validated Config in force without a restart. Arrivals are decided entirely by it. Requests
+// already waiting keep their admission and band, are dispatched by the new ceilings and endpoint thresholds, and get
+// the new maximum queue time of their band measured from their arrival (so some may be answered at once); lowered
+// capacities evict nobody but refuse arrivals until the queue is back under them.
+//
 // # Concurrency
 //
 // A Controller is safe for concurrent use. One mutex guards all state; methods whose names end in "Locked" expect it

@@ -41,6 +41,19 @@ func (d *drainEstimator) advance(now time.Time) {
 	d.busy = d.busy*decay + d.window*(1-decay)
 }
 
+// setWindow changes the time constant. Both decayed sums are rescaled by the ratio of the windows: the rate (their
+// quotient) is unchanged, and the evidence gathered keeps the same fraction of a window.
+func (d *drainEstimator) setWindow(window time.Duration) {
+	w := window.Seconds()
+	if w == d.window {
+		return
+	}
+	r := w / d.window
+	d.cost *= r
+	d.busy *= r
+	d.window = w
+}
+
 // setBacklogged records whether requests are waiting from now on.
 func (d *drainEstimator) setBacklogged(b bool) { d.backlogged = b }
 

@@ -88,3 +88,39 @@ func TestDrainEstimator(t *testing.T) {
 		t.Fatalf("rate after backwards time = %v, want %v", back, rate)
 	}
 }
+
+// TestDrainEstimatorSetWindow: a new window keeps the measured rate and the fraction of a window of evidence, so a
+// rate known before stays known and one unknown stays unknown.
+func TestDrainEstimatorSetWindow(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		steps     int // 100 ms steps of backlogged time, 100 cost each
+		window    time.Duration
+		wantKnown bool
+	}{
+		{"known rate survives a longer window", 300, time.Minute, true},
+		{"known rate survives a shorter window", 300, time.Second, true},
+		{"too little evidence stays too little", 5, time.Minute, false},
+		{"same window is a no-op", 300, 10 * time.Second, true},
+	} {
+		d := newDrainEstimator(10 * time.Second)
+		d.advance(t0)
+		d.setBacklogged(true)
+		now := t0
+		for range tc.steps {
+			now = now.Add(100 * time.Millisecond)
+			d.advance(now)
+			d.add(100)
+		}
+		before, _ := d.rate()
+		d.setWindow(tc.window)
+		after, ok := d.rate()
+		if ok != tc.wantKnown || (ok && math.Abs(after-before)/before > 1e-9) {
+			t.Errorf("%s: rate %v (known %v) after setWindow, want %v (known %v)", tc.name, after, ok, before, tc.wantKnown)
+		}
+		if d.window != tc.window.Seconds() {
+			t.Errorf("%s: window %vs, want %v", tc.name, d.window, tc.window)
+		}
+	}
+}

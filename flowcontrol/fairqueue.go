@@ -76,6 +76,10 @@ func (q *bandQueue) push(it *item, weight float64) {
 		tq = &tenantQueue{name: it.tenant, heapIdx: -1}
 		q.tenants[it.tenant] = tq
 	}
+	if tq.n > 0 {
+		// The weight changed while the tenant is backlogged (SetConfig): keep activeWeight the sum of active weights.
+		q.activeWeight += weight - tq.weight
+	}
 	tq.weight = weight
 	it.tq = tq
 	it.tPrev, it.tNext = tq.tail, nil

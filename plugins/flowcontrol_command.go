@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,15 +35,15 @@ const flowControlMetricTenants = 32
 // Sluice admission is off unless --sluice-admission or --flow-control-config is given; then the EPP behaves exactly
 // like upstream's (upstream's admission, no Sluice headers). When on:
 //
-//   - The policy is a flowcontrol.APIConfig (JSON or YAML) read from --flow-control-config, or the defaults. The
-//     FlowControlPolicy CRD will feed the same schema.
+//   - The policy is a flowcontrol.APIConfig (JSON or YAML) read from --flow-control-config, or the defaults. In
+//     Kubernetes mode cmd/epp feeds the FlowControlPolicy CRD (same schema) through Apply, live.
 //   - Without --config-file/--config-text, the EPP runs upstream's default EndpointPickerConfig with the
 //     sluice-headroom-filter added to its profile (DefaultEndpointPickerConfig). A given configuration is used as is;
 //     add the filter to its scheduling profiles (Start logs a warning when it is missing).
 //   - Bind and Release run as request-control hooks of the admission controller itself; nothing to declare.
 //
 // Concurrency: flags and Complete run before Start; ShapeImmediateResponse is safe for concurrent use at any time and
-// does nothing until Start has succeeded.
+// does nothing until Start has succeeded; Apply is safe for concurrent use at any time.
 type FlowControlCommand struct {
 	enabled    bool
 	configFile string
@@ -50,6 +51,11 @@ type FlowControlCommand struct {
 
 	cfg     *flowcontrol.Config
 	started atomic.Pointer[FlowControl]
+
+	// mu orders Apply against Start, so a configuration applied while Start runs is neither lost nor overwritten.
+	mu sync.Mutex
+	// applied is the configuration Apply received before Start; it takes precedence over cfg.
+	applied *flowcontrol.Config
 }
 
 // NewFlowControlCommand returns the command with its defaults.
@@ -73,6 +79,9 @@ func (c *FlowControlCommand) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.opts.ShutdownGrace, "flow-control-shutdown-grace", c.opts.ShutdownGrace,
 		"Sluice admission: on shutdown, how long queued requests may still be dispatched before they are answered 503.")
 }
+
+// PolicyFile returns the --flow-control-config path; "" when none was given.
+func (c *FlowControlCommand) PolicyFile() string { return c.configFile }
 
 // Enabled reports whether Sluice admission is on.
 func (c *FlowControlCommand) Enabled() bool { return c.enabled || c.configFile != "" }
@@ -168,8 +177,14 @@ func (c *FlowControlCommand) Start(ctx context.Context, env FlowControlEnv) (*Fl
 	if c.cfg == nil {
 		return nil, errors.New("sluice admission: Complete must run before Start")
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.started.Load() != nil {
 		return nil, errors.New("sluice admission already started")
+	}
+	cfg, source := c.cfg, "policyFile"
+	if c.applied != nil {
+		cfg, source = c.applied, "applied"
 	}
 	opts := c.opts
 	if env.RefreshInterval > 0 {
@@ -183,7 +198,7 @@ func (c *FlowControlCommand) Start(ctx context.Context, env FlowControlEnv) (*Fl
 		}
 		deps.Recorder = rec
 	}
-	fc, err := NewFlowControl(c.cfg, opts, deps)
+	fc, err := NewFlowControl(cfg, opts, deps)
 	if err != nil {
 		return nil, err
 	}
@@ -193,8 +208,31 @@ func (c *FlowControlCommand) Start(ctx context.Context, env FlowControlEnv) (*Fl
 	}
 	c.started.Store(fc)
 	go fc.Run(ctx)
-	fc.logger.Info("Sluice admission enabled", "policyFile", c.configFile, "snapshotInterval", opts.SnapshotInterval)
+	fc.logger.Info("Sluice admission enabled", "policyFile", c.configFile, "policySource", source,
+		"snapshotInterval", opts.SnapshotInterval)
 	return fc, nil
+}
+
+// Apply puts cfg in force: at once on the running controller after Start (see flowcontrol.Controller.SetConfig for
+// what applies to requests already waiting), or, before Start, as the configuration Start will use instead of the
+// policy file. An invalid cfg is rejected and the configuration in force stays.
+func (c *FlowControlCommand) Apply(cfg *flowcontrol.Config) error {
+	if !c.Enabled() {
+		return errors.New("sluice admission is not enabled")
+	}
+	if cfg == nil {
+		return errors.New("sluice admission: configuration must not be nil")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fc := c.started.Load(); fc != nil {
+		return fc.ctrl.SetConfig(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid flow control configuration: %w", err)
+	}
+	c.applied = cfg
+	return nil
 }
 
 // ShapeImmediateResponse implements the runner's ResponseShaper by delegating to the started FlowControl.

@@ -226,3 +226,65 @@ func TestFlowControlMetricsBesideUpstream(t *testing.T) {
 		t.Fatalf("gathered %d Sluice and %d other families, want both", sluice, upstream)
 	}
 }
+
+func TestFlowControlCommandApply(t *testing.T) {
+	capBatch := func(band flowcontrol.Band) *flowcontrol.Config {
+		cfg := flowcontrol.DefaultConfig()
+		cfg.Tenants = map[string]flowcontrol.TenantPolicy{"batch": {Weight: 1, MaxBand: band}}
+		return cfg
+	}
+	invalid := flowcontrol.DefaultConfig()
+	invalid.Endpoint.QueueDepth = 0
+
+	off := NewFlowControlCommand()
+	if err := off.Apply(flowcontrol.DefaultConfig()); err == nil {
+		t.Fatal("Apply succeeded with Sluice admission off")
+	}
+
+	c := NewFlowControlCommand()
+	fs := pflag.NewFlagSet("epp", pflag.ContinueOnError)
+	c.AddFlags(fs)
+	if err := fs.Parse([]string{"--sluice-admission"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(runserver.NewOptions()); err != nil {
+		t.Fatal(err)
+	}
+	// Before Start: remembered, and used by Start instead of the policy file's (here default) configuration.
+	for _, tc := range []struct {
+		name    string
+		cfg     *flowcontrol.Config
+		wantErr string
+	}{
+		{"nil", nil, "must not be nil"},
+		{"invalid", invalid, "queueDepthThreshold"},
+		{"valid", capBatch(flowcontrol.Sheddable), ""},
+	} {
+		err := c.Apply(tc.cfg)
+		if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("Apply(%s) before Start = %v, want error %q", tc.name, err, tc.wantErr)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fc, err := c.Start(ctx, FlowControlEnv{Endpoints: &fakePool{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fc.Controller().Config().Tenants["batch"].MaxBand; got != flowcontrol.Sheddable {
+		t.Fatalf("Start ran maxBand %v for batch, want the applied Sheddable", got)
+	}
+	// After Start: live on the running controller; an invalid one leaves it in force.
+	if err := c.Apply(capBatch(flowcontrol.Standard)); err != nil {
+		t.Fatal(err)
+	}
+	if got := fc.Controller().Config().Tenants["batch"].MaxBand; got != flowcontrol.Standard {
+		t.Fatalf("running maxBand %v for batch, want the applied Standard", got)
+	}
+	if err := c.Apply(invalid); err == nil || !strings.Contains(err.Error(), "queueDepthThreshold") {
+		t.Fatalf("Apply(invalid) after Start = %v", err)
+	}
+	if got := fc.Controller().Config().Tenants["batch"].MaxBand; got != flowcontrol.Standard {
+		t.Fatalf("an invalid configuration changed the running one: maxBand %v", got)
+	}
+}

@@ -6,7 +6,7 @@
 // to the proxy. This package rebuilds the same process from upstream's
 // exported packages (server.Options, NewDefaultManager, the ExtProcServerRunner
 // reconcilers, handlers.NewStreamingServer, requestcontrol.NewDirectorWithConfig,
-// config/loader) and owns the gRPC servers, which gives Sluice two seams:
+// config/loader) and owns the gRPC servers, which gives Sluice its seams:
 //
 //   - AdmissionFactory: builds the requestcontrol.AdmissionController the
 //     Director consults for every request (default: upstream's choice, legacy
@@ -16,6 +16,9 @@
 //     OpenAI-style JSON error body.
 //   - WithFlags: lets the binary add its own flags (e.g. Sluice admission's)
 //     and adjust the parsed options before they are validated.
+//   - WithManagerSetup: in Kubernetes mode only, extends the controller
+//     manager's options before it is created (scheme, cache ByObject) and the
+//     manager after (extra controllers, e.g. the FlowControlPolicy reconciler).
 //
 // Two modes run the same request path:
 //

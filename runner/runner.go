@@ -118,15 +118,34 @@ func UpstreamAdmission(ctx context.Context, deps AdmissionDeps) (requestcontrol.
 	return requestcontrol.NewFlowControlAdmissionController(fc, deps.Options.PoolName), nil
 }
 
+// ManagerSetup extends the controller-runtime manager the runner builds in
+// Kubernetes mode, e.g. with a reconciler for Sluice's own CRDs. Neither
+// function is called in static mode, which has no manager. pool is what the
+// EPP serves: its InferencePool, or, with --endpoint-selector, its Deployment.
+type ManagerSetup struct {
+	// Options (may be nil) adjusts the manager's options before the manager
+	// is created. Register extra API types with opts.Scheme (upstream's
+	// process-wide scheme, which the manager's client and cache use) and
+	// restrict what the cache watches with opts.Cache.ByObject entries (the
+	// cache is cluster-wide for types without one). Do not replace
+	// opts.Scheme or remove upstream's entries.
+	Options func(opts *ctrl.Options, pool common.GKNN) error
+	// Setup (may be nil) runs after the manager is created and upstream's
+	// reconcilers are registered, before the manager starts: add controllers
+	// or runnables to mgr here.
+	Setup func(mgr manager.Manager, pool common.GKNN) error
+}
+
 // Runner builds and runs the Sluice EPP.
 type Runner struct {
-	admission  AdmissionFactory
-	shapers    []ResponseShaper
-	flags      []func(fs *pflag.FlagSet)
-	completers []func(opts *Options) error
-	restConfig *rest.Config
-	clock      clock.WithTicker
-	stdout     io.Writer
+	admission     AdmissionFactory
+	managerSetups []ManagerSetup
+	shapers       []ResponseShaper
+	flags         []func(fs *pflag.FlagSet)
+	completers    []func(opts *Options) error
+	restConfig    *rest.Config
+	clock         clock.WithTicker
+	stdout        io.Writer
 	// shutdownGrace bounds how long the gRPC servers drain on shutdown.
 	shutdownGrace time.Duration
 }
@@ -146,6 +165,14 @@ func New() *Runner {
 // WithAdmission replaces the admission controller factory.
 func (r *Runner) WithAdmission(f AdmissionFactory) *Runner {
 	r.admission = f
+	return r
+}
+
+// WithManagerSetup extends the controller-runtime manager in Kubernetes mode
+// (see ManagerSetup). Setups apply in the order given; an error from either
+// function fails startup.
+func (r *Runner) WithManagerSetup(s ManagerSetup) *Runner {
+	r.managerSetups = append(r.managerSetups, s)
 	return r
 }
 
@@ -373,7 +400,18 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 
 	p := &process{}
 	if !opts.StaticMode() {
-		p.mgr, err = runserver.NewDefaultManager(controllerCfg, *gknn, restConfig, metricsOpts, opts.EnableLeaderElection)
+		var optionErrs []error
+		extendOptions := func(o *ctrl.Options) {
+			for _, s := range r.managerSetups {
+				if s.Options != nil {
+					optionErrs = append(optionErrs, s.Options(o, *gknn))
+				}
+			}
+		}
+		p.mgr, err = runserver.NewDefaultManager(controllerCfg, *gknn, restConfig, metricsOpts, opts.EnableLeaderElection, extendOptions)
+		if err := errors.Join(optionErrs...); err != nil {
+			return nil, fmt.Errorf("extending the controller manager's options: %w", err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -445,6 +483,14 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 		reconcilers := &runserver.ExtProcServerRunner{GKNN: *gknn, Datastore: ds, ControllerCfg: controllerCfg}
 		if err := reconcilers.SetupWithManager(p.mgr); err != nil {
 			return nil, fmt.Errorf("failed to setup EPP controllers: %w", err)
+		}
+		for _, s := range r.managerSetups {
+			if s.Setup == nil {
+				continue
+			}
+			if err := s.Setup(p.mgr, *gknn); err != nil {
+				return nil, fmt.Errorf("extending the controller manager: %w", err)
+			}
 		}
 	}
 

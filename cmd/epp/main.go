@@ -5,6 +5,17 @@
 // Sluice admission (priority bands, queued admission, 429/503 with
 // Retry-After) is off unless --sluice-admission or --flow-control-config is
 // given; until then the EPP admits requests exactly as upstream's does.
+//
+// Where the admission policy comes from:
+//
+//   - --flow-control-config, in any mode: the file, read once at startup.
+//   - Kubernetes mode with --pool-name and no --flow-control-config: the
+//     FlowControlPolicy (sluice.dev/v1alpha1) accepted for the pool, applied
+//     live as it changes, or the defaults while none is accepted. The EPP then
+//     needs the RBAC of examples/flowcontrolpolicy-rbac.yaml. If the
+//     FlowControlPolicy CRD is not installed, the EPP logs it and runs on the
+//     defaults (install the CRD and restart to use policies).
+//   - Otherwise (static mode, --endpoint-selector): the defaults.
 package main
 
 import (
@@ -12,10 +23,18 @@ import (
 	"fmt"
 	"os"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 
+	"github.com/sluice-gw/sluice/crds"
+	policycontroller "github.com/sluice-gw/sluice/crds/controller"
+	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/runner"
 )
@@ -36,9 +55,63 @@ func main() {
 				Logger:          deps.Logger.WithName("flow-control"),
 			})
 		}).
-		WithResponseShapers(admission)
+		WithResponseShapers(admission).
+		WithManagerSetup(policySetup(admission))
 	if err := r.Run(ctrl.SetupSignalHandler(), os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "epp:", err)
 		os.Exit(1)
+	}
+}
+
+// policySetup watches the FlowControlPolicies of the EPP's InferencePool and applies the one in force to Sluice
+// admission live. It does nothing unless Sluice admission is on without a policy file and the EPP serves an
+// InferencePool (not an --endpoint-selector Deployment).
+func policySetup(admission *plugins.FlowControlCommand) runner.ManagerSetup {
+	watched := func(pool common.GKNN) bool {
+		return admission.Enabled() && admission.PolicyFile() == "" && pool.Kind == "InferencePool"
+	}
+	logger := ctrl.Log.WithName("flowcontrolpolicy")
+	return runner.ManagerSetup{
+		Options: func(opts *ctrl.Options, pool common.GKNN) error {
+			if !watched(pool) {
+				return nil
+			}
+			if err := crds.AddToScheme(opts.Scheme); err != nil {
+				return fmt.Errorf("registering %s types: %w", crds.GroupVersion, err)
+			}
+			// Policies are read in the pool's namespace only, which a namespaced Role can grant.
+			opts.Cache.ByObject[&crds.FlowControlPolicy{}] = cache.ByObject{
+				Namespaces: map[string]cache.Config{pool.Namespace: {}},
+			}
+			return nil
+		},
+		Setup: func(mgr manager.Manager, pool common.GKNN) error {
+			if !watched(pool) {
+				if admission.Enabled() && admission.PolicyFile() != "" {
+					logger.Info("FlowControlPolicies are not watched: --flow-control-config is in force", "file", admission.PolicyFile())
+				}
+				return nil
+			}
+			gk := schema.GroupKind{Group: crds.GroupName, Kind: "FlowControlPolicy"}
+			if _, err := mgr.GetRESTMapper().RESTMapping(gk, crds.GroupVersion.Version); meta.IsNoMatchError(err) {
+				logger.Info("The FlowControlPolicy CRD is not installed: Sluice admission runs on the default policy")
+				return nil
+			} else if err != nil {
+				return fmt.Errorf("resolving %s: %w", gk, err)
+			}
+			rec, err := policycontroller.New(mgr.GetClient(),
+				policycontroller.Pool{Group: pool.Group, Namespace: pool.Namespace, Name: pool.Name},
+				func(cfg *flowcontrol.Config) {
+					if err := admission.Apply(cfg); err != nil {
+						logger.Error(err, "Applying the flow control policy in force")
+						return
+					}
+					logger.Info("Flow control policy applied", "pool", pool.NamespacedName)
+				})
+			if err != nil {
+				return err
+			}
+			return rec.SetupWithManager(mgr)
+		},
 	}
 }
