@@ -1,0 +1,133 @@
+package runnertest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+)
+
+// APIServer is a real kube-apiserver and etcd (envtest, binaries built by
+// `make envtest`) with the GIE CRDs installed.
+type APIServer struct {
+	// Client talks to the API server with the scheme StartAPIServer was given.
+	Client client.Client
+	// Kubeconfig is a kubeconfig file for the EPP (KUBECONFIG=...).
+	Kubeconfig string
+}
+
+// StartAPIServer starts the API server for the test, installing the GIE CRDs
+// and the CRDs in extraCRDDirs. installs add types to the client's scheme
+// beyond client-go's and GIE's v1 API. Without KUBEBUILDER_ASSETS the test
+// fails (or, under -short, is skipped).
+func StartAPIServer(t *testing.T, extraCRDDirs []string, installs ...func(*runtime.Scheme) error) *APIServer {
+	t.Helper()
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		if testing.Short() {
+			t.Skip("KUBEBUILDER_ASSETS is unset; -short skips the API server tests")
+		}
+		t.Fatal("KUBEBUILDER_ASSETS is unset: run `make test`, which builds kube-apiserver and etcd once and sets it")
+	}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
+	if err != nil {
+		t.Fatalf("locating the GIE module for its CRDs: %v", err)
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     append([]string{filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "bases")}, extraCRDDirs...),
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stopping envtest: %v", err)
+		}
+	})
+	user, err := env.AddUser(envtest.User{Name: "sluice-epp", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	for _, add := range append([]func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1.Install}, installs...) {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &APIServer{Client: c, Kubeconfig: path}
+}
+
+// CreatePool creates the InferencePool default/vllm, selecting pods labelled
+// app=vllm on port.
+func (s *APIServer) CreatePool(t *testing.T, port int) {
+	t.Helper()
+	pool := &v1.InferencePool{
+		ObjectMeta: metav1.ObjectMeta{Name: "vllm", Namespace: "default"},
+		Spec: v1.InferencePoolSpec{
+			Selector:          v1.LabelSelector{MatchLabels: map[v1.LabelKey]v1.LabelValue{"app": "vllm"}},
+			TargetPorts:       []v1.Port{{Number: v1.PortNumber(port)}},
+			EndpointPickerRef: v1.EndpointPickerRef{Name: "sluice-epp", Port: &v1.Port{Number: 9002}},
+		},
+	}
+	if err := s.Client.Create(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// CreateReadyPod creates a pod of the pool with status IP ip and Ready.
+func (s *APIServer) CreateReadyPod(t *testing.T, name, ip string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "vllm"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+	}
+	if err := s.Client.Create(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	s.SetPodReady(t, pod, ip, true)
+	return pod
+}
+
+// SetPodReady sets the pod's status: running on ip, Ready or not.
+func (s *APIServer) SetPodReady(t *testing.T, pod *corev1.Pod, ip string, ready bool) {
+	t.Helper()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	pod.Status = corev1.PodStatus{
+		Phase:      corev1.PodRunning,
+		PodIP:      ip,
+		PodIPs:     []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}},
+	}
+	if err := s.Client.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+}
