@@ -85,6 +85,7 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 	LoRAResidencyExtractorType: LoRAResidencyExtractorFactory,
 	PrefixCacheType:            PrefixCacheFactory,
 	HeadroomFilterType:         HeadroomFilterFactory,
+	OpenAIParserType:           OpenAIParserFactory,
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and

@@ -212,6 +212,9 @@ plugins:
 - type: sluice-lora-affinity-scorer
 - type: sluice-headroom-filter
 - type: max-score-picker
+- type: sluice-openai-parser
+parser:
+  pluginRef: sluice-openai-parser
 schedulingProfiles:
 - name: default
   plugins:

@@ -147,8 +147,13 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- p.cmd.Wait() }()
+	// exited closes when the process has ended; waitErr is its exit status.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = p.cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(os.Interrupt)
 		select {
@@ -165,8 +170,8 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
-		case err := <-exited:
-			t.Fatalf("EPP exited early: %v\n%s", err, p.Output.String())
+		case <-exited:
+			t.Fatalf("EPP exited early: %v\n%s", waitErr, p.Output.String())
 		default:
 		}
 		if Serving(t, p, waitFor) {
