@@ -1,11 +1,10 @@
-package dataplane_test
+package dataplane
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-gw/sluice/dataplane"
 	"github.com/sluice-gw/sluice/runner/runnertest"
 	"github.com/sluice-gw/sluice/simulator"
 	"github.com/sluice-gw/sluice/simulator/engine"
@@ -47,7 +45,7 @@ func startSimulator(t *testing.T, ip, profile string) string {
 // startDataPlane serves a data plane that asks the EPP on eppPort.
 func startDataPlane(t *testing.T, eppPort int) string {
 	t.Helper()
-	p, err := dataplane.New(dataplane.Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", eppPort), ReportServedHeader: true})
+	p, err := New(Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", eppPort), ReportServedHeader: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,22 +67,14 @@ func startDataPlane(t *testing.T, eppPort int) string {
 	return "http://" + l.Addr().String()
 }
 
-func post(t *testing.T, url string, body any) (*http.Response, string) {
+// chatCompletion posts body as JSON to the data plane's chat endpoint.
+func chatCompletion(t *testing.T, url string, body any) (int, http.Header, string) {
 	t.Helper()
 	raw, err := json.Marshal(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(raw)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
+	return post(t, url+"/v1/chat/completions", string(raw))
 }
 
 func chat(content string, stream bool) map[string]any {
@@ -110,9 +100,9 @@ func TestEndToEnd(t *testing.T) {
 	url := startDataPlane(t, epp.GRPCPort)
 
 	t.Run("chat", func(t *testing.T) {
-		resp, body := post(t, url, chat("hello", false))
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		status, header, body := chatCompletion(t, url, chat("hello", false))
+		if status != http.StatusOK {
+			t.Fatalf("status %d: %s", status, body)
 		}
 		var out struct {
 			Model   string `json:"model"`
@@ -123,7 +113,7 @@ func TestEndToEnd(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &out); err != nil || len(out.Choices) != 1 || out.Model != "base" {
 			t.Fatalf("unexpected body %q (%v)", body, err)
 		}
-		served := resp.Header.Get("x-gateway-destination-endpoint-served")
+		served := header.Get("x-gateway-destination-endpoint-served")
 		if served != a && served != b {
 			t.Fatalf("served by %q, want one of %s, %s", served, a, b)
 		}
@@ -155,11 +145,11 @@ func TestEndToEnd(t *testing.T) {
 	})
 
 	t.Run("immediate 4xx from the EPP passes through with its headers", func(t *testing.T) {
-		resp, body := post(t, url, map[string]any{"messages": "not a list"})
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Fatalf("status %d, want 400: %s", resp.StatusCode, body)
+		status, header, body := chatCompletion(t, url, map[string]any{"messages": "not a list"})
+		if status != http.StatusBadRequest {
+			t.Fatalf("status %d, want 400: %s", status, body)
 		}
-		if ct := resp.Header.Get("content-type"); ct != "application/json" {
+		if ct := header.Get("content-type"); ct != "application/json" {
 			t.Fatalf("content-type %q, want the EPP's application/json", ct)
 		}
 		var e struct {
@@ -196,11 +186,11 @@ schedulingProfiles:
 	epp := runnertest.StartEPP(t, nil, "--static-endpoints="+dead+","+a+","+b, "--secure-serving=false", "--config-file="+config)
 	url := startDataPlane(t, epp.GRPCPort)
 	for i := range 40 {
-		resp, body := post(t, url, chat(fmt.Sprintf("request %d", i), false))
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		status, header, body := chatCompletion(t, url, chat(fmt.Sprintf("request %d", i), false))
+		if status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, status, body)
 		}
-		if served := resp.Header.Get("x-gateway-destination-endpoint-served"); served != a && served != b {
+		if served := header.Get("x-gateway-destination-endpoint-served"); served != a && served != b {
 			t.Fatalf("request %d served by %q", i, served)
 		}
 	}
