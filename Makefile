@@ -56,6 +56,10 @@ staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 run: build ## Start a local simulated fleet, the EPP (static mode) and the data plane; send a demo load.
 	BIN=$(BIN) examples/local-fleet/run.sh
 
+.PHONY: bench
+bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some); report in bench-results/<time>/.
+	$(BIN)/bench --bin=$(BIN) --scenarios=bench/scenarios $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT))
+
 clean:
 	rm -rf $(BIN)
 

@@ -89,7 +89,7 @@ func TestSchemaRejectsNonsense(t *testing.T) {
 			[]string{"spec.bands.critical.saturationCeiling in body should be greater than 0"}, true},
 		{"ceiling above one", pool + "  bands:\n    critical: {saturationCeiling: 1.5}\n",
 			[]string{"spec.bands.critical.saturationCeiling in body should be less than or equal to 1"}, true},
-		{"sheddable ceiling above standard's (default 0.8 over 0.6)", pool + "  bands:\n    standard: {saturationCeiling: 0.6}\n",
+		{"sheddable ceiling above standard's (default 0.6 over 0.4)", pool + "  bands:\n    standard: {saturationCeiling: 0.4}\n",
 			[]string{"inverted ceilings: sheddable.saturationCeiling must not exceed standard.saturationCeiling"}, true},
 		{"standard ceiling above critical's", pool + "  bands:\n    critical: {saturationCeiling: 0.5}\n    standard: {saturationCeiling: 0.9}\n    sheddable: {saturationCeiling: 0.4}\n",
 			[]string{"inverted ceilings: standard.saturationCeiling must not exceed critical.saturationCeiling"}, true},

@@ -245,7 +245,7 @@ type StandardBand struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:ExclusiveMinimum=true
 	// +kubebuilder:validation:Maximum=1
-	// +kubebuilder:default=1.0
+	// +kubebuilder:default=0.8
 	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
 	// RejectWhenSaturated rejects an arrival at once (429, reason "saturated") when no endpoint is below the
 	// ceiling, instead of queueing it.
@@ -304,7 +304,7 @@ type SheddableBand struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:ExclusiveMinimum=true
 	// +kubebuilder:validation:Maximum=1
-	// +kubebuilder:default=0.8
+	// +kubebuilder:default=0.6
 	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
 	// RejectWhenSaturated rejects an arrival at once (429, reason "saturated") when no endpoint is below the
 	// ceiling, instead of queueing it.
@@ -357,7 +357,7 @@ type EndpointThresholds struct {
 	// saturated. At least 1.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:default=5
+	// +kubebuilder:default=2
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
 	// KVCacheUtilThreshold is the KV-cache utilisation at which an endpoint is saturated. In (0, 1].
 	// +optional

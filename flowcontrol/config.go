@@ -22,7 +22,7 @@ const (
 	DefaultCriticalMinPriority  = 1
 	DefaultSheddableMaxPriority = -1
 
-	DefaultQueueDepthThreshold       = 5
+	DefaultQueueDepthThreshold       = 2
 	DefaultKVCacheUtilThreshold      = 0.8
 	DefaultMetricsStalenessThreshold = 200 * time.Millisecond
 
@@ -41,12 +41,12 @@ var defaultBands = [NumBands]BandConfig{
 	},
 	Standard: {
 		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
-		MaxQueueTime: 15 * time.Second, SaturationCeiling: 1.0,
+		MaxQueueTime: 15 * time.Second, SaturationCeiling: 0.8,
 		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 30 * time.Second, MayDisplace: true,
 	},
 	Sheddable: {
 		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
-		MaxQueueTime: 5 * time.Second, SaturationCeiling: 0.8, RejectWhenSaturated: true,
+		MaxQueueTime: 5 * time.Second, SaturationCeiling: 0.6, RejectWhenSaturated: true,
 		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 60 * time.Second,
 	},
 }
@@ -95,7 +95,10 @@ type APIBandConfig struct {
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. Ceilings must not increase from Critical to Sheddable.
-	// Defaults: Critical 1.0, Standard 1.0, Sheddable 0.8 (the holdback).
+	// Defaults: Critical 1.0, Standard 0.8, Sheddable 0.6 (the holdback). With the default endpoint thresholds
+	// (queue depth 2, KV 0.8) every band may dispatch to an endpoint with at most one request waiting, but Standard
+	// only below 64% KV use and Sheddable below 48%: lower bands leave each endpoint's last KV headroom to Critical, so
+	// under overload a Critical request finds a batch it can join (bench/scenarios/priority-overload measures it).
 	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
 	// RejectWhenSaturated rejects an arrival at once (reason "saturated") when no endpoint is below the ceiling,
 	// instead of queueing it. Defaults: true for Sheddable, false otherwise.
@@ -122,7 +125,7 @@ type APIPriorityMapping struct {
 // to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
 // running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
 type APIEndpointThresholds struct {
-	// Default 5.
+	// Default 2.
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
 	// In (0, 1]. Default 0.8.
 	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`

@@ -18,16 +18,16 @@ func TestDefaultConfig(t *testing.T) {
 		Critical: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 30 * time.Second,
 			SaturationCeiling: 1, RetryAfterMin: time.Second, RetryAfterMax: 15 * time.Second, MayDisplace: true},
 		Standard: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second,
-			SaturationCeiling: 1, RetryAfterMin: time.Second, RetryAfterMax: 30 * time.Second, MayDisplace: true},
+			SaturationCeiling: 0.8, RetryAfterMin: time.Second, RetryAfterMax: 30 * time.Second, MayDisplace: true},
 		Sheddable: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 5 * time.Second,
-			SaturationCeiling: 0.8, RejectWhenSaturated: true, RetryAfterMin: time.Second, RetryAfterMax: time.Minute},
+			SaturationCeiling: 0.6, RejectWhenSaturated: true, RetryAfterMin: time.Second, RetryAfterMax: time.Minute},
 	}
 	for b, w := range want {
 		if cfg.Bands[b] != w {
 			t.Errorf("band %s defaults = %+v, want %+v", b, cfg.Bands[b], w)
 		}
 	}
-	if cfg.Endpoint != (EndpointThresholds{QueueDepth: 5, KVCacheUtil: 0.8, MetricsStaleness: 200 * time.Millisecond}) {
+	if cfg.Endpoint != (EndpointThresholds{QueueDepth: 2, KVCacheUtil: 0.8, MetricsStaleness: 200 * time.Millisecond}) {
 		t.Errorf("endpoint defaults = %+v", cfg.Endpoint)
 	}
 	if cfg.DefaultTenant != (TenantPolicy{Weight: 1, MaxBand: Critical}) {

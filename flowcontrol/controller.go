@@ -36,6 +36,11 @@ type Deps struct {
 	Rand *rand.Rand
 	// Recorder receives metrics. Default: discards them.
 	Recorder Recorder
+	// SynchronousTimers runs timer events (queue timeouts, the end of the shutdown grace) inside the clock's callback
+	// instead of a new goroutine. Set it only with a clock whose AfterFunc callbacks run without holding a lock the
+	// controller's callers need, such as a discrete-event simulation's clock driven from one goroutine; real clocks
+	// and k8s.io/utils/clock/testing's FakeClock (which holds its lock while running callbacks) need the default.
+	SynchronousTimers bool
 }
 
 // Controller decides when each request may proceed to the scheduler. See the package documentation for the
@@ -44,6 +49,8 @@ type Controller struct {
 	// Immutable after New.
 	clock    clock.WithDelayedExecution
 	recorder Recorder
+	// onTimer runs a timer event: in a new goroutine by default, inline with Deps.SynchronousTimers.
+	onTimer func(event func())
 
 	mu sync.Mutex // guards everything below
 
@@ -60,6 +67,10 @@ type Controller struct {
 	endpointIndex map[string]int
 	reservations  map[string]reservation // dispatched requests not yet covered by a scrape, by ID
 	drain         drainEstimator
+	// blockedSince is, per band, since when snapshots have found the band unable to dispatch an arrival at once (no
+	// endpoint below its ceiling, or requests of it or a higher band still waiting after dispatch); zero otherwise.
+	// Retry-After uses the age of such an episode (see retryEstimateLocked).
+	blockedSince [NumBands]time.Time
 
 	// ttlTimer fires at ttlAt, no later than the earliest deadline of a waiting request; ttlGen tells a stale firing
 	// from the current one.
@@ -100,6 +111,10 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 		endpointIndex: make(map[string]int),
 		reservations:  make(map[string]reservation),
 		drain:         newDrainEstimator(cfg.DrainRateWindow),
+		onTimer:       func(event func()) { go event() },
+	}
+	if deps.SynchronousTimers {
+		c.onTimer = func(event func()) { event() }
 	}
 	for i := range c.bands {
 		c.bands[i] = newBandQueue()
@@ -260,7 +275,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 
 	bc := &c.cfg.Bands[band]
 	if bc.RejectWhenSaturated {
-		c.rejectLocked(&d, ReasonSaturated, c.timeUntilAdmitLocked(band, cost))
+		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now))
 		return d, nil, false, nil
 	}
 	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost); known && wait > bc.MaxQueueTime {
@@ -269,13 +284,13 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	}
 	victims, fits := c.makeRoomLocked(band, req.Bytes)
 	if !fits {
-		c.rejectLocked(&d, ReasonQueueFull, c.timeUntilAdmitLocked(band, cost))
+		c.rejectLocked(&d, ReasonQueueFull, c.retryEstimateLocked(band, cost, now))
 		return d, nil, false, nil
 	}
 	for _, v := range victims {
 		c.removeQueuedLocked(v)
 		vd := Decision{Band: v.band, Capped: v.capped, Waited: now.Sub(v.enqueuedAt)}
-		c.rejectLocked(&vd, ReasonDisplaced, c.timeUntilAdmitLocked(v.band, v.cost))
+		c.rejectLocked(&vd, ReasonDisplaced, c.retryEstimateLocked(v.band, v.cost, now))
 		c.finalizeLocked(v, vd, nil)
 	}
 
@@ -419,6 +434,32 @@ func (c *Controller) timeUntilAdmitLocked(band Band, cost float64) time.Duration
 	}
 }
 
+// retryEstimateLocked is the Retry-After estimate for a request of band turned away at now: the larger of
+// timeUntilAdmitLocked (the backlog ahead over the drain rate) and the age of the band's current saturation episode.
+// The backlog alone is blind to arrivals that keep the pool saturated: under a sustained burst a band that rejects
+// when saturated (Sheddable) has no backlog at all, and clients told "1s" would come back into the same burst and be
+// shed again. An overload that has lasted d is expected to last about d more (the Lindy heuristic for episodes
+// whose length is unknown), so clients are spread over the episode's likely end instead of hammering it.
+func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time) time.Duration {
+	estimate := c.timeUntilAdmitLocked(band, cost)
+	if since := c.blockedSince[band]; !since.IsZero() {
+		estimate = max(estimate, now.Sub(since))
+	}
+	return estimate
+}
+
+// trackBlockedLocked records, per band, whether an arrival of it would be dispatched at once after the current
+// snapshot's dispatches.
+func (c *Controller) trackBlockedLocked(now time.Time) {
+	for _, b := range allBands {
+		if _, best := c.headroomLocked(b, now); best >= 0 && c.queuedAtOrAbove(b) == 0 {
+			c.blockedSince[b] = time.Time{}
+		} else if c.blockedSince[b].IsZero() {
+			c.blockedSince[b] = now
+		}
+	}
+}
+
 func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration) {
 	bc := &c.cfg.Bands[d.Band]
 	d.Outcome, d.Reason = Rejected, reason
@@ -474,14 +515,17 @@ func (c *Controller) dequeuedLocked(it *item) {
 	c.totalBytes -= it.bytes
 }
 
-// finalizeLocked sets it's decision and wakes its Admit call. Finalizing twice is a bug that would answer a request
-// twice, so it panics.
+// finalizeLocked sets it's decision and wakes its Admit call, or calls its Submit callback. Finalizing twice is a bug
+// that would answer a request twice, so it panics.
 func (c *Controller) finalizeLocked(it *item, d Decision, cause error) {
 	if it.finalized {
 		panic(fmt.Sprintf("flowcontrol: request %q finalized twice (had %s, now %s)", it.id, it.decision.Outcome, d.Outcome))
 	}
 	it.finalized, it.decision, it.cause = true, d, cause
 	close(it.done)
+	if it.decided != nil {
+		it.decided(d, cause)
+	}
 }
 
 // dispatchLocked dispatches waiting requests in order while endpoints have headroom: bands strictly by priority,
@@ -523,7 +567,7 @@ func (c *Controller) expireLocked(now time.Time) int {
 			if noEndpoints {
 				c.unavailableLocked(&d, ReasonNoEndpoints)
 			} else {
-				c.rejectLocked(&d, ReasonQueueTimeout, c.timeUntilAdmitLocked(b, it.cost))
+				c.rejectLocked(&d, ReasonQueueTimeout, c.retryEstimateLocked(b, it.cost, now))
 			}
 			c.finalizeLocked(it, d, nil)
 			n++
@@ -573,9 +617,9 @@ func (c *Controller) armTTLTimerLocked(now time.Time) {
 	c.ttlGen++
 	gen := c.ttlGen
 	c.ttlAt = earliest
-	// The callback only starts a goroutine: fake clocks run callbacks while holding their own lock, and onTTLTimer
-	// reads the clock.
-	c.ttlTimer = c.clock.AfterFunc(earliest.Sub(now), func() { go c.onTTLTimer(gen) })
+	// By default the callback only starts a goroutine: fake clocks run callbacks while holding their own lock, and
+	// onTTLTimer reads the clock.
+	c.ttlTimer = c.clock.AfterFunc(earliest.Sub(now), func() { c.onTimer(func() { c.onTTLTimer(gen) }) })
 }
 
 func (c *Controller) onTTLTimer(gen uint64) {
@@ -636,6 +680,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	}
 	c.endpoints, c.endpointIndex = states, index
 	c.dispatchLocked(now)
+	c.trackBlockedLocked(now)
 	c.endOpLocked(now)
 	sample := c.queueSampleLocked(now)
 	c.mu.Unlock()
@@ -719,7 +764,7 @@ func (c *Controller) Shutdown(grace time.Duration) <-chan struct{} {
 		if grace <= 0 {
 			c.flushLocked(now)
 		} else if c.totalCount > 0 {
-			c.graceTimer = c.clock.AfterFunc(grace, func() { go c.onGraceTimer() })
+			c.graceTimer = c.clock.AfterFunc(grace, func() { c.onTimer(c.onGraceTimer) })
 		}
 		c.endOpLocked(now)
 	}

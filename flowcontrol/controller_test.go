@@ -363,6 +363,36 @@ func TestRetryAfterGrowsWithBacklog(t *testing.T) {
 	})
 }
 
+// TestRetryAfterCoversBlockedEpisode: a band that stays blocked (here Sheddable, saturated for as long as the burst
+// lasts, with no backlog to estimate from) tells clients to come back no sooner than the episode has lasted, so they
+// do not return into the same burst; a snapshot with headroom ends the episode.
+func TestRetryAfterCoversBlockedEpisode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		shed := func() time.Duration {
+			t.Helper()
+			return h.admit(-1, "batch", 1).wantOutcome(t, Rejected, ReasonSaturated).RetryAfter
+		}
+		h.scrape(ep("a", 5))
+		if got := shed(); got != time.Second {
+			t.Fatalf("Retry-After at the start of the episode = %v, want the 1s minimum", got)
+		}
+		for _, elapsed := range []time.Duration{3 * time.Second, 8 * time.Second} {
+			h.step(elapsed - h.clk.Since(t0))
+			h.scrape(ep("a", 5))
+			if got := shed(); got != elapsed {
+				t.Fatalf("Retry-After %v into the episode = %v, want %v", elapsed, got, elapsed)
+			}
+		}
+		h.step(2 * time.Second)
+		h.scrape(ep("a", 0)) // headroom: the episode ends
+		h.scrape(ep("a", 5))
+		if got := shed(); got != time.Second {
+			t.Fatalf("Retry-After in a new episode = %v, want the 1s minimum", got)
+		}
+	})
+}
+
 func TestRetryAfterJitterSpread(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, testConfig(t, func(c *Config) {
@@ -600,7 +630,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		t.Fatal("New accepted an invalid Config")
 	}
 	c, err := New(nil, Deps{})
-	if err != nil || c.Config().Bands[Sheddable].SaturationCeiling != 0.8 {
+	if err != nil || c.Config().Bands[Sheddable].SaturationCeiling != DefaultConfig().Bands[Sheddable].SaturationCeiling {
 		t.Fatalf("New(nil) = %v, %v", c, err)
 	}
 }

@@ -29,14 +29,18 @@
 // (Bind), the request finishes (Release), or a scrape taken after it covers it (UpdateEndpoints). This keeps a burst
 // between two scrapes from piling onto one endpoint.
 //
-// Retry-After is the estimated time until the band admits again, i.e. the backlog at and above the band over the
-// drain rate (an exponential moving average of cost dispatched per second of backlogged time), clamped to the band's
-// bounds, jittered and rounded up to whole seconds.
+// Retry-After is the estimated time until the band admits again: the larger of the backlog at and above the band
+// over the drain rate (an exponential moving average of cost dispatched per second of backlogged time) and the age of
+// the band's current blocked episode (snapshots finding no headroom for it, or requests waiting at or above it),
+// clamped to the band's bounds, jittered and rounded up to whole seconds. The backlog term alone would tell shed
+// Sheddable clients "1s" all through a burst, which sheds them again; an episode that has lasted d is taken to last
+// about d more, so retries land after the burst.
 //
 // # Invariants
 //
 //   - Every Admit call ends in exactly one Decision: Dispatched, Rejected (with a Reason), Unavailable, or Cancelled.
-//     A request is finalized once under the lock; finalizing twice panics.
+//     A request is finalized once under the lock; finalizing twice panics. Every Submit call gets exactly one
+//     callback with that Decision.
 //   - A non-empty band has no endpoint with headroom for it. Ceilings never increase from Critical to Sheddable, so
 //     a lower band never overtakes a higher one.
 //   - Every time limit is a clock event: waiting requests expire through a timer on the injected clock, never through
@@ -56,5 +60,12 @@
 //
 // A Controller is safe for concurrent use. One mutex guards all state; methods whose names end in "Locked" expect it
 // held. Admit blocks its caller on a per-request channel, never while holding the lock. Clock callbacks only start a
-// goroutine (fake clocks run callbacks under their own lock). The Recorder is called outside the lock.
+// goroutine (fake clocks run callbacks under their own lock), unless Deps.SynchronousTimers asks for them to run
+// inline. The Recorder is called outside the lock, except for the decision of a request that waited after Submit.
+//
+// Submit is the non-blocking entry point for callers that drive the controller, the clock and the model servers from
+// one goroutine (virtual-time benchmarks): a waiting request's callback runs inside the call that decides it, under
+// the lock, so the callback must not call the Controller. With SynchronousTimers and a clock that runs callbacks on
+// the caller's goroutine, the controller starts no goroutine at all and its decisions are a deterministic function of
+// the calls made and the seeded Rand.
 package flowcontrol

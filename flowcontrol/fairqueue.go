@@ -21,7 +21,9 @@ type item struct {
 	bPrev, bNext *item
 
 	// done is closed exactly once, by finalizeLocked, after decision and cause are set.
-	done      chan struct{}
+	done chan struct{}
+	// decided, set for requests given to Submit, is called by finalizeLocked after done is closed.
+	decided   func(Decision, error)
 	finalized bool
 	decision  Decision
 	cause     error

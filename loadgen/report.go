@@ -15,11 +15,11 @@ import (
 // and the overall line, with latency percentiles in milliseconds.
 func WriteReport(w io.Writer, s Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "class\treqs\tok\tfail\tretried\tstatus\tTTFT p50/p95/p99 ms\tITL p50/p95/p99 ms\tE2E p50/p95/p99 ms\treq/s\tout tok/s\tgoodput req/s\tgood %%\t\n")
+	fmt.Fprintf(tw, "class\treqs\tok\tfail\tretried\tshed→served\tstatus\tTTFT p50/p95/p99 ms\tITL p50/p95/p99 ms\tE2E p50/p95/p99 ms\treq/s\tout tok/s\tgoodput req/s\tgood %%\t\n")
 	lines := append(slices.Clone(s.Classes), s.Overall)
 	for _, c := range lines {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f\t%.1f\t%.2f\t%.1f\t\n",
-			c.Class, c.Requests, c.Succeeded, c.Failed, c.Retried, statusList(c.Status),
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%.2f\t%.1f\t%.2f\t%.1f\t\n",
+			c.Class, c.Requests, c.Succeeded, c.Failed, c.Retried, c.ShedServed, c.Shed, statusList(c.Status),
 			pcts(c.TTFT), pcts(c.ITL), pcts(c.E2E),
 			c.Throughput, c.OutputTokensPerSecond, c.Goodput, 100*c.GoodFraction)
 	}

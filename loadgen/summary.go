@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"math"
+	"net/http"
 	"slices"
 	"strconv"
 	"time"
@@ -28,6 +29,12 @@ type ClassSummary struct {
 	Requests  int `json:"requests"`
 	Attempts  int `json:"attempts"`
 	Retried   int `json:"retried"`
+	// Shed counts requests the gateway turned away at least once (an
+	// attempt answered 429 or 503); ShedServed counts those whose final
+	// attempt succeeded after honouring Retry-After. Their ratio is how
+	// well shed clients are served once load drops.
+	Shed       int `json:"shed"`
+	ShedServed int `json:"shed_served"`
 	Succeeded int `json:"succeeded"`
 	Failed    int `json:"failed"`
 	// Status counts final attempts by HTTP status ("0" for no response).
@@ -129,12 +136,21 @@ func summarizeClass(name string, records []Record, dur time.Duration, sloOf func
 		if r.Attempt > 1 {
 			cs.Retried++
 		}
+		// The runner retries only answers that shed the request, so an
+		// earlier attempt means the request was shed at least once.
+		shed := r.Attempt > 1 || isShedStatus(r.Status)
+		if shed {
+			cs.Shed++
+		}
 		cs.Status[strconv.Itoa(r.Status)]++
 		if !r.OK() {
 			cs.Failed++
 			continue
 		}
 		cs.Succeeded++
+		if shed {
+			cs.ShedServed++
+		}
 		outputTokens += r.OutputTokens
 		t := r.SinceFirstAttempt + r.TTFT
 		e := r.SinceFirstAttempt + r.E2E
@@ -155,6 +171,11 @@ func summarizeClass(name string, records []Record, dur time.Duration, sloOf func
 		cs.GoodFraction = float64(cs.Good) / float64(cs.Requests)
 	}
 	return cs
+}
+
+// isShedStatus reports the statuses a gateway sheds load with.
+func isShedStatus(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
 }
 
 func meetsSLO(s SLO, ttft, e2e, meanITL time.Duration) bool {

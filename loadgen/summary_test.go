@@ -83,6 +83,10 @@ func TestSummarize(t *testing.T) {
 	if a.Requests != 2 || a.Attempts != 3 || a.Retried != 1 || a.Succeeded != 2 || a.Failed != 0 || a.Status["200"] != 2 {
 		t.Errorf("class a counts %+v", a)
 	}
+	// Request 0 was shed once and served on its retry.
+	if a.Shed != 1 || a.ShedServed != 1 {
+		t.Errorf("class a shed %d, served after shedding %d; want 1 and 1", a.Shed, a.ShedServed)
+	}
 	// Client-perceived TTFT of request 0 includes the retry: 1005+100 ms.
 	if a.TTFT.Max != millis(1105) || a.TTFT.Count != 2 || a.E2E.Max != millis(1305) {
 		t.Errorf("class a TTFT %+v E2E %+v", a.TTFT, a.E2E)
@@ -100,6 +104,10 @@ func TestSummarize(t *testing.T) {
 	b := s.Classes[1]
 	if b.Requests != 2 || b.Succeeded != 0 || b.Failed != 2 || b.Status["503"] != 1 || b.Status["200"] != 1 || b.TTFT.Count != 0 {
 		t.Errorf("class b %+v", b)
+	}
+	// Request 2 was shed (503) and never served; request 3's broken stream is no shedding.
+	if b.Shed != 1 || b.ShedServed != 0 {
+		t.Errorf("class b shed %d, served after shedding %d; want 1 and 0", b.Shed, b.ShedServed)
 	}
 	o := s.Overall
 	if o.Class != AllClasses || o.Requests != 4 || o.Attempts != 5 || o.Succeeded != 2 || o.Good != 1 {

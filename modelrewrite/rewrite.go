@@ -11,6 +11,14 @@ import (
 // the stable model's, so the guardrail keeps comparing against the right one.
 const StableTargetAnnotation = "modelrewrite.sluice.dev/stable-target"
 
+// ClearGuardrailAnnotation on an InferenceModelRewrite is the operator's way
+// to clear the guardrail (see Guardrail.Clear): whenever its value changes
+// (any new value, e.g. a timestamp), every tripped target of the object's
+// rules gets its share back and is judged on fresh outcomes. The annotation
+// stays; only a change counts, so every Endpoint Picker acts on each value
+// once, also after a restart or a leader change.
+const ClearGuardrailAnnotation = "modelrewrite.sluice.dev/clear-guardrail"
+
 // MaxWeight is the largest weight a target may carry (the API's
 // kubebuilder:validation:Maximum).
 const MaxWeight = 1_000_000

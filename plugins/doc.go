@@ -7,6 +7,11 @@
 // parameters (apiConfig -> applyDefaults -> validate -> Config) and translates
 // upstream types into the plain inputs of the logic it wraps.
 //
+// Two commands are not plugins but the EPP binary's features around them:
+// FlowControlCommand (Sluice admission) and ModelRewriteCommand, whose
+// ModelRewrite chooses each request's model (InferenceModelRewrite) through
+// the runner's ModelSelector seam, which cmd/epp connects.
+//
 // Plugin types are registered under Sluice's own names ("sluice-…") through a
 // Registry, which refuses duplicate type names; upstream's global registry
 // silently overwrites them, so a Registry is filled first and installed once.

@@ -134,6 +134,9 @@ type FlowControlDeps struct {
 	Recorder flowcontrol.Recorder
 	// Logger defaults to logr.Discard().
 	Logger logr.Logger
+	// SynchronousTimers is flowcontrol.Deps.SynchronousTimers: for a clock that runs callbacks on its driver's
+	// goroutine (InProcessPicker in virtual time).
+	SynchronousTimers bool
 }
 
 // FlowControl adapts a flowcontrol.Controller to upstream's EPP:
@@ -180,7 +183,8 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 	if deps.Logger.GetSink() == nil {
 		deps.Logger = logr.Discard()
 	}
-	ctrl, err := flowcontrol.New(cfg, flowcontrol.Deps{Clock: deps.Clock, Rand: deps.Rand, Recorder: deps.Recorder})
+	ctrl, err := flowcontrol.New(cfg, flowcontrol.Deps{Clock: deps.Clock, Rand: deps.Rand, Recorder: deps.Recorder,
+		SynchronousTimers: deps.SynchronousTimers})
 	if err != nil {
 		return nil, err
 	}
@@ -223,20 +227,26 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
 	req := f.requestOf(reqCtx, priority)
 	d, err := f.ctrl.Admit(ctx, req)
-	switch d.Outcome {
-	case flowcontrol.Dispatched:
-		if f.filtering.Load() && len(d.Endpoints) > 0 {
-			f.headroom.put(req.ID, d, "")
-		}
-		return nil
-	case flowcontrol.Cancelled:
+	if d.Outcome == flowcontrol.Cancelled {
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr
 		}
 		return err
 	}
+	return f.settle(req.ID, d, err)
+}
+
+// settle keeps what later hooks need about a decision that is not Cancelled (the headroom of a dispatched request,
+// the answer of a shed one) and returns Admit's result: nil when dispatched, else the error upstream answers.
+func (f *FlowControl) settle(id string, d flowcontrol.Decision, err error) error {
+	if d.Outcome == flowcontrol.Dispatched {
+		if f.filtering.Load() && len(d.Endpoints) > 0 {
+			f.headroom.put(id, d, "")
+		}
+		return nil
+	}
 	msg := shedMessage(d, err)
-	f.shed.put(req.ID, d, msg)
+	f.shed.put(id, d, msg)
 	return errcommon.Error{Code: errorCode(d), Msg: msg}
 }
 

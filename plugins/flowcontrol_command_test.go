@@ -2,8 +2,10 @@ package plugins
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	configapi "sigs.k8s.io/gateway-api-inference-extension/apix/config/v1alpha1"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	eppmetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metrics"
@@ -72,25 +75,41 @@ tenants:
 	}
 }
 
-func TestDefaultEndpointPickerConfigAddsHeadroomFilter(t *testing.T) {
+// TestDefaultEndpointPickerConfig checks Sluice's default profile as upstream's loader reads it: the headroom filter
+// schedules first, Sluice's scorers carry upstream's default weights, and the residency extractor and the parser that
+// reads cached tokens are wired, so the profile is what its documentation says.
+func TestDefaultEndpointPickerConfig(t *testing.T) {
 	text, err := DefaultEndpointPickerConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, _, err := loader.LoadRawConfig([]byte(text), logr.Discard())
 	if err != nil {
-		t.Fatalf("upstream's loader rejects the generated configuration: %v\n%s", err, text)
+		t.Fatalf("upstream's loader rejects the default configuration: %v\n%s", err, text)
 	}
-	upstream, _, err := loader.LoadRawConfig(nil, logr.Discard())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(raw.Plugins) != len(upstream.Plugins)+1 || raw.Plugins[len(raw.Plugins)-1].Type != HeadroomFilterType {
-		t.Fatalf("plugins = %+v, want upstream's plus %s", raw.Plugins, HeadroomFilterType)
+	if len(raw.SchedulingProfiles) != 1 {
+		t.Fatalf("profiles = %+v, want one", raw.SchedulingProfiles)
 	}
 	prof := raw.SchedulingProfiles[0].Plugins
-	if len(prof) != len(upstream.SchedulingProfiles[0].Plugins)+1 || prof[0].PluginRef != HeadroomFilterType {
-		t.Fatalf("profile = %+v, want %s first, then upstream's", prof, HeadroomFilterType)
+	if prof[0].PluginRef != HeadroomFilterType {
+		t.Errorf("first profile plugin = %s, want %s", prof[0].PluginRef, HeadroomFilterType)
+	}
+	weights := map[string]float64{}
+	for _, p := range prof {
+		if p.Weight != nil {
+			weights[p.PluginRef] = *p.Weight
+		}
+	}
+	want := map[string]float64{"queue-scorer": 2, "kv-cache-utilization-scorer": 2, PrefixCacheType: 3, LoRAAffinityType: 2}
+	if !maps.Equal(weights, want) {
+		t.Errorf("scorer weights = %v, want %v", weights, want)
+	}
+	if raw.Parser == nil || raw.Parser.PluginRef != OpenAIParserType {
+		t.Errorf("parser = %+v, want %s", raw.Parser, OpenAIParserType)
+	}
+	if raw.DataLayer == nil || len(raw.DataLayer.Sources) != 1 || !slices.ContainsFunc(raw.DataLayer.Sources[0].Extractors,
+		func(e configapi.DataLayerExtractor) bool { return e.PluginRef == LoRAResidencyExtractorType }) {
+		t.Errorf("data layer = %+v, want the metrics source with %s", raw.DataLayer, LoRAResidencyExtractorType)
 	}
 }
 

@@ -1,7 +1,6 @@
 package plugins
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,13 +38,8 @@ type HeadroomFilter struct {
 
 // HeadroomFilterFactory builds a HeadroomFilter. It takes no parameters; any given are an error.
 func HeadroomFilterFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
-	if trimmed := bytes.TrimSpace(raw); len(trimmed) > 0 && !bytes.Equal(trimmed, []byte("null")) {
-		var params struct{}
-		dec := json.NewDecoder(bytes.NewReader(trimmed))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&params); err != nil {
-			return nil, fmt.Errorf("%s takes no parameters: %w", HeadroomFilterType, err)
-		}
+	if err := decodeParams(raw, &struct{}{}); err != nil {
+		return nil, fmt.Errorf("%s takes no parameters: %w", HeadroomFilterType, err)
 	}
 	if name == "" {
 		name = HeadroomFilterType

@@ -87,8 +87,9 @@ func TestHeadroomFilterRestrictsCandidates(t *testing.T) {
 func TestHeadroomFilterThroughAdmission(t *testing.T) {
 	pool := &fakePool{}
 	fc, clk := newTestFlowControl(t, nil, pool)
-	// Queue-depth threshold 5: 4 waiting is 0.8, at the Sheddable ceiling (no headroom); 1 waiting is 0.2.
-	pool.set(upstreamEndpoint("10.0.0.1", 4, 0.1, clk.Now()), upstreamEndpoint("10.0.0.2", 1, 0.1, clk.Now()))
+	// Default KV threshold 0.8: 50% KV use is saturation 0.625, above the Sheddable ceiling (0.6) but below
+	// Standard's (0.8); 10% is 0.125.
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0.5, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0.1, clk.Now()))
 	if err := fc.SyncEndpoints(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestHeadroomFilterThroughAdmission(t *testing.T) {
 	if !slices.Equal(got, []string{"10.0.0.2:8000"}) {
 		t.Fatalf("Sheddable request may be scheduled on %v, want only 10.0.0.2:8000", got)
 	}
-	// A Standard request may use both (ceiling 1.0).
+	// A Standard request may use both (ceiling 0.8).
 	if err := fc.Admit(context.Background(), requestContext("standard", "t", 100, nil), 0); err != nil {
 		t.Fatal(err)
 	}

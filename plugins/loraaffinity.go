@@ -1,7 +1,6 @@
 package plugins
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,12 +125,8 @@ func validateLoRAAffinityConfig(c *loraAffinityAPIConfig) error {
 // default.
 func parseLoRAAffinityConfig(raw json.RawMessage) (loraAffinityConfig, error) {
 	var api loraAffinityAPIConfig
-	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&api); err != nil {
-			return loraAffinityConfig{}, fmt.Errorf("parsing %s parameters: %w", LoRAAffinityType, err)
-		}
+	if err := decodeParams(raw, &api); err != nil {
+		return loraAffinityConfig{}, fmt.Errorf("parsing %s parameters: %w", LoRAAffinityType, err)
 	}
 	applyLoRAAffinityDefaults(&api)
 	if err := validateLoRAAffinityConfig(&api); err != nil {
@@ -419,12 +414,8 @@ type LoRAResidencyExtractor struct {
 // parameters (see loraResidencyAPIConfig).
 func LoRAResidencyExtractorFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
 	var api loraResidencyAPIConfig
-	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&api); err != nil {
-			return nil, fmt.Errorf("parsing %s parameters: %w", LoRAResidencyExtractorType, err)
-		}
+	if err := decodeParams(raw, &api); err != nil {
+		return nil, fmt.Errorf("parsing %s parameters: %w", LoRAResidencyExtractorType, err)
 	}
 	if api.Metric == "" {
 		api.Metric = DefaultLoRAResidencyMetric

@@ -1,7 +1,6 @@
 package plugins
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -161,12 +160,8 @@ func validatePrefixCacheConfig(c *prefixCacheAPIConfig) (prefixCacheConfig, erro
 // defaults and validates.
 func parsePrefixCacheConfig(raw json.RawMessage) (prefixCacheConfig, error) {
 	var api prefixCacheAPIConfig
-	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&api); err != nil {
-			return prefixCacheConfig{}, fmt.Errorf("%s parameters: %w", PrefixCacheType, err)
-		}
+	if err := decodeParams(raw, &api); err != nil {
+		return prefixCacheConfig{}, fmt.Errorf("%s parameters: %w", PrefixCacheType, err)
 	}
 	applyPrefixCacheDefaults(&api)
 	cfg, err := validatePrefixCacheConfig(&api)

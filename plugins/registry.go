@@ -1,6 +1,8 @@
 package plugins
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
@@ -67,4 +69,16 @@ func (r *Registry) Install() error {
 		fwkplugin.Register(t, f)
 	}
 	return nil
+}
+
+// decodeParams decodes a plugin's JSON parameters into v, rejecting unknown fields so a typo is an error rather than
+// a silent default. Empty or null parameters leave v as it is.
+func decodeParams(raw json.RawMessage, v any) error {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }

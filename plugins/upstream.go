@@ -85,7 +85,9 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 	LoRAResidencyExtractorType: LoRAResidencyExtractorFactory,
 	PrefixCacheType:            PrefixCacheFactory,
 	HeadroomFilterType:         HeadroomFilterFactory,
+	ServedModelFilterType:      ServedModelFilterFactory,
 	OpenAIParserType:           OpenAIParserFactory,
+	InFlightScorerType:         InFlightScorerFactory,
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and

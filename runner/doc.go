@@ -14,6 +14,16 @@
 //   - ResponseShaper: adjusts every immediate response (rejections and errors)
 //     before it reaches the proxy, e.g. to add Retry-After headers and an
 //     OpenAI-style JSON error body.
+//   - ModelSelector (WithModelSelector): chooses each request's model before
+//     upstream parses it. The ext_proc stream holds the request headers until
+//     the body is complete (upstream answers nothing before that either; at
+//     most --model-selection-max-body-bytes are held, larger bodies get 413),
+//     then sets upstream's x-gateway-model-name-rewrite header. Upstream thus
+//     schedules (LoRA affinity, prefix hashing) for the chosen model, sends it
+//     in the body, and rewrites the response's "model" back to the client's,
+//     streaming included. Upstream's own random InferenceModelRewrite split is
+//     switched off. The selector hears how each request ended (status, time to
+//     first body byte, completeness) when its stream ends.
 //   - WithFlags: lets the binary add its own flags (e.g. Sluice admission's)
 //     and adjust the parsed options before they are validated.
 //   - WithManagerSetup: in Kubernetes mode only, extends the controller

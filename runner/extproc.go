@@ -3,12 +3,14 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/uuid"
+	"k8s.io/utils/clock"
 
 	"github.com/sluice-gw/sluice/immediateresponse"
 )
@@ -35,35 +37,84 @@ func (f ResponseShaperFunc) ShapeImmediateResponse(ctx context.Context, requestI
 
 var _ ResponseShaper = ResponseShaperFunc(nil)
 
-// shapingServer serves ext_proc with upstream's streaming server and passes
-// every immediate response through the shapers, in order.
+// shapingServer serves ext_proc with upstream's streaming server, passes
+// every immediate response through the shapers, in order, and, when a
+// ModelSelector is installed, lets it choose each request's model first.
 type shapingServer struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	upstream extprocv3.ExternalProcessorServer
 	shapers  []ResponseShaper
+
+	// selector (may be nil) chooses request models; bodies larger than
+	// maxBodyBytes are answered 413 instead. clock times the responses.
+	selector     ModelSelector
+	maxBodyBytes int64
+	clock        clock.PassiveClock
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	return s.upstream.Process(&shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers})
+	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers}
+	if s.selector != nil {
+		ss.selection = &modelSelection{selector: s.selector, maxBodyBytes: s.maxBodyBytes, clock: s.clock}
+		defer ss.selection.finish()
+	}
+	return s.upstream.Process(ss)
 }
 
 // shapingStream wraps one ext_proc stream (one HTTP request). Recv learns the
 // request ID, adding one when the proxy sent none so that upstream and the
 // shapers agree on it; Send shapes immediate responses.
+//
+// With model selection, Recv holds a request's headers back until its body
+// is complete (upstream answers nothing before that either), asks the
+// selector, sets the x-gateway-model-name-rewrite header upstream reads, and
+// then hands upstream the headers and the held body messages in order.
+// Headers that end the stream (no body) pass unchanged.
 type shapingStream struct {
 	extprocv3.ExternalProcessor_ProcessServer
 	shapers   []ResponseShaper
 	requestID string
+	selection *modelSelection // nil without a ModelSelector
 }
 
 func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	ms := s.selection
+	if ms != nil && len(ms.queue) > 0 {
+		req := ms.queue[0]
+		ms.queue[0] = nil
+		ms.queue = ms.queue[1:]
+		ms.observe(req)
+		return req, nil
+	}
+	if ms != nil && ms.queueErr != nil {
+		return nil, ms.queueErr
+	}
 	req, err := s.ExternalProcessor_ProcessServer.Recv()
 	if err != nil {
 		return req, err
 	}
-	if h := req.GetRequestHeaders(); h != nil {
+	h := req.GetRequestHeaders()
+	if h != nil {
 		s.requestID = ensureRequestID(h)
 	}
+	if ms == nil {
+		return req, nil
+	}
+	if h != nil {
+		ms.received = ms.clock.Now()
+		if !h.EndOfStream {
+			handled, err := s.hold(h)
+			if err != nil {
+				return nil, err
+			}
+			if !handled {
+				// Answered already: upstream sees the request end.
+				ms.queue, ms.queueErr = nil, io.EOF
+				return nil, io.EOF
+			}
+		}
+	}
+	ms.observe(req)
 	return req, nil
 }
 
@@ -71,6 +122,10 @@ func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
 	if ir := resp.GetImmediateResponse(); ir != nil {
 		for _, shaper := range s.shapers {
 			shaper.ShapeImmediateResponse(s.Context(), s.requestID, ir)
+		}
+		if s.selection != nil {
+			s.selection.outcome.Immediate = true
+			s.selection.outcome.Status = int(ir.GetStatus().GetCode())
 		}
 	}
 	return s.ExternalProcessor_ProcessServer.Send(resp)

@@ -24,6 +24,10 @@ type Options struct {
 	// ObjectivesFile names a file of InferenceObjective objects for static
 	// mode, which has no API server to watch them on.
 	ObjectivesFile string
+	// ModelSelectionMaxBodyBytes bounds the request body held while a
+	// ModelSelector chooses the request's model; larger requests are
+	// answered 413.
+	ModelSelectionMaxBodyBytes int64
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -35,6 +39,7 @@ func NewOptions() *Options {
 	return &Options{
 		Options:                       runserver.NewOptions(),
 		StaticEndpointsReloadInterval: 2 * time.Second,
+		ModelSelectionMaxBodyBytes:    DefaultModelSelectionMaxBodyBytes,
 	}
 }
 
@@ -53,6 +58,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ObjectivesFile, "inference-objectives-file", o.ObjectivesFile,
 		"Static mode: a YAML file of InferenceObjective objects (inference.networking.x-k8s.io/v1alpha2), as kubectl applies them; "+
 			"requests name one in x-gateway-inference-objective to get its priority.")
+	fs.Int64Var(&o.ModelSelectionMaxBodyBytes, "model-selection-max-body-bytes", o.ModelSelectionMaxBodyBytes,
+		"Model rewrites (InferenceModelRewrite): the largest request body the EPP holds to choose a request's model; "+
+			"larger requests are answered 413 with an OpenAI-style error.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -73,6 +81,9 @@ const staticPoolName = "static"
 // validation insists on a pool name or an endpoint selector; the rest of
 // upstream's checks then run unchanged.
 func (o *Options) Validate() error {
+	if o.ModelSelectionMaxBodyBytes <= 0 {
+		return fmt.Errorf("--model-selection-max-body-bytes must be positive, got %d", o.ModelSelectionMaxBodyBytes)
+	}
 	if !o.StaticMode() {
 		if o.ObjectivesFile != "" {
 			return errors.Join(o.Options.Validate(), errors.New("--inference-objectives-file is for static mode; in Kubernetes mode InferenceObjectives come from the API server"))

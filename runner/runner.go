@@ -139,6 +139,7 @@ type ManagerSetup struct {
 // Runner builds and runs the Sluice EPP.
 type Runner struct {
 	admission     AdmissionFactory
+	modelSelector ModelSelectorFactory
 	managerSetups []ManagerSetup
 	shapers       []ResponseShaper
 	flags         []func(fs *pflag.FlagSet)
@@ -477,7 +478,17 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 	if p, ok := admission.(fwkplugin.Plugin); ok {
 		rcConfig.AddPlugins(p)
 	}
-	director := requestcontrol.NewDirectorWithConfig(ds, scheduler, admission, parser, endpointCandidates, rcConfig)
+	var selector ModelSelector
+	if r.modelSelector != nil {
+		if selector, err = r.modelSelector(ctx, ModelSelectorDeps{Options: opts, Pool: *gknn, Logger: ctrl.Log.WithName("model-selector")}); err != nil {
+			return nil, err
+		}
+	}
+	var directorStore requestcontrol.Datastore = ds
+	if selector != nil {
+		directorStore = withoutUpstreamRewrites{ds}
+	}
+	director := requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, endpointCandidates, rcConfig)
 
 	if p.mgr != nil {
 		reconcilers := &runserver.ExtProcServerRunner{GKNN: *gknn, Datastore: ds, ControllerCfg: controllerCfg}
@@ -494,7 +505,7 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 		}
 	}
 
-	extProc, err := r.extProcServer(ctx, opts, ds, director, parser)
+	extProc, err := r.extProcServer(ctx, opts, ds, director, parser, selector)
 	if err != nil {
 		return nil, err
 	}
@@ -528,8 +539,9 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 }
 
 // extProcServer builds the ext_proc gRPC server: upstream's streaming server
-// behind Sluice's response shapers, with upstream's TLS and health options.
-func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.Datastore, director *requestcontrol.Director, parser fwkrh.Parser) (*grpc.Server, error) {
+// behind Sluice's model selector (may be nil) and response shapers, with
+// upstream's TLS and health options.
+func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.Datastore, director *requestcontrol.Director, parser fwkrh.Parser, selector ModelSelector) (*grpc.Server, error) {
 	var serverOpts []grpc.ServerOption
 	if opts.SecureServing {
 		creds, err := serverCredentials(ctx, opts.CertPath, opts.EnableCertReload)
@@ -540,8 +552,11 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 	}
 	srv := grpc.NewServer(serverOpts...)
 	extprocv3.RegisterExternalProcessorServer(srv, &shapingServer{
-		upstream: handlers.NewStreamingServer(ds, director, parser),
-		shapers:  r.shapers,
+		upstream:     handlers.NewStreamingServer(ds, director, parser),
+		shapers:      r.shapers,
+		selector:     selector,
+		maxBodyBytes: opts.ModelSelectionMaxBodyBytes,
+		clock:        r.clock,
 	})
 	if opts.HealthChecking {
 		hc := health.NewServer()

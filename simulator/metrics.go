@@ -88,28 +88,51 @@ type stateCollector struct {
 	prefixHits, prefixQueries, preemptions, promptTok, genTok, loads *prometheus.Desc
 }
 
-var modelLabels = []string{"model_name", "engine"}
+// Help texts of the state metrics, shared by the collector and MetricFamilies.
+var stateHelp = map[string]string{
+	metricRunning:       "Number of requests in model execution batches.",
+	metricWaiting:       "Number of requests waiting to be processed.",
+	metricKVUsage:       "KV-cache usage. 1 means 100 percent usage.",
+	metricCacheConfig:   "Information of the LLMEngine CacheConfig",
+	metricLoRAInfo:      "Running stats on lora requests.",
+	metricAdapterLoaded: "1 while the LoRA adapter is resident in a GPU slot (simulator metric).",
+	metricPrefixHits:    "Prefix cache hits, in terms of number of cached tokens.",
+	metricPrefixQueries: "Prefix cache queries, in terms of number of queried tokens.",
+	metricPreemptions:   "Cumulative number of preemption from the engine.",
+	metricPromptTokens:  "Number of prefill tokens processed.",
+	metricGenTokens:     "Number of generation tokens processed.",
+	metricAdapterLoads:  "LoRA adapter loads caused by requests (simulator metric).",
+}
+
+// Label names of the state metrics.
+var (
+	modelLabels       = []string{"model_name", "engine"}
+	cacheConfigLabels = []string{"block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"}
+	loraInfoLabels    = []string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
+	adapterLabels     = []string{"model_name", "lora_name"}
+	modelNameLabels   = []string{"model_name"}
+)
 
 func newStateCollector(model string, cfg engine.Config, snapshot stateSnapshot) *stateCollector {
-	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(name, help, labels, nil)
+	d := func(name string, labels []string) *prometheus.Desc {
+		return prometheus.NewDesc(name, stateHelp[name], labels, nil)
 	}
 	return &stateCollector{
 		snapshot:      snapshot,
 		model:         model,
 		cfg:           cfg,
-		running:       d(metricRunning, "Number of requests in model execution batches.", modelLabels...),
-		waiting:       d(metricWaiting, "Number of requests waiting to be processed.", modelLabels...),
-		kvUsage:       d(metricKVUsage, "KV-cache usage. 1 means 100 percent usage.", modelLabels...),
-		cacheConfig:   d(metricCacheConfig, "Information of the LLMEngine CacheConfig", "block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"),
-		loraInfo:      d(metricLoRAInfo, "Running stats on lora requests.", "max_lora", "running_lora_adapters", "waiting_lora_adapters"),
-		loaded:        d(metricAdapterLoaded, "1 while the LoRA adapter is resident in a GPU slot (simulator metric).", "model_name", "lora_name"),
-		prefixHits:    d(metricPrefixHits, "Prefix cache hits, in terms of number of cached tokens.", modelLabels...),
-		prefixQueries: d(metricPrefixQueries, "Prefix cache queries, in terms of number of queried tokens.", modelLabels...),
-		preemptions:   d(metricPreemptions, "Cumulative number of preemption from the engine.", modelLabels...),
-		promptTok:     d(metricPromptTokens, "Number of prefill tokens processed.", modelLabels...),
-		genTok:        d(metricGenTokens, "Number of generation tokens processed.", modelLabels...),
-		loads:         d(metricAdapterLoads, "LoRA adapter loads caused by requests (simulator metric).", "model_name"),
+		running:       d(metricRunning, modelLabels),
+		waiting:       d(metricWaiting, modelLabels),
+		kvUsage:       d(metricKVUsage, modelLabels),
+		cacheConfig:   d(metricCacheConfig, cacheConfigLabels),
+		loraInfo:      d(metricLoRAInfo, loraInfoLabels),
+		loaded:        d(metricAdapterLoaded, adapterLabels),
+		prefixHits:    d(metricPrefixHits, modelLabels),
+		prefixQueries: d(metricPrefixQueries, modelLabels),
+		preemptions:   d(metricPreemptions, modelLabels),
+		promptTok:     d(metricPromptTokens, modelLabels),
+		genTok:        d(metricGenTokens, modelLabels),
+		loads:         d(metricAdapterLoads, modelNameLabels),
 	}
 }
 

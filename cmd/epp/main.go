@@ -16,6 +16,12 @@
 //     FlowControlPolicy CRD is not installed, the EPP logs it and runs on the
 //     defaults (install the CRD and restart to use policies).
 //   - Otherwise (static mode, --endpoint-selector): the defaults.
+//
+// InferenceModelRewrites (upstream's API) are applied by Sluice with sticky
+// sessions, exact precedence, status conditions, per-target metrics and an
+// opt-in guardrail (--model-rewrite-*): in Kubernetes mode from the API
+// server, live, also when the CRD is installed after the EPP started (RBAC:
+// examples/modelrewrite-rbac.yaml); in static mode from --model-rewrites-file.
 package main
 
 import (
@@ -41,8 +47,11 @@ import (
 
 func main() {
 	admission := plugins.NewFlowControlCommand()
+	rewrites := &modelRewrites{cmd: plugins.NewModelRewriteCommand()}
 	r := runner.New().
 		WithFlags(admission.AddFlags, func(opts *runner.Options) error { return admission.Complete(opts.Options) }).
+		WithFlags(rewrites.cmd.AddFlags, func(opts *runner.Options) error { return rewrites.cmd.Complete(opts.StaticMode()) }).
+		WithModelSelector(rewrites.selector).
 		WithAdmission(func(ctx context.Context, deps runner.AdmissionDeps) (requestcontrol.AdmissionController, error) {
 			if !admission.Enabled() {
 				return runner.UpstreamAdmission(ctx, deps)
@@ -56,7 +65,8 @@ func main() {
 			})
 		}).
 		WithResponseShapers(admission).
-		WithManagerSetup(policySetup(admission))
+		WithManagerSetup(policySetup(admission)).
+		WithManagerSetup(rewrites.managerSetup())
 	if err := r.Run(ctrl.SetupSignalHandler(), os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "epp:", err)
 		os.Exit(1)

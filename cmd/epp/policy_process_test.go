@@ -26,9 +26,9 @@ func TestFlowControlPolicyLive(t *testing.T) {
 	ctx := context.Background()
 	port := runnertest.FreePort(t)
 	server := runnertest.StartModelServer(t, fmt.Sprintf("127.0.0.2:%d", port))
-	// Saturation 2/5 = 0.4: headroom for every band under the defaults (Sheddable's ceiling is 0.8), none for a
-	// Sheddable ceiling of 0.2.
-	server.Waiting.Store(2)
+	// Saturation 1/2 = 0.5 (one waiting over the default queue-depth threshold of 2): headroom for every band under
+	// the defaults (Sheddable's ceiling is 0.6), none for a Sheddable ceiling of 0.2.
+	server.Waiting.Store(1)
 	api.CreatePool(t, port)
 	api.CreateReadyPod(t, "vllm-a", "127.0.0.2")
 

@@ -6,10 +6,12 @@
 //	vllm-sim --port 8001 --replicas 4                   # 8001..8004
 //	vllm-sim --ports 8001-8004 --profile a10g
 //	vllm-sim --fleet h100:2,a10g:2 --base-port 8001     # mixed fleet
+//	vllm-sim --fleet h100:2,h100:2 --fleet-models llama-v1,llama-v2  # a model per group
 //	vllm-sim --lora-modules sql=/l/sql,chat=/l/chat --preload-loras sql
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -60,6 +62,7 @@ type flags struct {
 	replicas         int
 	ports            string
 	fleet            string
+	fleetModels      string
 	basePort         int
 	profile          string
 	seed             uint64
@@ -96,6 +99,7 @@ func newFlags(out io.Writer) *flags {
 	fs.IntVar(&f.replicas, "replicas", 1, "number of servers of --profile on consecutive ports from --port")
 	fs.StringVar(&f.ports, "ports", "", "explicit ports, e.g. 8001-8004 or 8001,8003 (instead of --port/--replicas)")
 	fs.StringVar(&f.fleet, "fleet", "", "mixed fleet as profile:count,..., e.g. h100:2,a10g:2, on consecutive ports from --base-port")
+	fs.StringVar(&f.fleetModels, "fleet-models", "", "served base model of each --fleet entry, in order, e.g. llama-v1,llama-v2 (default: --model for all)")
 	fs.IntVar(&f.basePort, "base-port", 0, "first port of --fleet (default: --port)")
 	fs.StringVar(&f.profile, "profile", "h100", "hardware profile of --port/--ports servers")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed; server i uses seed+i")
@@ -141,25 +145,36 @@ func plan(args []string, out io.Writer) ([]serverSpec, *flags, error) {
 	type slot struct {
 		port    int
 		profile string
+		model   string
 	}
 	var slots []slot
 	switch {
 	case f.fleet != "" && (set["ports"] || set["replicas"] || set["profile"]):
 		return nil, nil, errors.New("--fleet excludes --ports, --replicas and --profile")
+	case f.fleet == "" && set["fleet-models"]:
+		return nil, nil, errors.New("--fleet-models needs --fleet")
 	case set["ports"] && set["replicas"]:
 		return nil, nil, errors.New("--ports excludes --replicas")
 	case f.fleet != "":
-		entries, err := parseFleet(f.fleet)
+		entries, err := engine.ParseFleet(f.fleet)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("--fleet: %w", err)
+		}
+		models := make([]string, len(entries))
+		if set["fleet-models"] {
+			models = strings.Split(f.fleetModels, ",")
+			if len(models) != len(entries) {
+				return nil, nil, fmt.Errorf("--fleet-models names %d models for %d --fleet entries", len(models), len(entries))
+			}
 		}
 		port := f.port
 		if set["base-port"] {
 			port = f.basePort
 		}
-		for _, e := range entries {
-			for range e.count {
-				slots = append(slots, slot{port, e.profile})
+		for i, e := range entries {
+			model := cmp.Or(strings.TrimSpace(models[i]), f.model)
+			for range e.Count {
+				slots = append(slots, slot{port, e.Profile, model})
 				port++
 			}
 		}
@@ -169,14 +184,14 @@ func plan(args []string, out io.Writer) ([]serverSpec, *flags, error) {
 			return nil, nil, err
 		}
 		for _, p := range ports {
-			slots = append(slots, slot{p, f.profile})
+			slots = append(slots, slot{p, f.profile, f.model})
 		}
 	default:
 		if f.replicas < 1 {
 			return nil, nil, fmt.Errorf("--replicas must be at least 1, got %d", f.replicas)
 		}
 		for i := range f.replicas {
-			slots = append(slots, slot{f.port + i, f.profile})
+			slots = append(slots, slot{f.port + i, f.profile, f.model})
 		}
 	}
 	seen := map[int]bool{}
@@ -207,7 +222,7 @@ func plan(args []string, out io.Writer) ([]serverSpec, *flags, error) {
 		applyOverrides(&cfg, &f.overrides, set)
 		cfg.DisablePrefixCaching = f.noPrefixCaching
 		specs = append(specs, serverSpec{port: s.port, profile: s.profile, opts: simulator.Options{
-			Model: f.model, Engine: cfg, Seed: f.seed + uint64(i), LoRAModules: loras, PreloadLoRAs: preload,
+			Model: s.model, Engine: cfg, Seed: f.seed + uint64(i), LoRAModules: loras, PreloadLoRAs: preload,
 			DefaultMaxTokens: f.defaultMaxTokens, Faults: f.faults,
 		}})
 	}
@@ -240,31 +255,6 @@ func applyOverrides(cfg, o *engine.Config, set map[string]bool) {
 			*p.dst = *p.src
 		}
 	}
-}
-
-type fleetEntry struct {
-	profile string
-	count   int
-}
-
-// parseFleet parses "h100:2,a10g:2".
-func parseFleet(spec string) ([]fleetEntry, error) {
-	var out []fleetEntry
-	for part := range strings.SplitSeq(spec, ",") {
-		name, count, ok := strings.Cut(strings.TrimSpace(part), ":")
-		if !ok {
-			return nil, fmt.Errorf("--fleet entry %q: want profile:count", part)
-		}
-		if _, err := engine.Profile(name); err != nil {
-			return nil, fmt.Errorf("--fleet entry %q: %w", part, err)
-		}
-		n, err := strconv.Atoi(count)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("--fleet entry %q: count must be a positive integer", part)
-		}
-		out = append(out, fleetEntry{name, n})
-	}
-	return out, nil
 }
 
 // parsePorts parses "8001-8004", "8001,8003" or a mix.
@@ -342,7 +332,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		hs := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, running{sim, hs, ln})
-		log.Info("simulated vLLM server", "addr", ln.Addr().String(), "profile", spec.profile, "model", f.model,
+		log.Info("simulated vLLM server", "addr", ln.Addr().String(), "profile", spec.profile, "model", spec.opts.Model,
 			"max_num_seqs", spec.opts.Engine.MaxNumSeqs, "num_gpu_blocks", spec.opts.Engine.NumGPUBlocks,
 			"max_loras", spec.opts.Engine.MaxLoRAs, "seed", spec.opts.Seed)
 	}

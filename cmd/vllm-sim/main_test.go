@@ -35,6 +35,8 @@ func TestPlan(t *testing.T) {
 		{name: "bad range", args: "--ports 9005-9001", wantErr: "empty range"},
 		{name: "duplicate port", args: "--ports 9001,9001", wantErr: "twice"},
 		{name: "port out of range", args: "--port 65535 --replicas 2", wantErr: "out of range"},
+		{name: "fleet models without fleet", args: "--fleet-models a,b", wantErr: "needs --fleet"},
+		{name: "fleet models count", args: "--fleet h100:1,a10g:1 --fleet-models a", wantErr: "1 models for 2"},
 		{name: "bad lora module", args: "--lora-modules sql", wantErr: "name=path"},
 		{name: "stray argument", args: "serve", wantErr: "unexpected"},
 	}
@@ -80,6 +82,20 @@ func TestPlanOverridesAndOptions(t *testing.T) {
 	// Unset engine flags keep each profile's own value.
 	if specs[0].opts.Engine.NumGPUBlocks == specs[1].opts.Engine.NumGPUBlocks {
 		t.Error("profiles lost their KV sizes")
+	}
+}
+
+func TestPlanFleetModels(t *testing.T) {
+	specs, _, err := plan(strings.Fields("--fleet h100:2,a10g:1,h100:1 --fleet-models stable,canary, --model base"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range specs {
+		got = append(got, s.opts.Model)
+	}
+	if want := "stable stable canary base"; strings.Join(got, " ") != want {
+		t.Fatalf("models %v, want %s (an empty entry takes --model)", got, want)
 	}
 }
 

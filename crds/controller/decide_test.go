@@ -74,7 +74,7 @@ func TestDecide(t *testing.T) {
 			policies: []crds.FlowControlPolicy{policy("new", time.Minute, ref, queued(9)), policy("old", 0, ref, invalid)},
 			inForce:  configWithQueued(9),
 			verdicts: []want{
-				{"old", "False", crds.ReasonInvalidSpec, "inverted ceilings: bands.standard.saturationCeiling (1) exceeds bands.critical.saturationCeiling (0.5)"},
+				{"old", "False", crds.ReasonInvalidSpec, "inverted ceilings: bands.standard.saturationCeiling (0.8) exceeds bands.critical.saturationCeiling (0.5)"},
 				{"new", "True", crds.ReasonAccepted, ""},
 			}},
 		{name: "only invalid: defaults in force", pool: pool, poolFound: true,

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -25,6 +26,8 @@ type APIServer struct {
 	Client client.Client
 	// Kubeconfig is a kubeconfig file for the EPP (KUBECONFIG=...).
 	Kubeconfig string
+
+	config *rest.Config
 }
 
 // StartAPIServer starts the API server for the test, installing the GIE CRDs
@@ -33,6 +36,24 @@ type APIServer struct {
 // fails (or, under -short, is skipped).
 func StartAPIServer(t *testing.T, extraCRDDirs []string, installs ...func(*runtime.Scheme) error) *APIServer {
 	t.Helper()
+	return StartAPIServerWithCRDs(t, append([]string{GIECRDDir(t)}, extraCRDDirs...), installs...)
+}
+
+// GIECRDDir returns the directory of the GIE module's CRD manifests.
+func GIECRDDir(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
+	if err != nil {
+		t.Fatalf("locating the GIE module for its CRDs: %v", err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "bases")
+}
+
+// StartAPIServerWithCRDs is StartAPIServer installing exactly the CRDs in
+// crdPaths (directories or files), e.g. to leave one out and install it
+// later with InstallCRDs.
+func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*runtime.Scheme) error) *APIServer {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		if testing.Short() {
@@ -40,13 +61,9 @@ func StartAPIServer(t *testing.T, extraCRDDirs []string, installs ...func(*runti
 		}
 		t.Fatal("KUBEBUILDER_ASSETS is unset: run `make test`, which builds kube-apiserver and etcd once and sets it")
 	}
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
-	if err != nil {
-		t.Fatalf("locating the GIE module for its CRDs: %v", err)
-	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     append([]string{filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "bases")}, extraCRDDirs...),
+		CRDDirectoryPaths:     crdPaths,
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()
@@ -80,7 +97,16 @@ func StartAPIServer(t *testing.T, extraCRDDirs []string, installs ...func(*runti
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &APIServer{Client: c, Kubeconfig: path}
+	return &APIServer{Client: c, Kubeconfig: path, config: cfg}
+}
+
+// InstallCRDs installs the CRDs in paths (directories or files) into the
+// running API server and waits until they are served.
+func (s *APIServer) InstallCRDs(t *testing.T, paths ...string) {
+	t.Helper()
+	if _, err := envtest.InstallCRDs(s.config, envtest.CRDInstallOptions{Paths: paths, ErrorIfPathMissing: true}); err != nil {
+		t.Fatalf("installing CRDs %v: %v", paths, err)
+	}
 }
 
 // CreatePool creates the InferencePool default/vllm, selecting pods labelled

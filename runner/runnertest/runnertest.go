@@ -334,3 +334,141 @@ func Eventually(t *testing.T, what string, check func() string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Reply is the response Exchange plays back as the model server.
+type Reply struct {
+	// Status is the HTTP status; 0 means 200.
+	Status int
+	// ContentType is the response's content type, e.g. text/event-stream
+	// for a streamed response.
+	ContentType string
+	// Chunks are the body chunks, sent in order; the last ends the stream.
+	Chunks []string
+}
+
+// Exchanged is what the EPP did with one request and the response to it.
+type Exchanged struct {
+	// Answer is the routing decision (or immediate response).
+	Answer
+	// RequestBody is the body the EPP has the proxy forward.
+	RequestBody string
+	// ResponseChunks are the response body chunks the EPP has the proxy send
+	// to the client, in order; empty chunks are left out.
+	ResponseChunks []string
+}
+
+// Exchange sends one request to the EPP's ext_proc service on port the way
+// Envoy's ext_proc filter does and, when the EPP routes it, plays reply as
+// the model server's response through the EPP, as Envoy does in full-duplex
+// streamed mode. It returns what the proxy would forward and send back.
+func Exchange(t *testing.T, port int, headers map[string]string, body any, reply Reply) Exchanged {
+	t.Helper()
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stream.CloseSend() }()
+	hm := &corev3.HeaderMap{}
+	for k, v := range map[string]string{":method": "POST", ":path": "/v1/chat/completions", ":authority": "gateway", "content-type": "application/json"} {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	for k, v := range headers {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(m *extprocv3.ProcessingRequest) {
+		t.Helper()
+		if err := stream.Send(m); err != nil {
+			t.Fatalf("ext_proc send: %v", err)
+		}
+	}
+	recv := func() *extprocv3.ProcessingResponse {
+		t.Helper()
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("ext_proc stream: %v", err)
+		}
+		return resp
+	}
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}})
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: raw, EndOfStream: true}}})
+
+	var x Exchanged
+	var forwarded []byte
+	mutated := false
+	for done := false; !done; {
+		resp := recv()
+		switch v := resp.Response.(type) {
+		case *extprocv3.ProcessingResponse_ImmediateResponse:
+			ir := v.ImmediateResponse
+			x.Status, x.Body, x.Headers = int(ir.GetStatus().GetCode()), string(ir.Body), map[string]string{}
+			for _, h := range ir.GetHeaders().GetSetHeaders() {
+				x.Headers[strings.ToLower(h.Header.Key)] = string(h.Header.RawValue) + h.Header.Value
+			}
+			return x
+		case *extprocv3.ProcessingResponse_RequestHeaders:
+			for _, h := range v.RequestHeaders.GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.Header.Key == "x-gateway-destination-endpoint" {
+					x.Destination = string(h.Header.RawValue) + h.Header.Value
+				}
+			}
+		case *extprocv3.ProcessingResponse_RequestBody:
+			sr := v.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse()
+			if sr == nil {
+				done = true
+				break
+			}
+			mutated = true
+			forwarded = append(forwarded, sr.Body...)
+			done = sr.EndOfStream
+		default:
+			t.Fatalf("unexpected ext_proc answer %T during the request", v)
+		}
+	}
+	x.RequestBody = string(raw)
+	if mutated {
+		x.RequestBody = string(forwarded)
+	}
+
+	status := reply.Status
+	if status == 0 {
+		status = 200
+	}
+	rh := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(fmt.Sprint(status))}}}
+	if reply.ContentType != "" {
+		rh.Headers = append(rh.Headers, &corev3.HeaderValue{Key: "content-type", RawValue: []byte(reply.ContentType)})
+	}
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: rh, EndOfStream: len(reply.Chunks) == 0,
+	}}})
+	if resp := recv(); resp.GetResponseHeaders() == nil {
+		t.Fatalf("answer to the response headers: %T, want response headers", resp.Response)
+	}
+	for i, c := range reply.Chunks {
+		send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+			Body: []byte(c), EndOfStream: i == len(reply.Chunks)-1,
+		}}})
+	}
+	for done := len(reply.Chunks) == 0; !done; {
+		resp := recv()
+		sr := resp.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			t.Fatalf("answer to the response body: %T, want a streamed body", resp.Response)
+		}
+		if len(sr.Body) > 0 {
+			x.ResponseChunks = append(x.ResponseChunks, string(sr.Body))
+		}
+		done = sr.EndOfStream
+	}
+	return x
+}

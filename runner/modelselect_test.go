@@ -1,0 +1,360 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+)
+
+// step is one message the proxy sends, after the clock moved by advance.
+type step struct {
+	msg     *extprocv3.ProcessingRequest
+	advance time.Duration
+}
+
+// scriptedStream plays the proxy's side of one ext_proc stream: it hands out
+// the steps in order, then end (io.EOF when nil), and records what is sent.
+type scriptedStream struct {
+	grpc.ServerStream
+	steps []step
+	end   error
+	clock *clocktesting.FakeClock
+	sent  []*extprocv3.ProcessingResponse
+}
+
+func (f *scriptedStream) Context() context.Context { return context.Background() }
+
+func (f *scriptedStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if len(f.steps) == 0 {
+		if f.end != nil {
+			return nil, f.end
+		}
+		return nil, io.EOF
+	}
+	st := f.steps[0]
+	f.steps = f.steps[1:]
+	if f.clock != nil {
+		f.clock.Step(st.advance)
+	}
+	return st.msg, nil
+}
+
+func (f *scriptedStream) Send(r *extprocv3.ProcessingResponse) error {
+	f.sent = append(f.sent, r)
+	return nil
+}
+
+// recordingUpstream stands in for upstream's streaming server: it reads the
+// stream until it ends, keeping what it read, and answers the first request
+// body with answer when set.
+type recordingUpstream struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	answer *extprocv3.ProcessingResponse
+	got    []*extprocv3.ProcessingRequest
+	err    error
+}
+
+func (u *recordingUpstream) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			u.err = err
+			return nil
+		}
+		u.got = append(u.got, req)
+		if req.GetRequestBody() != nil && u.answer != nil {
+			return s.Send(u.answer)
+		}
+	}
+}
+
+// fakeSelector records its calls and answers model.
+type fakeSelector struct {
+	model    string
+	newBody  string
+	calls    int
+	headers  map[string]string
+	body     string
+	outcomes []ResponseOutcome
+}
+
+func (f *fakeSelector) SelectModel(_ context.Context, headers map[string]string, body []byte) ModelChoice {
+	f.calls++
+	f.headers, f.body = headers, string(body)
+	c := ModelChoice{Model: f.model, Done: func(o ResponseOutcome) { f.outcomes = append(f.outcomes, o) }}
+	if f.newBody != "" {
+		c.Body = []byte(f.newBody)
+	}
+	return c
+}
+
+func reqHeaders(eos bool, kv ...string) *extprocv3.ProcessingRequest {
+	r := headers(kv...)
+	r.GetRequestHeaders().EndOfStream = eos
+	return r
+}
+
+func reqBody(s string, eos bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(s), EndOfStream: eos}}}
+}
+
+func reqTrailers() *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}}
+}
+
+func respHeaders(status string, eos bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(status)}}}, EndOfStream: eos,
+	}}}
+}
+
+func respBody(s string, eos bool) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(s), EndOfStream: eos}}}
+}
+
+// rewriteHeaders returns every value of the rewrite header, whatever its case.
+func rewriteHeaders(r *extprocv3.ProcessingRequest) []string {
+	var vals []string
+	for _, h := range r.GetRequestHeaders().GetHeaders().GetHeaders() {
+		if strings.EqualFold(h.Key, metadata.ModelNameRewriteKey) {
+			vals = append(vals, h.Key+"="+headerValue(h))
+		}
+	}
+	return vals
+}
+
+// kinds names the messages upstream received, in order.
+func kinds(reqs []*extprocv3.ProcessingRequest) []string {
+	var out []string
+	for _, r := range reqs {
+		switch v := r.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			out = append(out, "headers")
+		case *extprocv3.ProcessingRequest_RequestBody:
+			out = append(out, "body:"+string(v.RequestBody.Body))
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			out = append(out, "trailers")
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, "response-headers")
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			out = append(out, "response-body")
+		}
+	}
+	return out
+}
+
+func TestModelSelectionHoldsTheRequestUntilItsBodyIsComplete(t *testing.T) {
+	broken := errors.New("proxy went away")
+	tests := []struct {
+		name          string
+		steps         []*extprocv3.ProcessingRequest
+		end           error
+		model         string
+		newBody       string
+		wantCalls     int
+		wantBody      string
+		wantUpstream  []string
+		wantRewrite   []string
+		wantUpstreamE error
+	}{
+		{
+			name:         "headers-only request passes untouched",
+			steps:        []*extprocv3.ProcessingRequest{reqHeaders(true, ":method", "GET")},
+			model:        "canary",
+			wantUpstream: []string{"headers"},
+		},
+		{
+			name:         "multi-chunk body is joined and the rewrite header set",
+			steps:        []*extprocv3.ProcessingRequest{reqHeaders(false, "x-session-id", "s1"), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			model:        "canary",
+			wantCalls:    1,
+			wantBody:     `{"model":"m"}`,
+			wantUpstream: []string{"headers", `body:{"model":`, `body:"m"}`},
+			wantRewrite:  []string{metadata.ModelNameRewriteKey + "=canary"},
+		},
+		{
+			name:         "trailers end a body without end of stream",
+			steps:        []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":"m"}`, false), reqTrailers()},
+			model:        "canary",
+			wantCalls:    1,
+			wantBody:     `{"model":"m"}`,
+			wantUpstream: []string{"headers", `body:{"model":"m"}`, "trailers"},
+			wantRewrite:  []string{metadata.ModelNameRewriteKey + "=canary"},
+		},
+		{
+			name:         "a client's rewrite header is replaced by the choice",
+			steps:        []*extprocv3.ProcessingRequest{reqHeaders(false, "X-Gateway-Model-Name-Rewrite", "client-pick"), reqBody(`{"model":"m"}`, true)},
+			model:        "canary",
+			wantCalls:    1,
+			wantBody:     `{"model":"m"}`,
+			wantUpstream: []string{"headers", `body:{"model":"m"}`},
+			wantRewrite:  []string{metadata.ModelNameRewriteKey + "=canary"},
+		},
+		{
+			name:         "no choice leaves a client's rewrite header alone",
+			steps:        []*extprocv3.ProcessingRequest{reqHeaders(false, metadata.ModelNameRewriteKey, "client-pick"), reqBody(`{"model":"m"}`, true)},
+			wantCalls:    1,
+			wantBody:     `{"model":"m"}`,
+			wantUpstream: []string{"headers", `body:{"model":"m"}`},
+			wantRewrite:  []string{metadata.ModelNameRewriteKey + "=client-pick"},
+		},
+		{
+			name:         "a replaced body takes the place of the chunks, before the trailers",
+			steps:        []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, false), reqTrailers()},
+			newBody:      `{"model":"canary"}`,
+			wantCalls:    1,
+			wantBody:     `{"model":"m"}`,
+			wantUpstream: []string{"headers", `body:{"model":"canary"}`, "trailers"},
+		},
+		{
+			name:          "a stream error while holding passes what arrived, then the error",
+			steps:         []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"mod`, false)},
+			end:           broken,
+			model:         "canary",
+			wantUpstream:  []string{"headers", `body:{"mod`},
+			wantUpstreamE: broken,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sel := &fakeSelector{model: tt.model, newBody: tt.newBody}
+			proxy := &scriptedStream{end: tt.end}
+			for _, m := range tt.steps {
+				proxy.steps = append(proxy.steps, step{msg: m})
+			}
+			up := &recordingUpstream{}
+			srv := &shapingServer{upstream: up, selector: sel, maxBodyBytes: 1 << 20, clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+			if err := srv.Process(proxy); err != nil {
+				t.Fatal(err)
+			}
+			if sel.calls != tt.wantCalls || sel.body != tt.wantBody {
+				t.Errorf("selector called %d times with body %q, want %d with %q", sel.calls, sel.body, tt.wantCalls, tt.wantBody)
+			}
+			if got := kinds(up.got); !slices.Equal(got, tt.wantUpstream) {
+				t.Errorf("upstream received %v, want %v", got, tt.wantUpstream)
+			}
+			wantErr := tt.wantUpstreamE
+			if wantErr == nil {
+				wantErr = io.EOF
+			}
+			if !errors.Is(up.err, wantErr) {
+				t.Errorf("upstream's stream ended with %v, want %v", up.err, wantErr)
+			}
+			if got := rewriteHeaders(up.got[0]); !slices.Equal(got, tt.wantRewrite) {
+				t.Errorf("rewrite headers %v, want %v", got, tt.wantRewrite)
+			}
+			if tt.wantCalls > 0 && sel.headers[requestIDHeader] == "" {
+				t.Errorf("selector saw headers %v without the request ID", sel.headers)
+			}
+			if len(sel.outcomes) != tt.wantCalls {
+				t.Errorf("Done called %d times, want %d", len(sel.outcomes), tt.wantCalls)
+			}
+		})
+	}
+}
+
+func TestModelSelectionAnswers413ForABodyTooLargeToHold(t *testing.T) {
+	sel := &fakeSelector{model: "canary"}
+	proxy := &scriptedStream{steps: []step{{msg: reqHeaders(false)}, {msg: reqBody("0123456789", false)}, {msg: reqBody("0123456789", true)}}}
+	up := &recordingUpstream{}
+	srv := &shapingServer{upstream: up, shapers: []ResponseShaper{OpenAIErrorBody}, selector: sel, maxBodyBytes: 15, clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	if err := srv.Process(proxy); err != nil {
+		t.Fatal(err)
+	}
+	if sel.calls != 0 || len(up.got) != 0 || !errors.Is(up.err, io.EOF) {
+		t.Fatalf("selector calls %d, upstream got %v then %v; want nothing but the end of the stream", sel.calls, kinds(up.got), up.err)
+	}
+	if len(proxy.sent) != 1 {
+		t.Fatalf("sent %d responses, want one immediate response", len(proxy.sent))
+	}
+	ir := proxy.sent[0].GetImmediateResponse()
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(ir.GetBody(), &body); err != nil || ir.GetStatus().GetCode() != typev3.StatusCode_PayloadTooLarge ||
+		!strings.Contains(body.Error.Message, "15 bytes") || body.Error.Type != "invalid_request_error" {
+		t.Fatalf("immediate response %d %s (%v), want 413 with an OpenAI error naming the limit", ir.GetStatus().GetCode(), ir.GetBody(), err)
+	}
+}
+
+func TestModelSelectionReportsHowTheRequestEnded(t *testing.T) {
+	const ttft = 120 * time.Millisecond
+	request := []step{{msg: reqHeaders(false)}, {msg: reqBody(`{"model":"m"}`, true), advance: 5 * time.Millisecond}}
+	tests := []struct {
+		name   string
+		steps  []step
+		answer *extprocv3.ProcessingResponse
+		want   ResponseOutcome
+	}{
+		{
+			name: "streamed success",
+			steps: append(slices.Clone(request),
+				step{msg: respHeaders("200", false), advance: 10 * time.Millisecond},
+				step{msg: respBody("", false), advance: 10 * time.Millisecond}, // empty chunks are not the first byte
+				step{msg: respBody("data: 1", false), advance: ttft - 25*time.Millisecond},
+				step{msg: respBody("data: [DONE]", true), advance: time.Second}),
+			want: ResponseOutcome{Status: 200, FirstByte: ttft, Complete: true},
+		},
+		{
+			name:  "server error without a body",
+			steps: append(slices.Clone(request), step{msg: respHeaders("503", true)}),
+			want:  ResponseOutcome{Status: 503, Complete: true},
+		},
+		{
+			name: "client hung up after the final event",
+			steps: append(slices.Clone(request),
+				step{msg: respHeaders("200", false)},
+				step{msg: respBody("data: 1\n\n", false), advance: ttft - 5*time.Millisecond},
+				step{msg: respBody("data: [DONE]\n\n", false)}),
+			want: ResponseOutcome{Status: 200, FirstByte: ttft, Complete: true},
+		},
+		{
+			name: "cut stream",
+			steps: append(slices.Clone(request),
+				step{msg: respHeaders("200", false)},
+				step{msg: respBody("data: 1", false), advance: ttft - 5*time.Millisecond}),
+			want: ResponseOutcome{Status: 200, FirstByte: ttft},
+		},
+		{
+			name:   "answered by the EPP",
+			steps:  request,
+			answer: immediate(typev3.StatusCode_TooManyRequests, "busy"),
+			want:   ResponseOutcome{Status: 429, Immediate: true},
+		},
+		{
+			name:  "no response at all",
+			steps: request,
+			want:  ResponseOutcome{},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+			sel := &fakeSelector{model: "canary"}
+			proxy := &scriptedStream{steps: tt.steps, clock: clk}
+			srv := &shapingServer{upstream: &recordingUpstream{answer: tt.answer}, selector: sel, maxBodyBytes: 1 << 20, clock: clk}
+			if err := srv.Process(proxy); err != nil {
+				t.Fatal(err)
+			}
+			if len(sel.outcomes) != 1 || sel.outcomes[0] != tt.want {
+				t.Fatalf("outcomes %+v, want exactly %+v", sel.outcomes, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,103 @@
+package virtualbench
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-gw/sluice/loadgen"
+)
+
+// BenchmarkScale is the scale story: the same load per server (VB_RATE_PER_SERVER, default 7.5/s, the load of the
+// mixed-fleet scenario: 30/s on h100:2,a10g:2) on mixed fleets of VB_SIZES servers (default 8,64,256,1000) for
+// VB_SECONDS virtual seconds (default 5), each contender on each fleet. Per fleet size it reports, side by side, the contenders' TTFT
+// p99 over round-robin's (routing quality) and the EPP's wall time per request (ns/decision), plus the wall time of
+// the whole point. Run it once per size:
+//
+//	go test -run '^$' -bench Scale -benchtime 1x ./virtualbench/
+//
+// GOGC=400 shortens it: most of the EPP's cost at 1000 servers is allocation.
+func BenchmarkScale(b *testing.B) {
+	sizes := []int{8, 64, 256, 1000}
+	if v := os.Getenv("VB_SIZES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				b.Fatalf("VB_SIZES: %v", err)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	rate := envFloat(b, "VB_RATE_PER_SERVER", 7.5)
+	seconds := envFloat(b, "VB_SECONDS", 5)
+	base := Config{
+		Mix: mustMix(b, `
+api: chat
+stream: true
+classes:
+  - {name: chat, model: meta-llama/Llama-3.1-8B-Instruct, prompt_tokens: 512, output_tokens: 128}
+`),
+		Seed: 11, Duration: time.Duration(seconds * float64(time.Second)), DiscardITL: true,
+	}
+	routers := []NamedRouter{{"round-robin", RoundRobinRouter()}, {"upstream", UpstreamRouter()}, {"sluice", SluiceRouter(nil, nil)}}
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("servers=%d", n), func(b *testing.B) {
+			for range b.N {
+				pts, err := Scale(ScaleConfig{Base: base, Sizes: []int{n}, RatePerServer: rate, Routers: routers})
+				if err != nil {
+					b.Fatal(err)
+				}
+				pt := pts[0]
+				for _, r := range pt.Results {
+					b.Logf("%5d servers %6.0f req/s %-11s %6d requests (%d ok) TTFT p50 %7.1fms p99 %8.1fms (%.3f of round-robin) EPP %8.1fµs/request, %v virtual in %v wall",
+						n, pt.Rate, r.Router, r.Requests, r.Succeeded, ms(r.TTFTP50), ms(r.TTFTP99), r.TTFTP99VsBaseline,
+						float64(r.EPPPerRequest)/1e3, r.Virtual.Round(time.Millisecond), r.Wall.Round(time.Millisecond))
+				}
+				b.ReportMetric(pt.Results[1].TTFTP99VsBaseline, "upstream-ttft-p99/rr")
+				b.ReportMetric(pt.Results[2].TTFTP99VsBaseline, "sluice-ttft-p99/rr")
+				b.ReportMetric(float64(pt.Results[1].EPPPerRequest), "upstream-ns/decision")
+				b.ReportMetric(float64(pt.Results[2].EPPPerRequest), "sluice-ns/decision")
+			}
+		})
+	}
+}
+
+func envFloat(b *testing.B, name string, def float64) float64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return f
+}
+
+// BenchmarkRoundRobinEvents measures the engine itself: events per second of wall time with round-robin routing on
+// 64 servers, where the simulated servers are the whole cost.
+func BenchmarkRoundRobinEvents(b *testing.B) {
+	cfg := Config{
+		Fleet: "h100:64", Seed: 1, Router: RoundRobinRouter(), DiscardITL: true, Duration: 2 * time.Second,
+		Mix: mustMix(b, `
+api: chat
+stream: true
+classes:
+  - {name: chat, model: meta-llama/Llama-3.1-8B-Instruct, prompt_tokens: 512, output_tokens: 128}
+`),
+		Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 640},
+	}
+	var events uint64
+	for range b.N {
+		res, err := Run(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		events += res.Events
+	}
+	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+}
