@@ -57,8 +57,8 @@ run: build ## Start a local simulated fleet, the EPP (static mode) and the data 
 	BIN=$(BIN) examples/local-fleet/run.sh
 
 .PHONY: bench
-bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some); report in bench-results/<time>/.
-	$(BIN)/bench --bin=$(BIN) --scenarios=bench/scenarios $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT))
+bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some; ENGINE=virtual for virtual time, SCENARIO=scale for the scale study); report in bench-results/<time>/.
+	$(BIN)/bench --bin=$(BIN) --scenarios=bench/scenarios $(if $(ENGINE),--engine=$(ENGINE)) $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT))
 
 clean:
 	rm -rf $(BIN)

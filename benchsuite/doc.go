@@ -18,7 +18,14 @@
 //   - Engine runs one scenario against one contender and returns a
 //     RunResult: every loadgen.Record, the summary, fleet and EPP counters and
 //     queue-depth samples. RealTime is the engine of real processes on
-//     loopback; a virtual-time engine plugs in behind the same interface.
+//     loopback; Virtual runs the same scenario as a deterministic
+//     discrete-event simulation (package virtualbench) in seconds. An engine
+//     that cannot run a contender answers SkippedError: the suite records
+//     the reason, and a skipped run is not a failure.
+//   - RunScale is the scale study (virtual time only): round-robin,
+//     upstream's default and Sluice on mixed fleets of growing size at the
+//     same load per server, reporting routing quality and the EPP's cost per
+//     decision.
 //   - Figures, ratios and targets (Figures, Ratio, Target.Evaluate) are pure
 //     functions of RunResults. WriteReport renders Markdown and WritePlots
 //     SVG and PNG charts from a SuiteResult.
@@ -29,6 +36,8 @@
 //
 //   - Every figure compares runs of the same session: ratios never mix runs
 //     of different Suite.Run calls.
+//   - A virtual run is deterministic: the same scenario and contender give
+//     the same records, samples and counters (only wall-clock costs vary).
 //   - Every real-time run gets a fresh fleet: a fleet that served the same
 //     prompts before would answer them from its prefix cache and favour
 //     whoever runs later.
@@ -43,5 +52,7 @@
 // Scenario, Contender and RunResult values are not modified after they are
 // built and may be shared. An Engine runs one scenario at a time; Suite.Run
 // calls it sequentially because runs share the machine's CPUs and must not
-// disturb one another. Progress is called from many goroutines.
+// disturb one another (Virtual's runs are independent and may run
+// concurrently, but wall-clock EPP costs are then inflated). Progress is
+// called from many goroutines.
 package benchsuite

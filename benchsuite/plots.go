@@ -235,7 +235,11 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 				continue
 			}
 			t := plot.Tick{Value: v}
-			if i == 1 || i == 2 || i == 5 {
+			switch {
+			case i != 1 && i != 2 && i != 5:
+			case v >= 1000: // 1000, not 1e+03
+				t.Label = strconv.FormatFloat(v, 'f', 0, 64)
+			default:
 				t.Label = strconv.FormatFloat(v, 'g', 3, 64)
 			}
 			ticks = append(ticks, t)

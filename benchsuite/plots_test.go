@@ -110,6 +110,15 @@ func TestLogTicks(t *testing.T) {
 	if got := strings.Join(labels, " "); got != "0.02 0.05 0.1 0.2 0.5" {
 		t.Errorf("labels %q", got)
 	}
+	labels = nil
+	for _, tk := range (logTicks{}).Ticks(500, 20000) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if got := strings.Join(labels, " "); got != "500 1000 2000 5000 10000 20000" {
+		t.Errorf("labels %q", got)
+	}
 }
 
 func TestWriteOutputs(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -122,8 +121,5 @@ func TestWriteReportScale(t *testing.T) {
 	}
 	if sum := Summarize(res); sum.Scale == nil || len(sum.Scale.Points) != 2 {
 		t.Errorf("results.json lacks the scale study: %+v", sum.Scale)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/virtualbench"
 )
 
@@ -35,8 +36,17 @@ func TestVirtualConfigMapsTheScenario(t *testing.T) {
 		t.Fatal("the shipped scenarios lack priority-overload or lora-heavy")
 	}
 
-	tight, _ := prio.Contender("sluice-tight-headroom")
-	cfg, err := VirtualConfig(prio, tight)
+	// An extra contender with its own flow-control policy (sluice-policy.yaml).
+	var tuned Contender
+	for _, c := range prio.Contenders {
+		if c.Extra && c.FlowControlPolicy != nil {
+			tuned = c
+		}
+	}
+	if tuned.Name == "" {
+		t.Fatal("priority-overload has no extra contender with a flow-control policy")
+	}
+	cfg, err := VirtualConfig(prio, tuned)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,10 +58,14 @@ func TestVirtualConfigMapsTheScenario(t *testing.T) {
 		cfg.ServerSeed != 1 {
 		t.Errorf("config %+v does not carry the scenario's load", cfg)
 	}
-	ep := cfg.Router.Admission
-	if cfg.Router.Kind != virtualbench.EPP || ep == nil || ep.Endpoint.QueueDepth != 2 || ep.Endpoint.Running != 32 ||
-		ep.Endpoint.MetricsStaleness != time.Second || len(cfg.Router.EndpointPickerConfig) != 0 {
-		t.Errorf("sluice-tight-headroom router %+v: want Sluice admission with sluice-policy.yaml and the default profile", cfg.Router)
+	policy, err := ParseFlowControlPolicy(tuned.FlowControlPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Router.Kind != virtualbench.EPP || !reflect.DeepEqual(cfg.Router.Admission, policy) ||
+		reflect.DeepEqual(policy, flowcontrol.DefaultConfig()) || len(cfg.Router.EndpointPickerConfig) != 0 {
+		t.Errorf("%s router %+v: want Sluice admission with %s (not the defaults) and the default profile",
+			tuned.Name, cfg.Router, tuned.FlowControlPolicySource)
 	}
 
 	sluice, _ := lora.Contender(Sluice)
@@ -266,11 +280,6 @@ func TestVirtualRegression(t *testing.T) {
 	if crit.TTFT.Count == 0 || float64(crit.TTFT.P99) > 0.3*float64(rrCrit.TTFT.P99) {
 		t.Errorf("priority-overload: Sluice's Critical TTFT P99 %v, want at most 0.3x round-robin's %v", crit.TTFT.P99, rrCrit.TTFT.P99)
 	}
-	for _, run := range prio.Runs {
-		if run.Contender.Name == "upstream-flow-control" && run.Skipped == "" {
-			t.Errorf("priority-overload: upstream-flow-control was not skipped: %+v", run)
-		}
-	}
 
 	// Determinism: a second run of the contenders with the most moving parts gives the same records, samples and
 	// counters.
@@ -320,6 +329,9 @@ func runSuiteConcurrently(t *testing.T, scenarios []*Scenario) *SuiteResult {
 		for _, run := range s.Runs {
 			if run.Error != "" {
 				t.Fatalf("%s/%s: %s", s.Scenario.Name, run.Contender.Name, run.Error)
+			}
+			if (Unsupported(run.Contender) != "") != (run.Skipped != "") {
+				t.Errorf("%s/%s: skipped %q", s.Scenario.Name, run.Contender.Name, run.Skipped)
 			}
 			if run.Result != nil {
 				checkOneFinalRecord(t, s.Scenario.Name+"/"+run.Contender.Name, run.Result)

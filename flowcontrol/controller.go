@@ -213,10 +213,19 @@ func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
 		d, cause = c.wait(ctx, it)
 	}
 	c.recorder.RecordDecision(req.Tenant, d)
-	if d.Outcome == Dispatched {
-		return d, nil
-	}
-	return d, newError(d, cause)
+	return d, admitError(d, cause)
+}
+
+// withdrawLocked answers the waiting request it Cancelled with cause, and returns the queue sample to record once the
+// lock is released.
+func (c *Controller) withdrawLocked(it *item, cause error) QueueSample {
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.removeQueuedLocked(it)
+	c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band, Capped: it.capped,
+		Waited: now.Sub(it.enqueuedAt)}, cause)
+	c.endOpLocked(now)
+	return c.queueSampleLocked(now)
 }
 
 // wait blocks until it is finalized, removing it from its queue if ctx ends first.
@@ -226,13 +235,7 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 	case <-ctx.Done():
 		c.mu.Lock()
 		if !it.finalized {
-			now := c.clock.Now()
-			c.drain.advance(now)
-			c.removeQueuedLocked(it)
-			c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band,
-				Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}, ctx.Err())
-			c.endOpLocked(now)
-			sample := c.queueSampleLocked(now)
+			sample := c.withdrawLocked(it, ctx.Err())
 			c.mu.Unlock()
 			c.recorder.RecordQueue(sample)
 		} else {
@@ -807,6 +810,22 @@ type Stats struct {
 	// DrainRate is the estimated drain rate in cost units per second; 0 while unknown.
 	DrainRate    float64
 	ShuttingDown bool
+}
+
+// Saturations writes into out the current saturation of each named endpoint: its latest snapshot plus the requests
+// dispatched to it since (reservations), as headroom is judged. An endpoint the controller does not know, or whose
+// metrics are stale, reads as saturated (1). Schedulers use it to rank endpoints by load that is fresher than any
+// scrape.
+func (c *Controller) Saturations(names []string, out []float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cutoff := freshCutoff(c.clock.Now(), c.cfg.Endpoint.MetricsStaleness)
+	for i, name := range names {
+		out[i] = 1
+		if j, ok := c.endpointIndex[name]; ok && c.endpoints[j].scrapedNs >= cutoff {
+			out[i] = c.endpoints[j].sat
+		}
+	}
 }
 
 // Stats returns the current state.

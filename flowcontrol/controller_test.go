@@ -634,3 +634,27 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		t.Fatalf("New(nil) = %v, %v", c, err)
 	}
 }
+
+// TestSaturations: the saturation schedulers rank by includes dispatches since the snapshot; unknown and stale
+// endpoints read as saturated.
+func TestSaturations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.MetricsStaleness = 10 * time.Second }))
+		h.scrape(ep("a", 0), ep("b", 1))
+		got := make([]float64, 3)
+		h.c.Saturations([]string{"a", "b", "unknown"}, got)
+		if want := []float64{0, 0.2, 1}; !slices.Equal(got, want) {
+			t.Fatalf("after the scrape: %v, want %v", got, want)
+		}
+		h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // reserves the least saturated endpoint, a
+		h.c.Saturations([]string{"a", "b", "unknown"}, got)
+		if want := []float64{0.2, 0.2, 1}; !slices.Equal(got, want) {
+			t.Fatalf("after a dispatch: %v, want %v", got, want)
+		}
+		h.step(11 * time.Second)
+		h.c.Saturations([]string{"a", "b", "unknown"}, got)
+		if want := []float64{1, 1, 1}; !slices.Equal(got, want) {
+			t.Fatalf("with stale metrics: %v, want %v", got, want)
+		}
+	})
+}

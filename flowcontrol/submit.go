@@ -64,13 +64,7 @@ func (c *Controller) Cancel(id string) bool {
 		c.mu.Unlock()
 		return false
 	}
-	now := c.clock.Now()
-	c.drain.advance(now)
-	c.removeQueuedLocked(it)
-	c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band, Capped: it.capped,
-		Waited: now.Sub(it.enqueuedAt)}, ErrWithdrawn)
-	c.endOpLocked(now)
-	sample := c.queueSampleLocked(now)
+	sample := c.withdrawLocked(it, ErrWithdrawn)
 	c.mu.Unlock()
 	c.recorder.RecordQueue(sample)
 	return true

@@ -26,17 +26,17 @@ type ClassSummary struct {
 	Class string `json:"class"`
 	// Requests counts logical requests (final attempts); Attempts counts
 	// every attempt; Retried counts requests with more than one attempt.
-	Requests  int `json:"requests"`
-	Attempts  int `json:"attempts"`
-	Retried   int `json:"retried"`
+	Requests int `json:"requests"`
+	Attempts int `json:"attempts"`
+	Retried  int `json:"retried"`
 	// Shed counts requests the gateway turned away at least once (an
 	// attempt answered 429 or 503); ShedServed counts those whose final
 	// attempt succeeded after honouring Retry-After. Their ratio is how
 	// well shed clients are served once load drops.
 	Shed       int `json:"shed"`
 	ShedServed int `json:"shed_served"`
-	Succeeded int `json:"succeeded"`
-	Failed    int `json:"failed"`
+	Succeeded  int `json:"succeeded"`
+	Failed     int `json:"failed"`
 	// Status counts final attempts by HTTP status ("0" for no response).
 	Status map[string]int `json:"status"`
 	// TTFT and E2E are client-perceived: from the first attempt to the

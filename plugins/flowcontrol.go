@@ -207,14 +207,18 @@ func (f *FlowControl) TypedName() fwkplugin.TypedName {
 // Controller returns the wrapped controller (for status and tests).
 func (f *FlowControl) Controller() *flowcontrol.Controller { return f.ctrl }
 
-// Attach connects every HeadroomFilter among plugins (the EPP configuration's plugins, by name) to this adapter and
-// returns how many it found. Dispatched decisions are kept for the filters only when at least one is attached.
+// Attach connects every HeadroomFilter and SaturationScorer among plugins (the EPP configuration's plugins, by name) to
+// this adapter and returns how many headroom filters it found. Dispatched decisions are kept for the filters only when
+// at least one is attached.
 func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 	n := 0
 	for _, p := range plugins {
-		if hf, ok := p.(*HeadroomFilter); ok {
-			hf.source.Store(f)
+		switch pl := p.(type) {
+		case *HeadroomFilter:
+			pl.source.Store(f)
 			n++
+		case *SaturationScorer:
+			pl.source.Store(f)
 		}
 	}
 	if n > 0 {

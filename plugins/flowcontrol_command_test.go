@@ -100,7 +100,8 @@ func TestDefaultEndpointPickerConfig(t *testing.T) {
 			weights[p.PluginRef] = *p.Weight
 		}
 	}
-	want := map[string]float64{"queue-scorer": 2, "kv-cache-utilization-scorer": 2, PrefixCacheType: 3, LoRAAffinityType: 2}
+	want := map[string]float64{SaturationScorerType: 2, "queue-scorer": 2, "kv-cache-utilization-scorer": 2, PrefixCacheType: 3,
+		LoRAAffinityType: 2}
 	if !maps.Equal(weights, want) {
 		t.Errorf("scorer weights = %v, want %v", weights, want)
 	}

@@ -88,6 +88,7 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 	ServedModelFilterType:      ServedModelFilterFactory,
 	OpenAIParserType:           OpenAIParserFactory,
 	InFlightScorerType:         InFlightScorerFactory,
+	SaturationScorerType:       SaturationScorerFactory,
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and

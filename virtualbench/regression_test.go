@@ -1,6 +1,7 @@
 package virtualbench
 
 import (
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -118,6 +119,16 @@ func sluicePriorityPolicy(t *testing.T) *flowcontrol.Config {
 	return cfg
 }
 
+// priorityMix is bench/scenarios/priority-overload/mix.yaml: 20/50/30 Critical/Standard/Sheddable streaming chats.
+const priorityMix = `
+api: chat
+stream: true
+classes:
+  - {name: critical, model: meta-llama/Llama-3.1-8B-Instruct, weight: 20, objective: critical, tenant: interactive, prompt_tokens: 512, output_tokens: 128}
+  - {name: standard, model: meta-llama/Llama-3.1-8B-Instruct, weight: 50, objective: standard, tenant: apps, prompt_tokens: 512, output_tokens: 128}
+  - {name: sheddable, model: meta-llama/Llama-3.1-8B-Instruct, weight: 30, objective: sheddable, tenant: batch, prompt_tokens: 512, output_tokens: 128}
+`
+
 // TestRegressionPriorityOverload is the priority-overload scenario (bench/priority-overload) in small: twice what
 // the fleet can serve, 20/50/30 Critical/Standard/Sheddable, clients that honour Retry-After (3 attempts, at most
 // 10s apart). The fleet serves about 55 requests/s of this mix in virtual time (upstream's EPP at saturation; the
@@ -128,14 +139,7 @@ func sluicePriorityPolicy(t *testing.T) *flowcontrol.Config {
 func TestRegressionPriorityOverload(t *testing.T) {
 	cfg := Config{
 		Fleet: "h100:2,a10g:2", Seed: 11, Objectives: map[string]int{"critical": 10, "standard": 0, "sheddable": -1},
-		Mix: mustMix(t, `
-api: chat
-stream: true
-classes:
-  - {name: critical, model: meta-llama/Llama-3.1-8B-Instruct, weight: 20, objective: critical, tenant: interactive, prompt_tokens: 512, output_tokens: 128}
-  - {name: standard, model: meta-llama/Llama-3.1-8B-Instruct, weight: 50, objective: standard, tenant: apps, prompt_tokens: 512, output_tokens: 128}
-  - {name: sheddable, model: meta-llama/Llama-3.1-8B-Instruct, weight: 30, objective: sheddable, tenant: batch, prompt_tokens: 512, output_tokens: 128}
-`),
+		Mix:      mustMix(t, priorityMix),
 		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 110},
 		Duration: 12 * time.Second,
 		Retry:    loadgen.RetryPolicy{MaxAttempts: 3, MaxWait: 10 * time.Second},
@@ -167,14 +171,7 @@ classes:
 func TestRegressionShedClientsServedOnceLoadDrops(t *testing.T) {
 	cfg := Config{
 		Fleet: "h100:2,a10g:2", Seed: 11, Objectives: map[string]int{"critical": 10, "standard": 0, "sheddable": -1},
-		Mix: mustMix(t, `
-api: chat
-stream: true
-classes:
-  - {name: critical, model: meta-llama/Llama-3.1-8B-Instruct, weight: 20, objective: critical, tenant: interactive, prompt_tokens: 512, output_tokens: 128}
-  - {name: standard, model: meta-llama/Llama-3.1-8B-Instruct, weight: 50, objective: standard, tenant: apps, prompt_tokens: 512, output_tokens: 128}
-  - {name: sheddable, model: meta-llama/Llama-3.1-8B-Instruct, weight: 30, objective: sheddable, tenant: batch, prompt_tokens: 512, output_tokens: 128}
-`),
+		Mix:      mustMix(t, priorityMix),
 		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalBursty, Rate: 120, BurstOn: 10 * time.Second, BurstOff: 30 * time.Second},
 		Duration: 40 * time.Second,
 		Drain:    2 * time.Minute,
@@ -193,6 +190,18 @@ classes:
 	}
 	if got := float64(all.ShedServed) / float64(all.Shed); got < 0.9 {
 		t.Errorf("%d of %d shed requests (%.1f%%) were served once load dropped, want at least 90%%", all.ShedServed, all.Shed, 100*got)
+	}
+	var shedAttempts, withRetryAfter int
+	for _, r := range res.Records {
+		if r.Status == http.StatusTooManyRequests || r.Status == http.StatusServiceUnavailable {
+			shedAttempts++
+			if r.RetryAfterSet {
+				withRetryAfter++
+			}
+		}
+	}
+	if withRetryAfter != shedAttempts {
+		t.Errorf("%d of %d 429/503 answers carry Retry-After, want all", withRetryAfter, shedAttempts)
 	}
 	if crit := classSummary(res, "critical"); crit.Shed != 0 {
 		t.Errorf("%d Critical requests were shed, want none", crit.Shed)

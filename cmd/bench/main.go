@@ -79,6 +79,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *duration < 0 {
 		return fmt.Errorf("--duration must not be negative, got %v", *duration)
 	}
+	if *engineName != engineRealTime && *engineName != engineVirtual {
+		return fmt.Errorf("--engine %q is not %s or %s", *engineName, engineRealTime, engineVirtual)
+	}
 
 	scenarios, err := benchsuite.LoadScenarios(*scenarioDir)
 	if err != nil {
@@ -114,14 +117,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	switch *engineName {
-	case engineRealTime:
+	if *engineName == engineRealTime {
 		if err := benchsuite.CheckBinaries(*bin); err != nil {
 			return err
 		}
-	case engineVirtual:
-	default:
-		return fmt.Errorf("--engine %q is not %s or %s", *engineName, engineRealTime, engineVirtual)
 	}
 	if *out == "" {
 		*out = filepath.Join("bench-results", time.Now().UTC().Format("20060102-150405"))
@@ -129,7 +128,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
-	bar := benchsuite.NewProgressBar(stderr, isTerminal(stderr), scenarios)
+	// A virtual run takes a fraction of a second: a line per run, no live bar.
+	bar := benchsuite.NewProgressBar(stderr, isTerminal(stderr) && *engineName == engineRealTime, scenarios)
 	var engine benchsuite.Engine = &benchsuite.Virtual{}
 	if *engineName == engineRealTime {
 		engine = &benchsuite.RealTime{Bin: *bin, OutDir: *out, OnLoadStart: bar.LoadStarted, OnRecord: bar.Record}
