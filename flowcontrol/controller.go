@@ -195,10 +195,24 @@ func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
 		return d, newError(d, err)
 	}
 
+	d, it, cause := c.arrive(req, nil)
+	if it != nil {
+		d, cause = c.wait(ctx, it)
+	}
+	c.recorder.RecordDecision(req.Tenant, d)
+	return d, admitError(d, cause)
+}
+
+// arrive decides req on arrival and records any queue change. A request that must wait comes back as its item;
+// prepare, if not nil, runs on that item before the lock is released, so no other call can decide it first.
+func (c *Controller) arrive(req Request, prepare func(*item)) (Decision, *item, error) {
 	c.mu.Lock()
 	now := c.clock.Now()
 	c.drain.advance(now)
 	d, it, changed, cause := c.admitLocked(req, now)
+	if it != nil && prepare != nil {
+		prepare(it)
+	}
 	var sample QueueSample
 	if changed {
 		c.endOpLocked(now)
@@ -208,12 +222,7 @@ func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
 	if changed {
 		c.recorder.RecordQueue(sample)
 	}
-
-	if it != nil {
-		d, cause = c.wait(ctx, it)
-	}
-	c.recorder.RecordDecision(req.Tenant, d)
-	return d, admitError(d, cause)
+	return d, it, cause
 }
 
 // withdrawLocked answers the waiting request it Cancelled with cause, and returns the queue sample to record once the

@@ -20,26 +20,12 @@ func (c *Controller) Submit(req Request, decided func(Decision, error)) {
 	if decided == nil {
 		panic("flowcontrol: Submit needs a callback")
 	}
-	c.mu.Lock()
-	now := c.clock.Now()
-	c.drain.advance(now)
-	d, it, changed, cause := c.admitLocked(req, now)
-	if it != nil {
-		tenant := req.Tenant
+	d, it, cause := c.arrive(req, func(it *item) {
 		it.decided = func(d Decision, cause error) {
-			c.recorder.RecordDecision(tenant, d)
+			c.recorder.RecordDecision(req.Tenant, d)
 			decided(d, admitError(d, cause))
 		}
-	}
-	var sample QueueSample
-	if changed {
-		c.endOpLocked(now)
-		sample = c.queueSampleLocked(now)
-	}
-	c.mu.Unlock()
-	if changed {
-		c.recorder.RecordQueue(sample)
-	}
+	})
 	if it == nil {
 		c.recorder.RecordDecision(req.Tenant, d)
 		decided(d, admitError(d, cause))

@@ -4,73 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"testing"
 	"time"
 
-	"k8s.io/utils/clock"
+	"github.com/sluice-gw/sluice/eventclock"
 )
-
-// stepClock is a clock for one goroutine: Step runs the AfterFunc callbacks that fall due in time order, holding no
-// lock, as a discrete-event simulation does. Only what the controller uses is implemented.
-type stepClock struct {
-	now    time.Time
-	seq    int
-	timers []*stepTimer
-}
-
-type stepTimer struct {
-	at      time.Time
-	seq     int
-	f       func()
-	stopped bool
-}
-
-func (t *stepTimer) C() <-chan time.Time { panic("stepClock timers have no channel") }
-func (t *stepTimer) Stop() bool {
-	was := !t.stopped
-	t.stopped = true
-	return was
-}
-func (t *stepTimer) Reset(time.Duration) bool { panic("not used by the controller") }
-
-func (c *stepClock) Now() time.Time                       { return c.now }
-func (c *stepClock) Since(t time.Time) time.Duration      { return c.now.Sub(t) }
-func (c *stepClock) After(time.Duration) <-chan time.Time { panic("not used by the controller") }
-func (c *stepClock) NewTimer(time.Duration) clock.Timer   { panic("not used by the controller") }
-func (c *stepClock) Sleep(time.Duration)                  { panic("not used by the controller") }
-func (c *stepClock) Tick(time.Duration) <-chan time.Time  { panic("not used by the controller") }
-func (c *stepClock) AfterFunc(d time.Duration, f func()) clock.Timer {
-	c.seq++
-	t := &stepTimer{at: c.now.Add(d), seq: c.seq, f: f}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-// Step advances the clock by d, firing due timers in (time, creation) order at their own time.
-func (c *stepClock) Step(d time.Duration) {
-	end := c.now.Add(d)
-	for {
-		sort.Slice(c.timers, func(i, j int) bool {
-			a, b := c.timers[i], c.timers[j]
-			return a.at.Before(b.at) || (a.at.Equal(b.at) && a.seq < b.seq)
-		})
-		if len(c.timers) == 0 || c.timers[0].at.After(end) {
-			break
-		}
-		t := c.timers[0]
-		c.timers = c.timers[1:]
-		if t.stopped {
-			continue
-		}
-		t.stopped = true
-		c.now = t.at
-		t.f()
-	}
-	c.now = end
-}
-
-var _ clock.WithDelayedExecution = (*stepClock)(nil)
 
 // submitted collects Submit callbacks by request ID.
 type submitted struct {
@@ -107,9 +45,9 @@ func (s *submitted) want(id string, o Outcome, r Reason) Decision {
 	return ds[0]
 }
 
-func newStepController(t *testing.T, cfg *Config) (*Controller, *stepClock) {
+func newStepController(t *testing.T, cfg *Config) (*Controller, *eventclock.Clock) {
 	t.Helper()
-	clk := &stepClock{now: t0}
+	clk := eventclock.New(t0)
 	c, err := New(cfg, Deps{Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), SynchronousTimers: true})
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +131,7 @@ func TestSubmitRandomizedExactlyOneCallback(t *testing.T) {
 	run := func() []string {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		cfg := randomConfig(rng)
-		clk := &stepClock{now: t0}
+		clk := eventclock.New(t0)
 		c, err := New(cfg, Deps{Clock: clk, Rand: rand.New(rand.NewPCG(seed, 8)), SynchronousTimers: true})
 		if err != nil {
 			t.Fatal(err)

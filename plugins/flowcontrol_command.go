@@ -136,8 +136,8 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 // scorers both share (queue 2, KV cache 2, prefix cache 3); Sluice's scorers replace upstream's prefix-cache scorer
 // and add LoRA affinity and admission's fresh saturation. The choice is measured by the virtual-time suite
 // (bench/scenarios): against upstream's default it is better on a uniform fleet (TTFT p95 44 vs 111 ms), mixed GPUs,
-// bursts, LoRA adapters (about a quarter of the adapter loads), shared prefixes at p99 (1004 vs 1174 ms; p95 equal)
-// and heavily skewed prefix groups (no hot pod).
+// bursts, LoRA adapters (about a quarter of the adapter loads) and shared prefixes at p99 (1004 vs 1174 ms; p95
+// equal): `make bench ENGINE=virtual`.
 //
 //   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled.
 //   - sluice-served-model-filter: in a pool of servers of several base models (a canary Deployment beside the

@@ -3,7 +3,6 @@ package plugins
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,70 +10,13 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/sluice-gw/sluice/eventclock"
 	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/simulator"
 	"github.com/sluice-gw/sluice/simulator/engine"
 )
 
 var ipT0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// loopClock is a single-goroutine clock: Step runs due AfterFunc callbacks in time order, outside any lock, as a
-// discrete-event loop does. Tickers and channel timers are not needed by the picker.
-type loopClock struct {
-	now    time.Time
-	seq    int
-	timers []*loopTimer
-}
-
-type loopTimer struct {
-	at   time.Time
-	seq  int
-	f    func()
-	dead bool
-}
-
-func (t *loopTimer) C() <-chan time.Time { panic("loopClock timers have no channel") }
-func (t *loopTimer) Stop() bool {
-	was := !t.dead
-	t.dead = true
-	return was
-}
-func (t *loopTimer) Reset(time.Duration) bool { panic("not used by the picker") }
-
-func (c *loopClock) Now() time.Time                       { return c.now }
-func (c *loopClock) Since(t time.Time) time.Duration      { return c.now.Sub(t) }
-func (c *loopClock) After(time.Duration) <-chan time.Time { panic("not used by the picker") }
-func (c *loopClock) NewTimer(time.Duration) clock.Timer   { panic("not used by the picker") }
-func (c *loopClock) Sleep(time.Duration)                  { panic("not used by the picker") }
-func (c *loopClock) Tick(time.Duration) <-chan time.Time  { panic("not used by the picker") }
-func (c *loopClock) NewTicker(time.Duration) clock.Ticker { panic("not used by the picker") }
-func (c *loopClock) AfterFunc(d time.Duration, f func()) clock.Timer {
-	c.seq++
-	t := &loopTimer{at: c.now.Add(d), seq: c.seq, f: f}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-func (c *loopClock) Step(d time.Duration) {
-	end := c.now.Add(d)
-	for {
-		sort.Slice(c.timers, func(i, j int) bool {
-			a, b := c.timers[i], c.timers[j]
-			return a.at.Before(b.at) || (a.at.Equal(b.at) && a.seq < b.seq)
-		})
-		if len(c.timers) == 0 || c.timers[0].at.After(end) {
-			break
-		}
-		t := c.timers[0]
-		c.timers = c.timers[1:]
-		if !t.dead {
-			t.dead = true
-			c.now = t.at
-			t.f()
-		}
-	}
-	c.now = end
-}
 
 // testPool returns n endpoints named like static endpoints.
 func testPool(n int) []InProcessEndpoint {
@@ -87,7 +29,7 @@ func testPool(n int) []InProcessEndpoint {
 }
 
 // scrapeAll scrapes every endpoint with the simulator's metrics for the given waiting counts.
-func scrapeAll(t *testing.T, p *InProcessPicker, clk *loopClock, waiting ...int) {
+func scrapeAll(t *testing.T, p *InProcessPicker, clk *eventclock.Clock, waiting ...int) {
 	t.Helper()
 	cfg, _ := engine.Profile("h100")
 	for i, w := range waiting {
@@ -116,9 +58,9 @@ func route(p *InProcessPicker, req InProcessRequest) (Routed, bool) {
 	return got, answered
 }
 
-func newTestPicker(t *testing.T, opts InProcessOptions) (*InProcessPicker, *loopClock) {
+func newTestPicker(t *testing.T, opts InProcessOptions) (*InProcessPicker, *eventclock.Clock) {
 	t.Helper()
-	clk := &loopClock{now: ipT0}
+	clk := eventclock.New(ipT0)
 	opts.Clock = clk
 	if opts.Objectives == nil {
 		opts.Objectives = map[string]int{"critical": 10, "sheddable": -1}
@@ -280,7 +222,7 @@ schedulingProfiles:
   - pluginRef: queue-scorer
   - pluginRef: random-picker
 `)
-	_, err := NewInProcessPicker(InProcessOptions{Config: cfg, Endpoints: testPool(2), Clock: &loopClock{now: ipT0}})
+	_, err := NewInProcessPicker(InProcessOptions{Config: cfg, Endpoints: testPool(2), Clock: eventclock.New(ipT0)})
 	if err == nil || !strings.Contains(err.Error(), "random-picker") {
 		t.Fatalf("error %v, want random-picker refused", err)
 	}

@@ -101,3 +101,48 @@ classes:
 	}
 	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkCriticalUnderOverload measures issue 4's latency target in virtual time: Critical TTFT p99 with the
+// priority-overload mix (20/50/30 Critical/Standard/Sheddable, clients that honour Retry-After) at twice what the
+// h100:2,a10g:2 fleet serves (110 requests/s), over Critical TTFT p99 with Critical alone at half of it (27.5
+// requests/s), both through Sluice's default profile and policy, for several seeds. It reports the ratio per seed
+// (critical-p99-ratio-seedN; target at most 1.5), the worst one, and the goodput at 2x against upstream's default
+// profile in the same run (goodput-vs-upstream-seedN):
+//
+//	go test -run '^$' -bench CriticalUnderOverload -benchtime 1x ./virtualbench/
+func BenchmarkCriticalUnderOverload(b *testing.B) {
+	objectives := map[string]int{"critical": 10, "standard": 0, "sheddable": -1}
+	critical := mustMix(b, `
+api: chat
+stream: true
+classes:
+  - {name: critical, model: meta-llama/Llama-3.1-8B-Instruct, objective: critical, tenant: interactive, prompt_tokens: 512, output_tokens: 128}
+`)
+	overload := mustMix(b, priorityMix)
+	run := func(mix *loadgen.Mix, rate float64, seed uint64, router Router) *Result {
+		res, err := Run(Config{Fleet: "h100:2,a10g:2", Seed: seed, Objectives: objectives, Mix: mix,
+			Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: rate},
+			Duration: 30 * time.Second, Drain: 15 * time.Second,
+			Retry: loadgen.RetryPolicy{MaxAttempts: 3, MaxWait: 10 * time.Second}, Router: router})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return res
+	}
+	for range b.N {
+		worst := 0.0
+		for _, seed := range []uint64{1, 2, 3, 4, 11} {
+			half := run(critical, 27.5, seed, SluiceRouter(nil, nil))
+			over := run(overload, 110, seed, SluiceRouter(nil, nil))
+			upstream := run(overload, 110, seed, UpstreamRouter())
+			r := ratio(classSummary(over, "critical").TTFT.P99, classSummary(half, "critical").TTFT.P99)
+			worst = max(worst, r)
+			b.ReportMetric(r, fmt.Sprintf("critical-p99-ratio-seed%d", seed))
+			b.ReportMetric(over.Summary.Overall.Throughput/upstream.Summary.Overall.Throughput, fmt.Sprintf("goodput-vs-upstream-seed%d", seed))
+			if shed := classSummary(over, "critical").Shed; shed != 0 {
+				b.Errorf("seed %d: %d Critical requests shed", seed, shed)
+			}
+		}
+		b.ReportMetric(worst, "critical-p99-ratio-worst")
+	}
+}

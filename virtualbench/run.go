@@ -8,12 +8,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-gw/sluice/eventclock"
 	"github.com/sluice-gw/sluice/loadgen"
 	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/simulator/engine"
 )
 
 // request is one logical client request: its attempts share the spec.
+// epoch is time zero of every run. It is fixed, so nothing in a run depends on when it ran.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
 type request struct {
 	spec      loadgen.RequestSpec
 	scheduled time.Duration // when the arrival process (or the user) issued it
@@ -42,7 +46,7 @@ type attempt struct {
 // run is the state of one Run. Everything happens on the goroutine that called Run.
 type run struct {
 	cfg      Config
-	clk      *virtualClock
+	clk      *eventclock.Clock
 	servers  []*server
 	picker   *plugins.InProcessPicker
 	gen      *loadgen.Generator
@@ -56,10 +60,10 @@ type run struct {
 	issued   int
 	inFlight int       // requests without a final record
 	drainAt  time.Time // zero until issuing ends
-	retries  map[*attempt]*event
+	retries  map[*attempt]*eventclock.Event
 
 	timeouts  []*attempt // by start time, for the timeout sweep
-	sweep     *event
+	sweep     *eventclock.Event
 	finished  []*attempt // filled by the engine observer during Advance
 	firstSeen []*attempt
 
@@ -79,7 +83,7 @@ func Run(cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid virtual benchmark config: %w", err)
 	}
-	r := &run{cfg: cfg, clk: newVirtualClock(), gen: loadgen.NewGenerator(cfg.Mix, cfg.Seed), retries: map[*attempt]*event{}}
+	r := &run{cfg: cfg, clk: eventclock.New(epoch), gen: loadgen.NewGenerator(cfg.Mix, cfg.Seed), retries: map[*attempt]*eventclock.Event{}}
 	observer := engine.ObserverFunc(r.stepDone)
 	for i, sc := range cfg.Servers {
 		s, err := newServer(i, sc, &cfg, observer)
@@ -98,18 +102,18 @@ func Run(cfg Config) (*Result, error) {
 	r.every(cfg.SampleInterval, cfg.SampleInterval, r.sample)
 	for r.err == nil && (r.issuing || r.inFlight > 0) {
 		if !r.drainAt.IsZero() {
-			if next, ok := r.clk.peek(); !ok || !next.Before(r.drainAt) {
-				r.clk.now = r.drainAt
+			if next, ok := r.clk.Peek(); !ok || !next.Before(r.drainAt) {
+				r.clk.AdvanceTo(r.drainAt)
 				r.cancelAll("context canceled")
 				break
 			}
 		}
-		e := r.clk.next()
+		e := r.clk.Next()
 		if e == nil {
 			r.err = errors.New("virtual benchmark: the event queue ran dry with requests in flight")
 			break
 		}
-		e.fire()
+		e.Fire()
 	}
 	if r.err == nil && r.picker != nil {
 		// Every request the EPP saw has ended there too, and nothing waits in admission.
@@ -120,7 +124,7 @@ func Run(cfg Config) (*Result, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	res := &Result{Records: r.records, Samples: r.samples, EPP: r.epp, Events: r.clk.events}
+	res := &Result{Records: r.records, Samples: r.samples, EPP: r.epp, Events: r.clk.Fired()}
 	for _, rec := range r.records {
 		res.Virtual = max(res.Virtual, rec.Start+rec.E2E)
 	}
@@ -143,16 +147,16 @@ func Run(cfg Config) (*Result, error) {
 }
 
 // now is the virtual time since the start.
-func (r *run) now() time.Duration { return r.clk.now.Sub(epoch) }
+func (r *run) now() time.Duration { return r.clk.Now().Sub(epoch) }
 
 // every runs f at first, then every period, until the run ends.
 func (r *run) every(first, period time.Duration, f func()) {
 	var tick func()
 	tick = func() {
 		f()
-		r.clk.at(r.clk.now.Add(period), tick)
+		r.clk.At(r.clk.Now().Add(period), tick)
 	}
-	r.clk.at(epoch.Add(first), tick)
+	r.clk.At(epoch.Add(first), tick)
 }
 
 // startPicker builds the EPP and its scrape and snapshot ticks: every server is scraped at t=0 and every
@@ -176,11 +180,11 @@ func (r *run) startPicker() error {
 	}
 	r.picker = p
 	// A timer of the code under test (a queue timeout in admission) may decide requests: continue them at once.
-	r.clk.afterCallback = func() { r.pickerCall(p.Resume) }
+	r.clk.AfterCallback = func() { r.pickerCall(p.Resume) }
 	r.every(0, r.cfg.ScrapeInterval, r.scrape)
 	// At time 0 the EPP has scraped every server and taken a snapshot, as in the real benchmark, which waits for
 	// the EPP's first scrapes before it starts the load.
-	r.clk.at(epoch, r.syncAdmission)
+	r.clk.At(epoch, r.syncAdmission)
 	r.every(r.cfg.ScrapeInterval/2, r.cfg.ScrapeInterval, r.syncAdmission)
 	return nil
 }
@@ -196,7 +200,7 @@ func (r *run) syncAdmission() {
 
 func (r *run) scrape() {
 	for i, s := range r.servers {
-		families := s.families(r.clk.now)
+		families := s.families(r.clk.Now())
 		start := time.Now()
 		err := r.picker.Scrape(i, families)
 		r.epp.Scraping += time.Since(start)
@@ -212,7 +216,7 @@ func (r *run) scrape() {
 func (r *run) startLoad() {
 	r.issuing = true
 	if r.cfg.Mode == loadgen.ModeClosed {
-		r.clk.at(epoch, func() {
+		r.clk.At(epoch, func() {
 			for u := range r.cfg.Users {
 				r.issueClosed(u)
 			}
@@ -235,7 +239,7 @@ func (r *run) nextArrival() {
 		return
 	}
 	r.issued++
-	r.clk.at(epoch.Add(at), func() {
+	r.clk.At(epoch.Add(at), func() {
 		spec := r.gen.Next()
 		if r.cfg.MaxInFlight > 0 && r.inFlight >= r.cfg.MaxInFlight {
 			rec := recordFor(spec, at, r.now(), 1)
@@ -268,7 +272,7 @@ func (r *run) stopIssuing() {
 	}
 	r.issuing = false
 	// The drain starts when issuing stops: at Duration, or after the last request when only MaxRequests is set.
-	end := r.clk.now
+	end := r.clk.Now()
 	if r.cfg.Duration > 0 {
 		end = epoch.Add(r.cfg.Duration)
 	}
@@ -292,7 +296,7 @@ func recordFor(spec loadgen.RequestSpec, scheduled, start time.Duration, n int) 
 // startAttempt sends attempt n of req: to the next server (round-robin) or through the EPP.
 func (r *run) startAttempt(req *request, n int) {
 	spec := req.spec
-	a := &attempt{idx: len(r.attempts), req: req, n: n, id: fmt.Sprintf("vb-%d-%d", spec.Seq, n), start: r.clk.now, server: -1,
+	a := &attempt{idx: len(r.attempts), req: req, n: n, id: fmt.Sprintf("vb-%d-%d", spec.Seq, n), start: r.clk.Now(), server: -1,
 		chat: spec.API != loadgen.APICompletions, stream: spec.Stream}
 	a.deadline = a.start.Add(r.cfg.RequestTimeout)
 	a.rec = recordFor(spec, req.scheduled, r.now(), n)
@@ -321,7 +325,7 @@ func (r *run) startAttempt(req *request, n int) {
 	r.epp.Requests++
 	r.picker.Route(plugins.InProcessRequest{ID: a.id, Headers: headers, Body: spec.Body}, func(res plugins.Routed) {
 		// The answer may come from inside another picker call: act on it as the loop's next event.
-		r.clk.at(r.clk.now, func() { r.routed(a, res) })
+		r.clk.At(r.clk.Now(), func() { r.routed(a, res) })
 	})
 	r.epp.Routing += time.Since(start)
 }
@@ -365,7 +369,7 @@ func (r *run) dispatch(a *attempt, si int, body []byte) {
 	a.rec.Endpoint = s.name
 	s.sent++
 	r.interval.Dispatched++
-	ereq, herr := s.accept(r.clk.now, body, a.chat, uint64(a.idx)+1)
+	ereq, herr := s.accept(r.clk.Now(), body, a.chat, uint64(a.idx)+1)
 	if herr != nil {
 		// The answer is a JSON error; loadgen keeps an excerpt of its body.
 		if r.picker != nil {
@@ -390,12 +394,12 @@ func (r *run) wake(s *server) {
 		return
 	}
 	if s.step != nil {
-		s.step.dead = true
+		s.step.Cancel()
 	}
 	s.stepAt = next
-	s.step = r.clk.at(next, func() {
+	s.step = r.clk.At(next, func() {
 		s.step = nil
-		s.eng.Advance(r.clk.now)
+		s.eng.Advance(r.clk.Now())
 		r.afterStep()
 		r.wake(s)
 	})
@@ -454,7 +458,7 @@ func (r *run) afterStep() {
 		a.rec.Status = http.StatusOK
 		a.rec.OutputTokens = a.ereq.Generated()
 		if !a.stream {
-			a.rec.TTFT = r.clk.now.Sub(a.start)
+			a.rec.TTFT = r.clk.Now().Sub(a.start)
 		}
 		r.finish(a)
 	}
@@ -466,18 +470,18 @@ func (r *run) afterStep() {
 func (r *run) finish(a *attempt) {
 	a.closed = true
 	r.attempts[a.idx] = nil
-	a.rec.E2E = r.clk.now.Sub(a.start)
+	a.rec.E2E = r.clk.Now().Sub(a.start)
 	if a.rec.OK() || a.n >= r.cfg.Retry.MaxAttempts || !a.rec.RetryAfterSet ||
 		(a.rec.Status != http.StatusTooManyRequests && a.rec.Status != http.StatusServiceUnavailable) {
 		r.final(a.req, a.rec)
 		return
 	}
-	at := r.clk.now.Add(min(a.rec.RetryAfter, r.cfg.Retry.MaxWait))
+	at := r.clk.Now().Add(min(a.rec.RetryAfter, r.cfg.Retry.MaxWait))
 	if !r.drainAt.IsZero() && !at.Before(r.drainAt) {
 		r.final(a.req, a.rec) // the wait would be cut by the drain deadline
 		return
 	}
-	r.retries[a] = r.clk.at(at, func() {
+	r.retries[a] = r.clk.At(at, func() {
 		delete(r.retries, a)
 		r.records = append(r.records, a.rec)
 		r.startAttempt(a.req, a.n+1)
@@ -491,7 +495,7 @@ func (r *run) final(req *request, rec loadgen.Record) {
 	r.inFlight--
 	if req.user >= 0 {
 		user := req.user
-		r.clk.at(r.clk.now, func() { r.issueClosed(user) })
+		r.clk.At(r.clk.Now(), func() { r.issueClosed(user) })
 	}
 }
 
@@ -507,9 +511,9 @@ func (r *run) armSweep() {
 	if len(r.timeouts) == 0 {
 		return
 	}
-	r.sweep = r.clk.at(r.timeouts[0].deadline, func() {
+	r.sweep = r.clk.At(r.timeouts[0].deadline, func() {
 		r.sweep = nil
-		for len(r.timeouts) > 0 && !r.timeouts[0].deadline.After(r.clk.now) {
+		for len(r.timeouts) > 0 && !r.timeouts[0].deadline.After(r.clk.Now()) {
 			a := r.timeouts[0]
 			r.timeouts[0] = nil
 			r.timeouts = r.timeouts[1:]
@@ -549,7 +553,7 @@ func (r *run) cancelAll(why string) {
 	}
 	waiting := make([]*attempt, 0, len(r.retries))
 	for a, ev := range r.retries {
-		ev.dead = true
+		ev.Cancel()
 		waiting = append(waiting, a)
 	}
 	slices.SortFunc(waiting, func(x, y *attempt) int { return x.idx - y.idx })

@@ -215,40 +215,6 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-func TestVirtualClock(t *testing.T) {
-	c := newVirtualClock()
-	var fired []string
-	c.AfterFunc(2*time.Second, func() { fired = append(fired, "b") })
-	stopped := c.AfterFunc(time.Second, func() { fired = append(fired, "stopped") })
-	c.AfterFunc(time.Second, func() { fired = append(fired, "a") })
-	if !stopped.Stop() || stopped.Stop() {
-		t.Fatal("Stop must report true once for an active timer")
-	}
-	tick := c.NewTicker(700 * time.Millisecond)
-	timer := c.NewTimer(1500 * time.Millisecond)
-	ticks := 0
-	for e := c.next(); e != nil && c.Since(epoch) < 3*time.Second; e = c.next() {
-		e.fire()
-		select {
-		case <-tick.C():
-			ticks++
-		default:
-		}
-	}
-	tick.Stop()
-	if strings.Join(fired, ",") != "a,b" || ticks != 4 {
-		t.Fatalf("fired %v and %d ticks by 3s, want a,b and 4 ticks", fired, ticks)
-	}
-	select {
-	case at := <-timer.C():
-		if at.Sub(epoch) != 1500*time.Millisecond {
-			t.Fatalf("timer fired at %v", at.Sub(epoch))
-		}
-	default:
-		t.Fatal("timer did not fire")
-	}
-}
-
 // The scenario EndpointPickerConfigs of the benchmark suite (bench/scenarios), inline so the test does not depend
 // on where the suite keeps its files.
 const (

@@ -11,6 +11,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sluice-gw/sluice/eventclock"
 	"github.com/sluice-gw/sluice/simulator"
 	"github.com/sluice-gw/sluice/simulator/engine"
 )
@@ -29,7 +30,7 @@ type server struct {
 	eng      *engine.Engine
 	rng      *rand.Rand
 
-	step   *event // the pending Advance, if any
+	step   *eventclock.Event // the pending Advance, if any
 	stepAt time.Time
 	sent   uint64 // attempts routed here
 }

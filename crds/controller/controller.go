@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sluice-gw/sluice/crds"
+	"github.com/sluice-gw/sluice/crds/internal/poolmeta"
 	"github.com/sluice-gw/sluice/flowcontrol"
 )
 
@@ -147,16 +147,7 @@ func (r *Reconciler) poolExistsLocked(ctx context.Context) (bool, error) {
 	if r.poolGVK.Empty() {
 		return false, errors.New("flowcontrolpolicy controller: SetupWithManager was not called")
 	}
-	pool := &metav1.PartialObjectMetadata{}
-	pool.SetGroupVersionKind(r.poolGVK)
-	err := r.client.Get(ctx, types.NamespacedName{Namespace: r.pool.Namespace, Name: r.pool.Name}, pool)
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("getting InferencePool %s: %w", r.pool, err)
-	}
-	return true, nil
+	return poolmeta.Exists(ctx, r.client, r.poolGVK, types.NamespacedName{Namespace: r.pool.Namespace, Name: r.pool.Name})
 }
 
 // writeStatus sets the verdict's condition and observedGeneration, and writes them if they changed.

@@ -28,6 +28,7 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
+	"github.com/sluice-gw/sluice/crds/internal/poolmeta"
 	"github.com/sluice-gw/sluice/modelrewrite"
 )
 
@@ -270,16 +271,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 }
 
 func (r *Reconciler) poolExists(ctx context.Context) (bool, error) {
-	pool := &metav1.PartialObjectMetadata{}
-	pool.SetGroupVersionKind(r.poolGVK)
-	err := r.writer.Get(ctx, types.NamespacedName{Namespace: r.pool.Namespace, Name: r.pool.Name}, pool)
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("getting InferencePool %s/%s: %w", r.pool.Namespace, r.pool.Name, err)
-	}
-	return true, nil
+	return poolmeta.Exists(ctx, r.writer, r.poolGVK, types.NamespacedName{Namespace: r.pool.Namespace, Name: r.pool.Name})
 }
 
 // writeStatus sets the verdict's conditions and writes them if they changed.
