@@ -359,6 +359,14 @@ type EndpointThresholds struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:default=2
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
+	// PendingThreshold is the Critical reserve: while Critical traffic is active (a Critical request arrived within
+	// the last drainRateWindow), an endpoint is saturated for lower bands once this many streamed requests sent to it
+	// have not had their first response chunk (they wait there or are in prefill), so a Critical prompt never shares
+	// an endpoint's next steps with more than this many lower-band prompts. 0 disables the reserve.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=2
+	PendingThreshold *int `json:"pendingThreshold,omitempty"`
 	// KVCacheUtilThreshold is the KV-cache utilisation at which an endpoint is saturated. In (0, 1].
 	// +optional
 	// +kubebuilder:validation:Minimum=0

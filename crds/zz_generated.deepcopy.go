@@ -127,6 +127,11 @@ func (in *EndpointThresholds) DeepCopyInto(out *EndpointThresholds) {
 		*out = new(int)
 		**out = **in
 	}
+	if in.PendingThreshold != nil {
+		in, out := &in.PendingThreshold, &out.PendingThreshold
+		*out = new(int)
+		**out = **in
+	}
 	if in.KVCacheUtilThreshold != nil {
 		in, out := &in.KVCacheUtilThreshold, &out.KVCacheUtilThreshold
 		*out = new(float64)

@@ -23,6 +23,7 @@ const (
 	DefaultSheddableMaxPriority = -1
 
 	DefaultQueueDepthThreshold       = 2
+	DefaultPendingThreshold          = 2
 	DefaultKVCacheUtilThreshold      = 0.8
 	DefaultMetricsStalenessThreshold = 200 * time.Millisecond
 
@@ -124,9 +125,17 @@ type APIPriorityMapping struct {
 // APIEndpointThresholds defines an endpoint's saturation: the largest of (waiting queue + requests the EPP dispatched
 // to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
 // running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
+//
+// While Critical traffic is active (a Critical request arrived within the last drainRateWindow), bands below Critical
+// also count pendingThreshold: an endpoint is saturated for them once that many streamed requests sent to it have not
+// had their first response chunk (they wait there or are in prefill). Each such prompt lengthens the endpoint's next
+// steps, and a Critical prompt sent there shares them: capping them keeps Critical's time to first token close to an
+// idle pool's, at the price of lower bands' throughput while Critical requests arrive.
 type APIEndpointThresholds struct {
 	// Default 2.
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
+	// 0 disables the Critical reserve. Default 2.
+	PendingThreshold *int `json:"pendingThreshold,omitempty"`
 	// In (0, 1]. Default 0.8.
 	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`
 	// 0 disables the running-requests term. Default 0.
@@ -182,6 +191,7 @@ type EndpointThresholds struct {
 	QueueDepth       int
 	KVCacheUtil      float64
 	Running          int
+	Pending          int
 	MetricsStaleness time.Duration
 }
 
@@ -273,6 +283,7 @@ func applyDefaults(api *APIConfig) {
 	ep.QueueDepthThreshold = orDefault(ep.QueueDepthThreshold, DefaultQueueDepthThreshold)
 	ep.KVCacheUtilThreshold = orDefault(ep.KVCacheUtilThreshold, DefaultKVCacheUtilThreshold)
 	ep.RunningThreshold = orDefault(ep.RunningThreshold, 0)
+	ep.PendingThreshold = orDefault(ep.PendingThreshold, DefaultPendingThreshold)
 	ep.MetricsStalenessThreshold = orDefaultDuration(ep.MetricsStalenessThreshold, DefaultMetricsStalenessThreshold)
 	api.Endpoint = &ep
 
@@ -334,6 +345,7 @@ func toConfig(api *APIConfig) (*Config, error) {
 			QueueDepth:       *api.Endpoint.QueueDepthThreshold,
 			KVCacheUtil:      *api.Endpoint.KVCacheUtilThreshold,
 			Running:          *api.Endpoint.RunningThreshold,
+			Pending:          *api.Endpoint.PendingThreshold,
 			MetricsStaleness: api.Endpoint.MetricsStalenessThreshold.Duration,
 		},
 		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
@@ -429,6 +441,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Endpoint.Running < 0 {
 		errs = append(errs, fmt.Errorf("endpoint.runningThreshold must not be negative, got %d", c.Endpoint.Running))
+	}
+	if c.Endpoint.Pending < 0 {
+		errs = append(errs, fmt.Errorf("endpoint.pendingThreshold must not be negative, got %d", c.Endpoint.Pending))
 	}
 	if c.Endpoint.MetricsStaleness <= 0 {
 		errs = append(errs, fmt.Errorf("endpoint.metricsStalenessThreshold must be positive, got %v", c.Endpoint.MetricsStaleness))

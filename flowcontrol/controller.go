@@ -26,6 +26,11 @@ type Request struct {
 	// EstimatedCost is the request's expected work in tokens (prompt + expected output). Fair queuing shares a band's
 	// cost, not its request count, between tenants. 0 counts as 1.
 	EstimatedCost uint64
+	// Streamed says the caller reports the response's first chunk with Started. Until then the dispatched request
+	// counts against its endpoint as pending (waiting there or in prefill), scraped or not: a burst of prompts an
+	// endpoint has not begun answering lengthens its next steps, which is what delays a first token there. Set it only
+	// when the first chunk will be reported; Release ends the count in any case.
+	Streamed bool
 }
 
 // Deps are the controller's seams. Nil fields take production defaults.
@@ -65,12 +70,15 @@ type Controller struct {
 	seq           uint64
 	endpoints     []endpointState
 	endpointIndex map[string]int
-	reservations  map[string]reservation // dispatched requests not yet covered by a scrape, by ID
+	reservations  map[string]reservation // dispatched requests still unscraped or pending, by ID
 	drain         drainEstimator
 	// blockedSince is, per band, since when snapshots have found the band unable to dispatch an arrival at once (no
 	// endpoint below its ceiling, or requests of it or a higher band still waiting after dispatch); zero otherwise.
 	// Retry-After uses the age of such an episode (see retryEstimateLocked).
 	blockedSince [NumBands]time.Time
+	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it, headroom is judged
+	// with pending prompts counted (endpointState.satPending).
+	lastCritical time.Time
 
 	// ttlTimer fires at ttlAt, no later than the earliest deadline of a waiting request; ttlGen tells a stale firing
 	// from the current one.
@@ -157,7 +165,7 @@ func (c *Controller) SetConfig(cfg *Config) error {
 	c.cfg = cfg
 	c.drain.setWindow(cfg.DrainRateWindow)
 	for i := range c.endpoints {
-		c.endpoints[i].reserve(0, cfg.Endpoint)
+		c.endpoints[i].refresh(cfg.Endpoint)
 	}
 	for b, q := range c.bands {
 		maxWait := cfg.Bands[b].MaxQueueTime
@@ -260,6 +268,9 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *item, changed bool, cause error) {
 	band, capped, weight := c.bandOf(req)
 	d = Decision{Band: band, Capped: capped}
+	if band == Critical {
+		c.lastCritical = now
+	}
 	if cause = c.validateLocked(req); cause != nil {
 		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
 		return d, nil, false, cause
@@ -278,7 +289,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		// Fast path: headroom and nobody ahead.
 		d.Outcome = Dispatched
 		d.Endpoints = c.endpointsWithHeadroomLocked(band, now)
-		c.reserveLocked(req.ID, best, now)
+		c.reserveLocked(req.ID, req.Streamed, best, now)
 		if c.totalCount > 0 {
 			c.drain.add(cost)
 		}
@@ -308,7 +319,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 
 	c.seq++
 	it = &item{
-		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, bytes: req.Bytes, seq: c.seq,
+		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
 		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
 	}
 	c.bands[band].push(it, weight)
@@ -364,33 +375,44 @@ func (c *Controller) queuedAtOrAbove(band Band) int {
 func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	reserve := c.criticalReserveLocked(now)
 	best = -1
+	bestSat := 0.0
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		if e.scrapedNs < cutoff {
 			continue
 		}
 		fresh++
-		if e.sat < ceiling && (best < 0 || e.sat < c.endpoints[best].sat) {
-			best = i
+		sat := e.saturationFor(reserve)
+		if sat < ceiling && (best < 0 || sat < bestSat) {
+			best, bestSat = i, sat
 		}
 	}
 	return fresh, best
+}
+
+// criticalReserveLocked reports whether headroom is judged with pending prompts counted: while Critical traffic is
+// active (see APIEndpointThresholds).
+func (c *Controller) criticalReserveLocked(now time.Time) bool {
+	return c.cfg.Endpoint.Pending > 0 && !c.lastCritical.IsZero() && now.Sub(c.lastCritical) < c.cfg.DrainRateWindow
 }
 
 // endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling, in snapshot order.
 func (c *Controller) endpointsWithHeadroomLocked(band Band, now time.Time) []string {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	reserve := c.criticalReserveLocked(now)
+	has := func(e *endpointState) bool { return e.scrapedNs >= cutoff && e.saturationFor(reserve) < ceiling }
 	n := 0
 	for i := range c.endpoints {
-		if e := &c.endpoints[i]; e.scrapedNs >= cutoff && e.sat < ceiling {
+		if has(&c.endpoints[i]) {
 			n++
 		}
 	}
 	names := make([]string, 0, n)
 	for i := range c.endpoints {
-		if e := &c.endpoints[i]; e.scrapedNs >= cutoff && e.sat < ceiling {
+		if e := &c.endpoints[i]; has(e) {
 			names = append(names, e.Name)
 		}
 	}
@@ -408,10 +430,12 @@ func (c *Controller) freshCountLocked(now time.Time) int {
 	return n
 }
 
-// reserveLocked counts a dispatched request against endpoint i until a scrape covers it or it is released.
-func (c *Controller) reserveLocked(id string, i int, now time.Time) {
-	c.endpoints[i].reserve(1, c.cfg.Endpoint)
-	c.reservations[id] = reservation{endpoint: c.endpoints[i].Name, at: now}
+// reserveLocked counts a dispatched request against endpoint i until a scrape covers it and, if streamed, it has
+// started, or until it is released.
+func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
+	r := reservation{endpoint: c.endpoints[i].Name, at: now, unscraped: true, pending: streamed}
+	c.endpoints[i].count(r, +1, c.cfg.Endpoint)
+	c.reservations[id] = r
 }
 
 // estimatedWaitLocked predicts how long a new request would wait: the cost ahead of it (higher bands' backlog plus
@@ -555,7 +579,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			names := c.endpointsWithHeadroomLocked(b, now)
 			it := q.pop()
 			c.dequeuedLocked(it)
-			c.reserveLocked(it.id, best, now)
+			c.reserveLocked(it.id, it.streamed, best, now)
 			c.drain.add(it.cost)
 			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
 				Waited: now.Sub(it.enqueuedAt)}, nil)
@@ -603,14 +627,19 @@ func (c *Controller) endOpLocked(now time.Time) {
 	}
 }
 
-// armTTLTimerLocked makes sure a timer fires no later than the earliest deadline of a waiting request. Deadlines in a
-// band follow arrival order, so the earliest is among the bands' oldest items. A timer that fires early (its request
-// left) simply re-arms.
+// armTTLTimerLocked makes sure a timer fires no later than the earliest deadline of a waiting request and, while
+// requests wait under the Critical reserve, its end (which may give them headroom). Deadlines in a band follow arrival
+// order, so the earliest is among the bands' oldest items. A timer that fires early (its request left) simply re-arms.
 func (c *Controller) armTTLTimerLocked(now time.Time) {
 	var earliest time.Time
 	for _, q := range c.bands {
 		if o := q.oldest; o != nil && (earliest.IsZero() || o.deadline.Before(earliest)) {
 			earliest = o.deadline
+		}
+	}
+	if c.totalCount > 0 && c.criticalReserveLocked(now) {
+		if end := c.lastCritical.Add(c.cfg.DrainRateWindow); earliest.IsZero() || end.Before(earliest) {
+			earliest = end
 		}
 	}
 	if earliest.IsZero() {
@@ -641,7 +670,7 @@ func (c *Controller) onTTLTimer(gen uint64) {
 	if gen == c.ttlGen {
 		c.ttlTimer = nil
 	}
-	n := c.expireLocked(now)
+	n := c.dispatchLocked(now) + c.expireLocked(now)
 	c.endOpLocked(now)
 	sample := c.queueSampleLocked(now)
 	c.mu.Unlock()
@@ -650,8 +679,9 @@ func (c *Controller) onTTLTimer(gen uint64) {
 	}
 }
 
-// UpdateEndpoints replaces the pool snapshot after a scrape. Reservations on endpoints scraped after the reservation
-// was made (or no longer in the pool) are dropped, since the scrape counts those requests itself. Waiting requests
+// UpdateEndpoints replaces the pool snapshot after a scrape. Requests dispatched to an endpoint before its scrape stop
+// counting as unscraped, since the scrape counts them itself (they stay pending until Started); reservations on
+// endpoints no longer in the pool are dropped. Waiting requests
 // are then dispatched onto any endpoint with headroom. Invalid entries (empty or duplicate names, negative counts,
 // KV usage outside [0, 1]) are left out, and reported in the returned error; the rest of the snapshot applies.
 func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
@@ -681,14 +711,18 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	c.drain.advance(now)
 	for id, r := range c.reservations {
 		i, ok := index[r.endpoint]
-		if !ok || r.at.Before(states[i].ScrapedAt) {
+		if ok && r.at.Before(states[i].ScrapedAt) {
+			r.unscraped = false
+			c.reservations[id] = r
+		}
+		if !ok || !r.unscraped && !r.pending {
 			delete(c.reservations, id)
 			continue
 		}
-		states[i].reserved++
+		states[i].count(r, +1, c.cfg.Endpoint)
 	}
 	for i := range states {
-		states[i].reserve(0, c.cfg.Endpoint)
+		states[i].refresh(c.cfg.Endpoint)
 	}
 	c.endpoints, c.endpointIndex = states, index
 	c.dispatchLocked(now)
@@ -712,11 +746,37 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	now := c.clock.Now()
 	c.drain.advance(now)
 	c.unreserveLocked(r)
-	r.endpoint, r.at = endpoint, now
+	r.endpoint, r.at, r.unscraped = endpoint, now, true
 	c.reservations[id] = r
 	if i, ok := c.endpointIndex[endpoint]; ok {
-		c.endpoints[i].reserve(1, c.cfg.Endpoint)
+		c.endpoints[i].count(r, +1, c.cfg.Endpoint)
 	}
+	c.afterFreedLocked(now) // unlocks
+	return true
+}
+
+// Started reports a streamed request's first response chunk: its endpoint has begun answering it, so it no longer
+// counts there as pending. It reports whether the request was pending; a request that was not (not Streamed,
+// already started or released) is left alone.
+func (c *Controller) Started(id string) bool {
+	c.mu.Lock()
+	r, ok := c.reservations[id]
+	if !ok || !r.pending {
+		c.mu.Unlock()
+		return false
+	}
+	c.unreserveLocked(r)
+	r.pending = false
+	if r.unscraped {
+		c.reservations[id] = r
+		if i, ok := c.endpointIndex[r.endpoint]; ok {
+			c.endpoints[i].count(r, +1, c.cfg.Endpoint)
+		}
+	} else {
+		delete(c.reservations, id)
+	}
+	now := c.clock.Now()
+	c.drain.advance(now)
 	c.afterFreedLocked(now) // unlocks
 	return true
 }
@@ -744,7 +804,7 @@ func (c *Controller) Release(id string) bool {
 
 func (c *Controller) unreserveLocked(r reservation) {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
-		c.endpoints[i].reserve(-1, c.cfg.Endpoint)
+		c.endpoints[i].count(r, -1, c.cfg.Endpoint)
 	}
 }
 
@@ -822,7 +882,8 @@ type Stats struct {
 }
 
 // Saturations writes into out the current saturation of each named endpoint: its latest snapshot plus the requests
-// dispatched to it since (reservations), as headroom is judged. An endpoint the controller does not know, or whose
+// dispatched to it since, and the streamed ones it has not begun answering over the pending threshold, as headroom is
+// judged under the Critical reserve. An endpoint the controller does not know, or whose
 // metrics are stale, reads as saturated (1). Schedulers use it to rank endpoints by load that is fresher than any
 // scrape.
 func (c *Controller) Saturations(names []string, out []float64) {
@@ -832,7 +893,7 @@ func (c *Controller) Saturations(names []string, out []float64) {
 	for i, name := range names {
 		out[i] = 1
 		if j, ok := c.endpointIndex[name]; ok && c.endpoints[j].scrapedNs >= cutoff {
-			out[i] = c.endpoints[j].sat
+			out[i] = c.endpoints[j].satPending
 		}
 	}
 }

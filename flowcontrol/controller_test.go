@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -178,6 +179,86 @@ func TestReservations(t *testing.T) {
 		}
 		if h.c.Release(first[2].req.ID) {
 			t.Fatal("Release after a covering scrape found a reservation")
+		}
+	})
+}
+
+// TestCriticalReserve: while Critical requests arrive, a streamed request counts against its endpoint until its first
+// response chunk (Started), not only until a scrape covers it: the scrape shows it running, yet its prompt still
+// lengthens the endpoint's next steps, which a Critical prompt would share. Critical goes first to the next place
+// that frees up; once Critical traffic stops, headroom is judged as before.
+func TestCriticalReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending = 2 }))
+		h.scrape(ep("a", 0))
+		streamed := func(priority int) *call {
+			h.seq++
+			return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100, Streamed: true})
+		}
+		crit := streamed(1)
+		crit.wantOutcome(t, Dispatched, ReasonNone)
+		first := streamed(0)
+		first.wantOutcome(t, Dispatched, ReasonNone)
+		next := streamed(0) // two prompts pending on a: Standard waits
+		next.wantWaiting(t)
+		urgent := streamed(1) // and so does Critical, ahead of it
+		urgent.wantWaiting(t)
+
+		// A covering scrape shows them running; they have not started, so a stays saturated for Standard.
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 2})
+		next.wantWaiting(t)
+		if s := h.c.Stats(); s.Reserved != 2 {
+			t.Fatalf("%d reservations after the scrape, want the 2 pending ones", s.Reserved)
+		}
+		var sat [1]float64
+		h.c.Saturations([]string{"a"}, sat[:])
+		if sat[0] != 1 {
+			t.Fatalf("saturation %v, want 1 (2 pending over a threshold of 2)", sat[0])
+		}
+
+		// First chunks free places, once each: Critical's first.
+		if !h.c.Started(crit.req.ID) {
+			t.Fatal("Started found no pending request")
+		}
+		synctest.Wait()
+		urgent.wantOutcome(t, Dispatched, ReasonNone)
+		next.wantWaiting(t)
+		if !h.c.Started(first.req.ID) || !h.c.Started(urgent.req.ID) {
+			t.Fatal("Started found no pending request")
+		}
+		synctest.Wait()
+		next.wantOutcome(t, Dispatched, ReasonNone)
+		if h.c.Started(first.req.ID) {
+			t.Fatal("second Started found the request pending")
+		}
+		if h.c.Release(first.req.ID) {
+			t.Fatal("Release after Started and a covering scrape found a reservation")
+		}
+		// Release ends a pending request that never started (the client went away).
+		if !h.c.Release(next.req.ID) {
+			t.Fatal("Release found no reservation for a pending request")
+		}
+
+		// Once no Critical request arrived for a drain-rate window, pending prompts no longer hold Standard back: the
+		// end of the reserve dispatches what it held, without waiting for a scrape.
+		streamed(1).wantOutcome(t, Dispatched, ReasonNone)
+		streamed(1).wantOutcome(t, Dispatched, ReasonNone)
+		held := streamed(0)
+		held.wantWaiting(t)
+		h.step(h.c.Config().DrainRateWindow - time.Millisecond)
+		held.wantWaiting(t)
+		h.step(time.Millisecond)
+		held.wantOutcome(t, Dispatched, ReasonNone)
+		h.scrape(Endpoint{Name: "a", Running: 3})
+		more := []*call{streamed(0), streamed(0), streamed(0)}
+		for _, cl := range more {
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+		}
+		plain := h.admit(0, "t", 1)
+		plain.wantOutcome(t, Dispatched, ReasonNone)
+		if h.c.Started(plain.req.ID) || h.c.Started("unknown") {
+			t.Fatal("Started reported a non-streamed or unknown request as pending")
 		}
 	})
 }

@@ -13,6 +13,15 @@
 // running count over a running threshold. An endpoint has headroom for a band when its metrics are fresh and its
 // saturation is below the band's ceiling.
 //
+// The Critical reserve: while Critical traffic is active (a Critical request arrived within the drain-rate window),
+// saturation also counts an endpoint's pending prompts, the streamed requests the EPP sent it that have not had their
+// first response chunk (Request.Streamed, Started), over the pending threshold. A scrape shows such a request as
+// running once the server schedules it, yet until its first token its prompt is computed in the endpoint's next
+// steps, and any prompt sent there meanwhile shares those steps: with continuous batching, Critical's time to first
+// token under load is mostly the other prompts in its first step. Capping each endpoint's pending prompts keeps that
+// step short; Critical, first in line, takes the next place that frees up. Without Critical traffic the cap would
+// only slow lower bands' bursts, so it is off.
+//
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
 // headroom it hands to the scheduler. Otherwise, in order: a band that rejects when saturated (by default Sheddable,
@@ -20,14 +29,15 @@
 // band rejects; a full controller lets a band allowed to displace evict the newest requests of the lowest lower band;
 // else the request waits.
 //
-// Waiting requests leave in order whenever an event creates headroom (a scrape, a Release, a Bind): bands strictly by
+// Waiting requests leave in order whenever an event creates headroom (a scrape, a Release, a Bind, a Started, the end
+// of the Critical reserve): bands strictly by
 // priority, and within a band by start-time fair queuing across tenants, weighted by policy and charged by estimated
 // cost (tokens), FIFO per tenant. Dispatch is per endpoint: one idle endpoint is enough for the head of the highest
 // non-empty band to go, whatever the pool's average saturation.
 //
 // A dispatched request is reserved on the least saturated endpoint with headroom until the scheduler's choice moves it
-// (Bind), the request finishes (Release), or a scrape taken after it covers it (UpdateEndpoints). This keeps a burst
-// between two scrapes from piling onto one endpoint.
+// (Bind), the request finishes (Release), or a scrape taken after it covers it (UpdateEndpoints) and, if streamed, it
+// has started. This keeps a burst between two scrapes from piling onto one endpoint.
 //
 // Retry-After is the estimated time until the band admits again: the larger of the backlog at and above the band
 // over the drain rate (an exponential moving average of cost dispatched per second of backlogged time) and the age of

@@ -21,13 +21,17 @@ type Endpoint struct {
 	ScrapedAt time.Time
 }
 
-// endpointState is an Endpoint plus the requests the EPP sent it that its last scrape does not yet show. It caches
-// what the fast path needs so that a scan is two comparisons per endpoint.
+// endpointState is an Endpoint plus the requests the EPP sent it that its last scrape does not yet show (reserved)
+// and the streamed requests it sent that have not had their first response chunk (pending). It caches what the fast
+// path needs so that a scan is two comparisons per endpoint.
 type endpointState struct {
 	Endpoint
-	reserved  int
-	sat       float64 // Saturation(Endpoint, reserved, thresholds); refresh after changing reserved
-	scrapedNs int64   // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
+	reserved int
+	pending  int
+	// sat is Saturation(Endpoint, reserved, thresholds); satPending is the larger of sat and pending over the pending
+	// threshold. Refresh both after changing either count.
+	sat, satPending float64
+	scrapedNs       int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
 
 func newEndpointState(e Endpoint) endpointState {
@@ -38,16 +42,41 @@ func newEndpointState(e Endpoint) endpointState {
 	return s
 }
 
-// reserve adds delta reservations and refreshes the cached saturation.
-func (e *endpointState) reserve(delta int, th EndpointThresholds) {
-	e.reserved += delta
-	e.sat = Saturation(e.Endpoint, e.reserved, th)
+// count adds r's share (sign +1 or -1) to the endpoint's counts and refreshes the cached saturations.
+func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
+	if r.unscraped {
+		e.reserved += sign
+	}
+	if r.pending {
+		e.pending += sign
+	}
+	e.refresh(th)
 }
 
-// reservation is one dispatched request counted against an endpoint until a scrape covers it or it finishes.
+// refresh recomputes the cached saturations.
+func (e *endpointState) refresh(th EndpointThresholds) {
+	e.sat = Saturation(e.Endpoint, e.reserved, th)
+	e.satPending = e.sat
+	if th.Pending > 0 {
+		e.satPending = max(e.sat, float64(e.pending)/float64(th.Pending))
+	}
+}
+
+// saturationFor is the saturation headroom is judged by: satPending under the Critical reserve, else sat.
+func (e *endpointState) saturationFor(reserve bool) float64 {
+	if reserve {
+		return e.satPending
+	}
+	return e.sat
+}
+
+// reservation is one dispatched request counted against an endpoint: as unscraped until a scrape covers it, and, if
+// its response streams, as pending until its first response chunk (Controller.Started). Release ends both.
 type reservation struct {
-	endpoint string
-	at       time.Time
+	endpoint  string
+	at        time.Time
+	unscraped bool
+	pending   bool
 }
 
 // Saturation is an endpoint's load relative to its thresholds: the largest of

@@ -11,7 +11,9 @@ type item struct {
 	capped bool
 	cost   float64 // estimated cost in tokens, at least 1
 	bytes  int64
-	seq    uint64 // arrival sequence, breaks ties between equal virtual start tags
+	// streamed is Request.Streamed: the reservation made at dispatch stays pending until Started.
+	streamed bool
+	seq      uint64 // arrival sequence, breaks ties between equal virtual start tags
 
 	enqueuedAt time.Time
 	deadline   time.Time // enqueuedAt + band's MaxQueueTime

@@ -71,7 +71,9 @@ func checkInvariants(c *Controller) error {
 		if q.count < 0 || int64(q.count) > c.cfg.Bands[b].MaxQueuedRequests || q.bytes > c.cfg.Bands[b].MaxQueuedBytes {
 			return fmt.Errorf("band %s holds %d requests, %d bytes", b, q.count, q.bytes)
 		}
-		if q.count > 0 {
+		// A due timer whose callback has not run yet (the clock just stepped) may still dispatch.
+		timerDue := c.ttlTimer != nil && !c.ttlAt.After(now)
+		if q.count > 0 && !timerDue {
 			if _, best := c.headroomLocked(b, now); best >= 0 {
 				return fmt.Errorf("band %s has %d waiting although endpoint %s has headroom", b, q.count, c.endpoints[best].Name)
 			}
@@ -83,17 +85,31 @@ func checkInvariants(c *Controller) error {
 		c.totalCount > c.cfg.MaxQueuedRequests || c.totalBytes > c.cfg.MaxQueuedBytes {
 		return fmt.Errorf("totals: bands %d/%d bytes, counters %d/%d, index %d", total, bytes, c.totalCount, c.totalBytes, len(c.queued))
 	}
-	reserved := 0
-	for _, e := range c.endpoints {
-		if e.reserved < 0 {
-			return fmt.Errorf("endpoint %s has %d reservations", e.Name, e.reserved)
+	unscraped := make([]int, len(c.endpoints))
+	pending := make([]int, len(c.endpoints))
+	for id, r := range c.reservations {
+		if !r.unscraped && !r.pending {
+			return fmt.Errorf("reservation %s counts for nothing and was kept", id)
 		}
-		reserved += e.reserved
+		if i, ok := c.endpointIndex[r.endpoint]; ok {
+			unscraped[i] += b2i(r.unscraped)
+			pending[i] += b2i(r.pending)
+		}
 	}
-	if reserved > len(c.reservations) {
-		return fmt.Errorf("endpoints count %d reservations, only %d exist", reserved, len(c.reservations))
+	for i, e := range c.endpoints {
+		if e.reserved != unscraped[i] || e.pending != pending[i] {
+			return fmt.Errorf("endpoint %s counts %d unscraped and %d pending, reservations say %d and %d",
+				e.Name, e.reserved, e.pending, unscraped[i], pending[i])
+		}
 	}
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // sampleChecker is a Recorder that checks every queue sample against the capacities and counts decisions.
@@ -203,7 +219,8 @@ func TestRandomizedExactlyOneOutcome(t *testing.T) {
 					cancels <- cancel
 				}
 				d, err := c.Admit(ctx, Request{ID: fmt.Sprintf("r%d", n), Tenant: fmt.Sprintf("t%d", wrng.IntN(8)),
-					Priority: wrng.IntN(3) - 1, Bytes: int64(wrng.IntN(200)), EstimatedCost: uint64(wrng.IntN(1000))})
+					Priority: wrng.IntN(3) - 1, Bytes: int64(wrng.IntN(200)), EstimatedCost: uint64(wrng.IntN(1000)),
+					Streamed: wrng.IntN(2) == 0})
 				cancel()
 				results[n].d, results[n].err = d, err
 				results[n].calls++
@@ -257,6 +274,9 @@ func TestRandomizedExactlyOneOutcome(t *testing.T) {
 			case id := <-dispatched:
 				if rng.IntN(2) == 0 {
 					c.Bind(id, names[rng.IntN(len(names))])
+				}
+				if rng.IntN(2) == 0 {
+					c.Started(id)
 				}
 				c.Release(id)
 			default:
@@ -362,7 +382,7 @@ func runScript(t *testing.T, script []byte) {
 			cl := &call{id: fmt.Sprintf("r%d", len(calls)), cancel: cancel, done: make(chan struct{})}
 			calls = append(calls, cl)
 			req := Request{ID: cl.id, Tenant: fmt.Sprintf("t%d", arg%4), Priority: int(b>>4) - 2, Bytes: int64(arg * 40),
-				EstimatedCost: uint64(arg * 100)}
+				EstimatedCost: uint64(arg * 100), Streamed: arg&1 == 1}
 			go func() {
 				defer close(cl.done)
 				cl.d, cl.err = c.Admit(ctx, req)
@@ -389,6 +409,10 @@ func runScript(t *testing.T, script []byte) {
 			}
 		case 7: // step the clock
 			clk.Step(time.Duration(arg+1) * 100 * time.Millisecond)
+		case 9: // a request's first response chunk
+			if len(calls) > 0 {
+				c.Started(calls[arg%len(calls)].id)
+			}
 		case 8: // release or bind a request
 			if len(calls) > 0 {
 				id := calls[arg%len(calls)].id

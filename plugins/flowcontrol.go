@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -146,8 +147,11 @@ type FlowControlDeps struct {
 //     Unavailable is 503; Cancelled returns the context's error (the client is gone).
 //   - ShapeImmediateResponse (the runner's ResponseShaper) adds Retry-After, x-sluice-shed-reason and an OpenAI
 //     error body to the immediate response of every request Admit did not admit.
-//   - PreRequest binds the request's reservation to the endpoint the scheduler picked; ResponseBody releases it when
-//     the response ends (upstream calls it with EndOfStream also on errors and client disconnects).
+//   - PreRequest binds the request's reservation to the endpoint the scheduler picked; ResponseBody reports a
+//     streamed response's first chunk (flowcontrol.Controller.Started) and releases the reservation when the response
+//     ends (upstream calls it with EndOfStream also on errors and client disconnects). Requests are marked
+//     flowcontrol.Request.Streamed only once a first chunk has been seen: a gateway that does not send response
+//     bodies to the EPP never reports one, and its streamed requests then count as they would without streaming.
 //   - Run feeds the controller a snapshot of endpoint metrics every SnapshotInterval and, when its context ends,
 //     shuts the controller down so that waiting requests get an answer.
 //   - Attached HeadroomFilters restrict scheduling to the endpoints that had headroom when the request was
@@ -166,6 +170,11 @@ type FlowControl struct {
 	// headroom holds dispatched decisions until PreRequest; filled only while a HeadroomFilter is attached.
 	headroom  *decisionStore
 	filtering atomic.Bool
+	// chunksSeen is set by the first non-final response chunk: from then on streamed requests are Streamed.
+	chunksSeen atomic.Bool
+	// awaitingFirstChunk holds the IDs of dispatched Streamed requests until their first chunk, so that Started
+	// runs once per request rather than per chunk.
+	awaitingFirstChunk sync.Map
 }
 
 // NewFlowControl builds the adapter around a new controller running cfg (nil means flowcontrol.DefaultConfig()).
@@ -237,13 +246,17 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 		}
 		return err
 	}
-	return f.settle(req.ID, d, err)
+	return f.settle(req, d, err)
 }
 
 // settle keeps what later hooks need about a decision that is not Cancelled (the headroom of a dispatched request,
 // the answer of a shed one) and returns Admit's result: nil when dispatched, else the error upstream answers.
-func (f *FlowControl) settle(id string, d flowcontrol.Decision, err error) error {
+func (f *FlowControl) settle(req flowcontrol.Request, d flowcontrol.Decision, err error) error {
+	id := req.ID
 	if d.Outcome == flowcontrol.Dispatched {
+		if req.Streamed {
+			f.awaitingFirstChunk.Store(id, struct{}{})
+		}
 		if f.filtering.Load() && len(d.Endpoints) > 0 {
 			f.headroom.put(id, d, "")
 		}
@@ -265,6 +278,7 @@ func (f *FlowControl) requestOf(reqCtx *handlers.RequestContext, priority int) f
 		req.ID = reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey]
 	}
 	req.EstimatedCost = EstimatedCost(reqCtx.RequestSize, body, f.opts.DefaultOutputTokens)
+	req.Streamed = body != nil && body.Stream && f.chunksSeen.Load()
 	return req
 }
 
@@ -386,12 +400,24 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 	f.ctrl.Bind(request.RequestId, EndpointName(primary.TargetEndpoints[0].GetMetadata()))
 }
 
-// ResponseBody implements fwkrc.ResponseBody: the request's reservation ends with its response. Upstream calls the
-// hook with EndOfStream once per request that reached an endpoint, also after errors and client disconnects.
+// ResponseBody implements fwkrc.ResponseBody: a streamed response's first chunk ends the request's pending count on
+// its endpoint, and the reservation ends with the response. Upstream calls the hook for every chunk of a streamed
+// response, and with EndOfStream once per request that reached an endpoint, also after errors and client
+// disconnects.
 func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMRequest, response *fwkrc.Response, _ *fwkdl.EndpointMetadata) {
-	if request == nil || response == nil || !response.EndOfStream {
+	if request == nil || response == nil {
 		return
 	}
+	if !response.EndOfStream {
+		if !f.chunksSeen.Load() {
+			f.chunksSeen.Store(true)
+		}
+		if _, ok := f.awaitingFirstChunk.LoadAndDelete(request.RequestId); ok {
+			f.ctrl.Started(request.RequestId)
+		}
+		return
+	}
+	f.awaitingFirstChunk.Delete(request.RequestId)
 	f.ctrl.Release(request.RequestId)
 }
 

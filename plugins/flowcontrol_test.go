@@ -417,6 +417,63 @@ func TestFlowControlBindRelease(t *testing.T) {
 	}
 }
 
+// TestFlowControlFirstChunk: once the gateway has shown that it sends streamed response bodies to the EPP (a first
+// non-final chunk), streamed requests count against their endpoint until their own first chunk (the controller's
+// Critical reserve); before that, and for non-streamed requests, they count as without streaming.
+func TestFlowControlFirstChunk(t *testing.T) {
+	ctx := context.Background()
+	pool := &fakePool{}
+	fc, clk := newTestFlowControl(t, nil, pool)
+	scrape := func() {
+		t.Helper()
+		clk.Step(10 * time.Millisecond)
+		pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()))
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scrape()
+	admit := func(id string, stream bool) {
+		t.Helper()
+		rc := requestContext(id, "t", 10, nil)
+		rc.SchedulingRequest.Body.Stream = stream
+		if err := fc.Admit(ctx, rc, 1); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+	chunk := func(id string, end bool) {
+		fc.ResponseBody(ctx, &fwksched.LLMRequest{RequestId: id}, &fwkrc.Response{RequestId: id, EndOfStream: end}, nil)
+	}
+	reserved := func(want int, why string) {
+		t.Helper()
+		if got := fc.ctrl.Stats().Reserved; got != want {
+			t.Fatalf("%s: %d reservations, want %d", why, got, want)
+		}
+	}
+
+	admit("s0", true)
+	scrape()
+	reserved(0, "a streamed request before any chunk was seen, after a covering scrape")
+	chunk("s0", false)
+	chunk("s0", true)
+
+	admit("s1", true)
+	admit("plain", false)
+	scrape()
+	admit("s2", true)
+	scrape()
+	reserved(2, "two streamed requests without a first chunk, after a covering scrape")
+	chunk("s1", false)
+	chunk("s1", false)
+	reserved(1, "after s1's chunks")
+	chunk("s2", true) // ended before any chunk: the client went away
+	reserved(0, "after s2 ended")
+	chunk("plain", true)
+	if n := fc.headroom.len() + fc.shed.len(); n != 0 {
+		t.Fatalf("%d decisions left in the stores", n)
+	}
+}
+
 // TestFlowControlRunSnapshotsAndShutdown drives Run on a fake clock: snapshots follow the ticker, and cancelling its
 // context answers new and waiting requests 503 shutting_down (the waiting ones after the grace period).
 func TestFlowControlRunSnapshotsAndShutdown(t *testing.T) {

@@ -524,7 +524,7 @@ func (f *FlowControl) submit(reqCtx *handlers.RequestContext, priority int, deci
 			decided(err, true)
 			return
 		}
-		decided(f.settle(req.ID, d, err), false)
+		decided(f.settle(req, d, err), false)
 	})
 }
 
@@ -704,6 +704,21 @@ func (p *InProcessPicker) ResponseHeader(id string, headers map[string]string) {
 	for _, h := range p.respHeader {
 		h.ResponseHeader(p.ctx, st.rc.SchedulingRequest, resp, st.rc.TargetPod)
 	}
+}
+
+// ResponseChunk runs the ResponseBody plugins for a non-final chunk of a routed request's streamed response, as
+// upstream does for every chunk. Callers may report only the first chunk: no plugin acts on later ones (Sluice
+// admission counts a streamed request as pending on its endpoint until its first chunk).
+func (p *InProcessPicker) ResponseChunk(id string) {
+	st := p.requests[id]
+	if st == nil || !st.routed {
+		return
+	}
+	resp := &fwkrc.Response{RequestId: id, Headers: st.rc.Response.Headers, Usage: st.rc.Usage}
+	for _, h := range p.respBody {
+		h.ResponseBody(p.ctx, st.rc.SchedulingRequest, resp, st.rc.TargetPod)
+	}
+	p.Resume()
 }
 
 // ResponseComplete ends a routed request: the configured parser reads the usage from the last body chunk (for a

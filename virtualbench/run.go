@@ -439,6 +439,7 @@ func (r *run) afterStep() {
 		r.pickerCall(func() {
 			for _, a := range r.firstSeen {
 				r.picker.ResponseHeader(a.id, streamHeaders)
+				r.picker.ResponseChunk(a.id)
 			}
 		})
 	}
