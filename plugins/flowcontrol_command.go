@@ -135,15 +135,16 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 // sluiceDefaultProfile is Sluice's default EndpointPickerConfig. Its weights are upstream's default weights for the
 // scorers both share (queue 2, KV cache 2, prefix cache 3); Sluice's scorers replace upstream's prefix-cache scorer
 // and add LoRA affinity and admission's fresh saturation. The choice is measured by the virtual-time suite
-// (bench/scenarios): against upstream's default it is better on a uniform fleet (TTFT p95 44 vs 111 ms), mixed GPUs,
-// bursts, LoRA adapters (about a quarter of the adapter loads) and shared prefixes at p99 (1004 vs 1174 ms; p95
-// equal): `make bench ENGINE=virtual`.
+// (bench/scenarios): against upstream's default it is better on a uniform fleet (TTFT p95 44 vs 111 ms), mixed GPUs
+// (p99 468 vs 763 ms), bursts (p99 1.42 vs 2.77 s), LoRA adapters (about a quarter of the adapter loads) and shared
+// prefixes (p95 600 vs 656 ms, p99 715 vs 1174 ms): `make bench ENGINE=virtual`.
 //
 //   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled.
 //   - sluice-served-model-filter: in a pool of servers of several base models (a canary Deployment beside the
 //     stable one) a request goes to a server of its target model; a no-op otherwise.
 //   - sluice-saturation-scorer (weight 2): ranks endpoints by admission's saturation, which counts each dispatch at
-//     once, so requests between two scrapes do not all go to the endpoint that looked best at the last one.
+//     once, so requests between two scrapes do not all go to the endpoint that looked best at the last one, and each
+//     streamed prompt until its first token, so prompts spread over the endpoints that are not computing others.
 //   - sluice-lora-residency-extractor on the metrics source: which adapters are resident and which base model a
 //     server serves (vLLM's model_name label), so base-model requests are never scored by adapter state.
 //   - sluice-openai-parser: upstream's parser plus usage.prompt_tokens_details.cached_tokens, which the prefix-cache
