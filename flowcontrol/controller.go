@@ -766,7 +766,7 @@ func (c *Controller) Started(id string) bool {
 		return false
 	}
 	c.unreserveLocked(r)
-	r.pending = false
+	r.pending, r.started = false, true
 	if r.unscraped {
 		c.reservations[id] = r
 		if i, ok := c.endpointIndex[r.endpoint]; ok {
@@ -881,20 +881,30 @@ type Stats struct {
 	ShuttingDown bool
 }
 
-// Saturations writes into out the current saturation of each named endpoint: its latest snapshot plus the requests
-// dispatched to it since, and the streamed ones it has not begun answering over the pending threshold, as headroom is
-// judged under the Critical reserve. An endpoint the controller does not know, or whose
-// metrics are stale, reads as saturated (1). Schedulers use it to rank endpoints by load that is fresher than any
-// scrape.
-func (c *Controller) Saturations(names []string, out []float64) {
+// Saturations writes into out the current saturation of each named endpoint, for schedulers to rank endpoints by load
+// fresher than any scrape: its latest snapshot, plus the requests dispatched to it since that have not had their first
+// response chunk (a started one runs there, no longer waits), and the streamed prompts it has not begun answering over
+// the pending threshold. The request being scheduled, self, does not count: the controller provisionally reserved it
+// on an endpoint, which must not make that endpoint look busier to its own scheduling. An endpoint the controller does
+// not know, or whose metrics are stale, reads as saturated (1).
+func (c *Controller) Saturations(self string, names []string, out []float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cutoff := freshCutoff(c.clock.Now(), c.cfg.Endpoint.MetricsStaleness)
+	own, hasOwn := c.reservations[self]
 	for i, name := range names {
 		out[i] = 1
-		if j, ok := c.endpointIndex[name]; ok && c.endpoints[j].scrapedNs >= cutoff {
-			out[i] = c.endpoints[j].satPending
+		j, ok := c.endpointIndex[name]
+		if !ok || c.endpoints[j].scrapedNs < cutoff {
+			continue
 		}
+		if hasOwn && own.endpoint == name {
+			e := c.endpoints[j]
+			e.count(own, -1, c.cfg.Endpoint)
+			out[i] = e.satRank
+			continue
+		}
+		out[i] = c.endpoints[j].satRank
 	}
 }
 

@@ -212,7 +212,7 @@ func TestCriticalReserve(t *testing.T) {
 			t.Fatalf("%d reservations after the scrape, want the 2 pending ones", s.Reserved)
 		}
 		var sat [1]float64
-		h.c.Saturations([]string{"a"}, sat[:])
+		h.c.Saturations("", []string{"a"}, sat[:])
 		if sat[0] != 1 {
 			t.Fatalf("saturation %v, want 1 (2 pending over a threshold of 2)", sat[0])
 		}
@@ -716,24 +716,30 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	}
 }
 
-// TestSaturations: the saturation schedulers rank by includes dispatches since the snapshot; unknown and stale
-// endpoints read as saturated.
+// TestSaturations: the saturation schedulers rank by includes dispatches since the snapshot, except the request being
+// scheduled; unknown and stale endpoints read as saturated.
 func TestSaturations(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.MetricsStaleness = 10 * time.Second }))
 		h.scrape(ep("a", 0), ep("b", 1))
 		got := make([]float64, 3)
-		h.c.Saturations([]string{"a", "b", "unknown"}, got)
+		h.c.Saturations("", []string{"a", "b", "unknown"}, got)
 		if want := []float64{0, 0.2, 1}; !slices.Equal(got, want) {
 			t.Fatalf("after the scrape: %v, want %v", got, want)
 		}
-		h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // reserves the least saturated endpoint, a
-		h.c.Saturations([]string{"a", "b", "unknown"}, got)
+		cl := h.admit(0, "t", 1)
+		cl.wantOutcome(t, Dispatched, ReasonNone) // reserves the least saturated endpoint, a
+		h.c.Saturations("", []string{"a", "b", "unknown"}, got)
 		if want := []float64{0.2, 0.2, 1}; !slices.Equal(got, want) {
 			t.Fatalf("after a dispatch: %v, want %v", got, want)
 		}
+		// The request being scheduled does not see its own provisional reservation.
+		h.c.Saturations(cl.req.ID, []string{"a", "b", "unknown"}, got)
+		if want := []float64{0, 0.2, 1}; !slices.Equal(got, want) {
+			t.Fatalf("for the dispatched request itself: %v, want %v", got, want)
+		}
 		h.step(11 * time.Second)
-		h.c.Saturations([]string{"a", "b", "unknown"}, got)
+		h.c.Saturations("", []string{"a", "b", "unknown"}, got)
 		if want := []float64{1, 1, 1}; !slices.Equal(got, want) {
 			t.Fatalf("with stale metrics: %v, want %v", got, want)
 		}

@@ -27,11 +27,13 @@ type Endpoint struct {
 type endpointState struct {
 	Endpoint
 	reserved int
-	pending  int
+	// started counts the reserved requests that have had their first response chunk: running, no longer waiting.
+	started int
+	pending int
 	// sat is Saturation(Endpoint, reserved, thresholds); satPending is the larger of sat and pending over the pending
-	// threshold. Refresh both after changing either count.
-	sat, satPending float64
-	scrapedNs       int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
+	// threshold; satRank is satPending without the started requests. Refresh them after changing any count.
+	sat, satPending, satRank float64
+	scrapedNs                int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
 
 func newEndpointState(e Endpoint) endpointState {
@@ -46,6 +48,9 @@ func newEndpointState(e Endpoint) endpointState {
 func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
 	if r.unscraped {
 		e.reserved += sign
+		if r.started {
+			e.started += sign
+		}
 	}
 	if r.pending {
 		e.pending += sign
@@ -56,9 +61,10 @@ func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
 // refresh recomputes the cached saturations.
 func (e *endpointState) refresh(th EndpointThresholds) {
 	e.sat = Saturation(e.Endpoint, e.reserved, th)
-	e.satPending = e.sat
+	e.satPending, e.satRank = e.sat, Saturation(e.Endpoint, e.reserved-e.started, th)
 	if th.Pending > 0 {
-		e.satPending = max(e.sat, float64(e.pending)/float64(th.Pending))
+		p := float64(e.pending) / float64(th.Pending)
+		e.satPending, e.satRank = max(e.satPending, p), max(e.satRank, p)
 	}
 }
 
@@ -77,6 +83,7 @@ type reservation struct {
 	at        time.Time
 	unscraped bool
 	pending   bool
+	started   bool
 }
 
 // Saturation is an endpoint's load relative to its thresholds: the largest of

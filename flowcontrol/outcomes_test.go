@@ -87,6 +87,7 @@ func checkInvariants(c *Controller) error {
 	}
 	unscraped := make([]int, len(c.endpoints))
 	pending := make([]int, len(c.endpoints))
+	started := make([]int, len(c.endpoints))
 	for id, r := range c.reservations {
 		if !r.unscraped && !r.pending {
 			return fmt.Errorf("reservation %s counts for nothing and was kept", id)
@@ -94,12 +95,13 @@ func checkInvariants(c *Controller) error {
 		if i, ok := c.endpointIndex[r.endpoint]; ok {
 			unscraped[i] += b2i(r.unscraped)
 			pending[i] += b2i(r.pending)
+			started[i] += b2i(r.unscraped && r.started)
 		}
 	}
 	for i, e := range c.endpoints {
-		if e.reserved != unscraped[i] || e.pending != pending[i] {
-			return fmt.Errorf("endpoint %s counts %d unscraped and %d pending, reservations say %d and %d",
-				e.Name, e.reserved, e.pending, unscraped[i], pending[i])
+		if e.reserved != unscraped[i] || e.pending != pending[i] || e.started != started[i] {
+			return fmt.Errorf("endpoint %s counts %d unscraped, %d pending and %d started, reservations say %d, %d and %d",
+				e.Name, e.reserved, e.pending, e.started, unscraped[i], pending[i], started[i])
 		}
 	}
 	return nil

@@ -54,7 +54,7 @@ func (s *SaturationScorer) TypedName() fwkplugin.TypedName { return s.typedName 
 func (s *SaturationScorer) Category() fwksched.ScorerCategory { return fwksched.Distribution }
 
 // Score implements fwksched.Scorer.
-func (s *SaturationScorer) Score(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
+func (s *SaturationScorer) Score(_ context.Context, _ *fwksched.CycleState, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64 {
 	result := make(map[fwksched.Endpoint]float64, len(endpoints))
 	fc := s.source.Load()
 	if fc == nil {
@@ -72,7 +72,11 @@ func (s *SaturationScorer) Score(_ context.Context, _ *fwksched.CycleState, _ *f
 	for _, ep := range endpoints {
 		buf.names = append(buf.names, EndpointName(ep.GetMetadata()))
 	}
-	fc.ctrl.Saturations(buf.names, buf.sats)
+	self := ""
+	if req != nil {
+		self = req.RequestId
+	}
+	fc.ctrl.Saturations(self, buf.names, buf.sats)
 	for i, ep := range endpoints {
 		result[ep] = 1 - min(buf.sats[i], 1)
 	}
