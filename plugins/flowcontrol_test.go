@@ -423,7 +423,9 @@ func TestFlowControlBindRelease(t *testing.T) {
 func TestFlowControlFirstChunk(t *testing.T) {
 	ctx := context.Background()
 	pool := &fakePool{}
-	fc, clk := newTestFlowControl(t, nil, pool)
+	cfg := flowcontrol.DefaultConfig()
+	cfg.Endpoint.Pending = 2
+	fc, clk := newTestFlowControl(t, cfg, pool)
 	scrape := func() {
 		t.Helper()
 		clk.Step(10 * time.Millisecond)
