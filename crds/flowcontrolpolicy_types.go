@@ -361,13 +361,13 @@ type EndpointThresholds struct {
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
 	// PendingThreshold is the Critical reserve: while Critical traffic is active (a Critical request arrived within
 	// the last drainRateWindow), an endpoint is saturated for lower bands once this many streamed requests sent to it
-	// have not had their first response chunk (they wait there or are in prefill). The default, 1, lets each endpoint
-	// compute one new prompt at a time while Critical requests arrive, so a Critical prompt shares its first step with
-	// at most the one it waits for; larger values trade Critical latency for lower bands' throughput. 0 disables the
-	// reserve.
+	// have not had their first response chunk (they wait there or are in prefill). With the default, 2, a Critical
+	// prompt shares its first step with at most one other; 1 (one new prompt per endpoint at a time) keeps Critical's
+	// time to first token closest to an idle pool's but costs lower bands throughput while Critical requests arrive,
+	// more so where the proxy adds latency between the EPP and the servers. 0 disables the reserve.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:default=1
+	// +kubebuilder:default=2
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
 	// KVCacheUtilThreshold is the KV-cache utilisation at which an endpoint is saturated. In (0, 1].
 	// +optional

@@ -23,7 +23,7 @@ const (
 	DefaultSheddableMaxPriority = -1
 
 	DefaultQueueDepthThreshold       = 2
-	DefaultPendingThreshold          = 1
+	DefaultPendingThreshold          = 2
 	DefaultKVCacheUtilThreshold      = 0.8
 	DefaultMetricsStalenessThreshold = 200 * time.Millisecond
 
@@ -134,7 +134,7 @@ type APIPriorityMapping struct {
 type APIEndpointThresholds struct {
 	// Default 2.
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
-	// 0 disables the Critical reserve. Default 1.
+	// 0 disables the Critical reserve. Default 2.
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
 	// In (0, 1]. Default 0.8.
 	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`

@@ -882,9 +882,9 @@ type Stats struct {
 }
 
 // Saturations writes into out the current saturation of each named endpoint, for schedulers to rank endpoints by load
-// fresher than any scrape: its latest snapshot, plus the requests dispatched to it since that have not had their first
-// response chunk (a started one runs there, no longer waits), and the streamed prompts it has not begun answering over
-// the pending threshold. The request being scheduled, self, does not count: the controller provisionally reserved it
+// fresher than any scrape: the largest of its saturation from its latest snapshot plus the requests dispatched to it
+// since that have not had their first response chunk (a started one runs there, no longer waits), and the number of
+// streamed prompts it has not begun answering (one is enough to delay a new prompt's first token there). The request being scheduled, self, does not count: the controller provisionally reserved it
 // on an endpoint, which must not make that endpoint look busier to its own scheduling. An endpoint the controller does
 // not know, or whose metrics are stale, reads as saturated (1).
 func (c *Controller) Saturations(self string, names []string, out []float64) {

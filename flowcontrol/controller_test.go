@@ -213,8 +213,8 @@ func TestCriticalReserve(t *testing.T) {
 		}
 		var sat [1]float64
 		h.c.Saturations("", []string{"a"}, sat[:])
-		if sat[0] != 1 {
-			t.Fatalf("saturation %v, want 1 (2 pending over a threshold of 2)", sat[0])
+		if sat[0] != 2 {
+			t.Fatalf("saturation for ranking %v, want 2 (one per pending prompt)", sat[0])
 		}
 
 		// First chunks free places, once each: Critical's first.

@@ -31,7 +31,8 @@ type endpointState struct {
 	started int
 	pending int
 	// sat is Saturation(Endpoint, reserved, thresholds); satPending is the larger of sat and pending over the pending
-	// threshold; satRank is satPending without the started requests. Refresh them after changing any count.
+	// threshold; satRank, what schedulers rank by, is the larger of sat without the started requests and pending.
+	// Refresh them after changing any count.
 	sat, satPending, satRank float64
 	scrapedNs                int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
@@ -61,11 +62,13 @@ func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
 // refresh recomputes the cached saturations.
 func (e *endpointState) refresh(th EndpointThresholds) {
 	e.sat = Saturation(e.Endpoint, e.reserved, th)
-	e.satPending, e.satRank = e.sat, Saturation(e.Endpoint, e.reserved-e.started, th)
+	e.satPending = e.sat
 	if th.Pending > 0 {
-		p := float64(e.pending) / float64(th.Pending)
-		e.satPending, e.satRank = max(e.satPending, p), max(e.satRank, p)
+		e.satPending = max(e.sat, float64(e.pending)/float64(th.Pending))
 	}
+	// For ranking, one prompt the endpoint is computing already makes it as slow to start a new one as a saturated
+	// endpoint: a prompt sent there shares its first step.
+	e.satRank = max(Saturation(e.Endpoint, e.reserved-e.started, th), float64(e.pending))
 }
 
 // saturationFor is the saturation headroom is judged by: satPending under the Critical reserve, else sat.
