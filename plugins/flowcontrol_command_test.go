@@ -101,7 +101,7 @@ func TestDefaultEndpointPickerConfig(t *testing.T) {
 		}
 	}
 	want := map[string]float64{SaturationScorerType: 2, "queue-scorer": 2, "kv-cache-utilization-scorer": 2, PrefixCacheType: 3,
-		LoRAAffinityType: 2}
+		LoRAAffinityType: 3}
 	if !maps.Equal(weights, want) {
 		t.Errorf("scorer weights = %v, want %v", weights, want)
 	}
