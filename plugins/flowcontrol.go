@@ -427,6 +427,7 @@ func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMReque
 // x-sluice-shed-reason, and an OpenAI-style JSON error whose code is the reason.
 func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string, resp *extprocv3.ImmediateResponse) {
 	f.headroom.delete(requestID)
+	f.awaitingFirstChunk.Delete(requestID)
 	f.ctrl.Release(requestID)
 	sd, ok := f.shed.take(requestID)
 	if !ok {

@@ -471,9 +471,17 @@ func TestFlowControlFirstChunk(t *testing.T) {
 	chunk("s2", true) // ended before any chunk: the client went away
 	reserved(0, "after s2 ended")
 	chunk("plain", true)
+	// A streamed request that fails before reaching its endpoint (its immediate response) leaves nothing behind.
+	admit("s3", true)
+	fc.ShapeImmediateResponse(ctx, "s3", &extprocv3.ImmediateResponse{})
+	reserved(0, "after s3's immediate response")
 	if n := fc.headroom.len() + fc.shed.len(); n != 0 {
 		t.Fatalf("%d decisions left in the stores", n)
 	}
+	fc.awaitingFirstChunk.Range(func(id, _ any) bool {
+		t.Errorf("%v still awaits its first chunk", id)
+		return true
+	})
 }
 
 // TestFlowControlRunSnapshotsAndShutdown drives Run on a fake clock: snapshots follow the ticker, and cancelling its
