@@ -193,7 +193,7 @@ func (r *realRun) start(ctx context.Context) error {
 	if settle == 0 {
 		settle = DefaultSettle
 	}
-	return sleepCtx(ctx, settle)
+	return loadgen.Sleep(ctx, settle)
 }
 
 // eppArgs writes the contender's files into the run folder and returns the
@@ -349,17 +349,6 @@ func (r *realRun) fleetCounters(ctx context.Context) (FleetCounters, error) {
 		f.Preemptions += page.sum(metricPreemptions)
 	}
 	return f, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Where freePortRange looks: above the usual service ports, below Linux's

@@ -14,7 +14,8 @@ import (
 // Request describes one request asking for admission. It carries plain values only.
 type Request struct {
 	// ID identifies the request until it finishes; it must be unique among requests the controller still tracks
-	// (waiting, or dispatched and not yet released or covered by a scrape). Bind and Release use it.
+	// (waiting, or dispatched and not yet released, or neither covered by a scrape nor, if Streamed, started). Bind,
+	// Started and Release use it.
 	ID string
 	// Tenant is the fairness ID. Tenants share a band fairly, weighted by their policy weight.
 	Tenant string
@@ -681,8 +682,7 @@ func (c *Controller) onTTLTimer(gen uint64) {
 
 // UpdateEndpoints replaces the pool snapshot after a scrape. Requests dispatched to an endpoint before its scrape stop
 // counting as unscraped, since the scrape counts them itself (they stay pending until Started); reservations on
-// endpoints no longer in the pool are dropped. Waiting requests
-// are then dispatched onto any endpoint with headroom. Invalid entries (empty or duplicate names, negative counts,
+// endpoints no longer in the pool are dropped. Waiting requests are then dispatched onto any endpoint with headroom. Invalid entries (empty or duplicate names, negative counts,
 // KV usage outside [0, 1]) are left out, and reported in the returned error; the rest of the snapshot applies.
 func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	var errs []error
@@ -719,7 +719,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 			delete(c.reservations, id)
 			continue
 		}
-		states[i].count(r, +1, c.cfg.Endpoint)
+		states[i].tally(r, +1)
 	}
 	for i := range states {
 		states[i].refresh(c.cfg.Endpoint)

@@ -47,6 +47,12 @@ func newEndpointState(e Endpoint) endpointState {
 
 // count adds r's share (sign +1 or -1) to the endpoint's counts and refreshes the cached saturations.
 func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
+	e.tally(r, sign)
+	e.refresh(th)
+}
+
+// tally adds r's share (sign +1 or -1) to the endpoint's counts; the caller refreshes.
+func (e *endpointState) tally(r reservation, sign int) {
 	if r.unscraped {
 		e.reserved += sign
 		if r.started {
@@ -56,7 +62,6 @@ func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
 	if r.pending {
 		e.pending += sign
 	}
-	e.refresh(th)
 }
 
 // refresh recomputes the cached saturations.

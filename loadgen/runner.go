@@ -117,7 +117,7 @@ func (c *RunConfig) applyDefaults() {
 		c.Client = NewLoopbackClient()
 	}
 	if c.wait == nil {
-		c.wait = realWait
+		c.wait = Sleep
 	}
 }
 
@@ -127,6 +127,13 @@ func (c *RunConfig) Validate() error {
 	if err := CheckLoopbackURL(c.Target); err != nil {
 		errs = append(errs, err)
 	}
+	return errors.Join(append(errs, c.ValidateLoad())...)
+}
+
+// ValidateLoad checks everything but the target: the mix, the load model, when the run ends, and that no duration or
+// count is negative. Engines that send the same load elsewhere (the virtual-time engine) validate it with this.
+func (c *RunConfig) ValidateLoad() error {
+	var errs []error
 	if c.Mix == nil {
 		errs = append(errs, errors.New("a mix is required"))
 	} else if err := c.Mix.Validate(); err != nil {
@@ -206,7 +213,8 @@ func NewLoopbackClient() *http.Client {
 	}
 }
 
-func realWait(ctx context.Context, d time.Duration) error {
+// Sleep waits d or until ctx ends, whichever comes first, and returns ctx's error in the second case.
+func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}

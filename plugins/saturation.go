@@ -16,9 +16,9 @@ const SaturationScorerType = "sluice-saturation-scorer"
 
 var _ fwksched.Scorer = (*SaturationScorer)(nil)
 
-// SaturationScorer scores an endpoint 1 − its Sluice admission saturation (capped at 1): the load admission judges
-// headroom by under the Critical reserve, i.e. the endpoint's last scrape plus the requests dispatched to it since and
-// the streamed prompts it has not begun answering (flowcontrol.Controller.Saturations). Upstream's queue and KV
+// SaturationScorer scores an endpoint 1 − its Sluice admission saturation for ranking (capped at 1): the endpoint's
+// last scrape plus the requests dispatched to it since that have not started, and the streamed prompts it has not
+// begun answering, the request being scored excluded (flowcontrol.Controller.Saturations). Upstream's queue and KV
 // scorers see only the scrape, so every request between two scrapes goes to the same "best" endpoint, and two
 // prefills land in one server step where round-robin would have spread them; this scorer sees each dispatch at once.
 // It needs Sluice admission (FlowControl attaches it, as it does the headroom filter); without it every endpoint

@@ -173,30 +173,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Mode == "" {
 		c.Mode = loadgen.ModeOpen
 	}
-	if c.Mix == nil {
-		errs = append(errs, errors.New("a mix is required"))
-	} else if err := c.Mix.Validate(); err != nil {
+	load := loadgen.RunConfig{Mix: c.Mix, Mode: c.Mode, Arrival: c.Arrival, Users: c.Users, Duration: c.Duration,
+		MaxRequests: c.MaxRequests, RequestTimeout: c.RequestTimeout, Drain: c.Drain, MaxInFlight: c.MaxInFlight,
+		Retry: c.Retry}
+	if err := load.ValidateLoad(); err != nil {
 		errs = append(errs, err)
 	}
-	switch c.Mode {
-	case loadgen.ModeOpen:
-		if err := c.Arrival.Validate(); err != nil {
-			errs = append(errs, err)
-		}
-	case loadgen.ModeClosed:
-		if c.Users < 1 {
-			errs = append(errs, fmt.Errorf("closed loop needs at least one user, got %d", c.Users))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("mode %q is not open or closed", c.Mode))
-	}
-	if c.Duration <= 0 && c.MaxRequests <= 0 {
-		errs = append(errs, errors.New("set a duration or a request count: a run must end by itself"))
-	}
-	if c.Duration < 0 || c.MaxRequests < 0 || c.RequestTimeout < 0 || c.Drain < 0 || c.MaxInFlight < 0 ||
-		c.Retry.MaxAttempts < 0 || c.Retry.MaxWait < 0 || c.ScrapeInterval < 0 || c.SampleInterval < 0 ||
-		c.DefaultMaxTokens < 0 {
-		errs = append(errs, errors.New("durations and counts must not be negative"))
+	if c.ScrapeInterval < 0 || c.SampleInterval < 0 || c.DefaultMaxTokens < 0 {
+		errs = append(errs, errors.New("scrape and sample intervals and default max tokens must not be negative"))
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = loadgen.DefaultRequestTimeout
