@@ -359,16 +359,28 @@ type EndpointThresholds struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:default=2
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
-	// PendingThreshold is the Critical reserve: while Critical traffic is active (a Critical request arrived within
-	// the last drainRateWindow), an endpoint is saturated for lower bands once this many streamed requests sent to it
-	// have not had their first response chunk (they wait there or are in prefill). With the default, 2, a Critical
-	// prompt shares its first step with at most one other; 1 (one new prompt per endpoint at a time) keeps Critical's
-	// time to first token closest to an idle pool's but costs lower bands throughput while Critical requests arrive,
-	// more so where the proxy adds latency between the EPP and the servers. 0 disables the reserve.
+	// PendingThreshold is the Critical reserve's optional count: while Critical traffic is active, an endpoint is
+	// also saturated once this many streamed requests sent to it have not had their first response chunk. 1 (one new
+	// prompt per endpoint at a time) keeps Critical's time to first token closest to an idle pool's but costs lower
+	// bands much of their throughput while Critical requests arrive, more so where the proxy adds latency between the
+	// EPP and the servers. 0, the default, leaves the limit to pendingTimeThreshold.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:default=2
+	// +kubebuilder:default=0
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
+	// PendingTimeThreshold is the Critical reserve: while Critical traffic is active (a Critical request arrived
+	// within the last drainRateWindow), an endpoint is saturated once the streamed requests sent to it that have not
+	// had their first response chunk (they wait there or are in prefill) amount to this much of its learned
+	// first-chunk time (the time one prompt takes there from dispatch to first response chunk, learned from the
+	// streamed requests it answered). A slow endpoint (an older GPU generation, a long prompt mix) takes one new
+	// prompt at a time, a fast one several, so a Critical prompt never shares its first step with much work wherever
+	// it lands, and fast endpoints keep full batches. A Go duration; "0s" disables the reserve.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:default="100ms"
+	PendingTimeThreshold *metav1.Duration `json:"pendingTimeThreshold,omitempty"`
 	// KVCacheUtilThreshold is the KV-cache utilisation at which an endpoint is saturated. In (0, 1].
 	// +optional
 	// +kubebuilder:validation:Minimum=0

@@ -132,6 +132,11 @@ func (in *EndpointThresholds) DeepCopyInto(out *EndpointThresholds) {
 		*out = new(int)
 		**out = **in
 	}
+	if in.PendingTimeThreshold != nil {
+		in, out := &in.PendingTimeThreshold, &out.PendingTimeThreshold
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.KVCacheUtilThreshold != nil {
 		in, out := &in.KVCacheUtilThreshold, &out.KVCacheUtilThreshold
 		*out = new(float64)

@@ -23,7 +23,8 @@ const (
 	DefaultSheddableMaxPriority = -1
 
 	DefaultQueueDepthThreshold       = 2
-	DefaultPendingThreshold          = 2
+	DefaultPendingThreshold          = 0
+	DefaultPendingTimeThreshold      = 100 * time.Millisecond
 	DefaultKVCacheUtilThreshold      = 0.8
 	DefaultMetricsStalenessThreshold = 200 * time.Millisecond
 
@@ -126,16 +127,23 @@ type APIPriorityMapping struct {
 // to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
 // running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
 //
-// While Critical traffic is active (a Critical request arrived within the last drainRateWindow), bands below Critical
-// also count pendingThreshold: an endpoint is saturated for them once that many streamed requests sent to it have not
-// had their first response chunk (they wait there or are in prefill). Each such prompt lengthens the endpoint's next
-// steps, and a Critical prompt sent there shares them: capping them keeps Critical's time to first token close to an
-// idle pool's, at the price of lower bands' throughput while Critical requests arrive.
+// While Critical traffic is active (a Critical request arrived within the last drainRateWindow), saturation also
+// counts the streamed requests sent to an endpoint that have not had their first response chunk (they wait there or
+// are in prefill): the endpoint is saturated once they amount to pendingTimeThreshold of its learned first-chunk time
+// (what one prompt took there, dispatch to first chunk, over the last few streamed requests, divided among the
+// prompts pending ahead of it), or, if pendingThreshold is set, once there are that many. Each pending prompt
+// lengthens the endpoint's next steps, and a Critical prompt sent there shares them: capping them keeps Critical's
+// time to first token close to an idle pool's. A time rather than a count fits each endpoint: a slow one (an older
+// GPU, where one prompt takes longer than the threshold) takes one new prompt at a time, a fast one several, so
+// its batches stay full and lower bands keep their throughput. A count cap (pendingThreshold 1 or 2) protects
+// Critical a little more and costs lower bands much of their throughput while Critical requests arrive.
 type APIEndpointThresholds struct {
 	// Default 2.
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
-	// 0 disables the Critical reserve. Default 2.
+	// 0 disables the count. Default 0.
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
+	// 0 disables the time. Default 100ms.
+	PendingTimeThreshold *metav1.Duration `json:"pendingTimeThreshold,omitempty"`
 	// In (0, 1]. Default 0.8.
 	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`
 	// 0 disables the running-requests term. Default 0.
@@ -192,6 +200,7 @@ type EndpointThresholds struct {
 	KVCacheUtil      float64
 	Running          int
 	Pending          int
+	PendingTime      time.Duration
 	MetricsStaleness time.Duration
 }
 
@@ -284,6 +293,7 @@ func applyDefaults(api *APIConfig) {
 	ep.KVCacheUtilThreshold = orDefault(ep.KVCacheUtilThreshold, DefaultKVCacheUtilThreshold)
 	ep.RunningThreshold = orDefault(ep.RunningThreshold, 0)
 	ep.PendingThreshold = orDefault(ep.PendingThreshold, DefaultPendingThreshold)
+	ep.PendingTimeThreshold = orDefaultDuration(ep.PendingTimeThreshold, DefaultPendingTimeThreshold)
 	ep.MetricsStalenessThreshold = orDefaultDuration(ep.MetricsStalenessThreshold, DefaultMetricsStalenessThreshold)
 	api.Endpoint = &ep
 
@@ -346,6 +356,7 @@ func toConfig(api *APIConfig) (*Config, error) {
 			KVCacheUtil:      *api.Endpoint.KVCacheUtilThreshold,
 			Running:          *api.Endpoint.RunningThreshold,
 			Pending:          *api.Endpoint.PendingThreshold,
+			PendingTime:      api.Endpoint.PendingTimeThreshold.Duration,
 			MetricsStaleness: api.Endpoint.MetricsStalenessThreshold.Duration,
 		},
 		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
@@ -444,6 +455,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Endpoint.Pending < 0 {
 		errs = append(errs, fmt.Errorf("endpoint.pendingThreshold must not be negative, got %d", c.Endpoint.Pending))
+	}
+	if c.Endpoint.PendingTime < 0 {
+		errs = append(errs, fmt.Errorf("endpoint.pendingTimeThreshold must not be negative, got %v", c.Endpoint.PendingTime))
 	}
 	if c.Endpoint.MetricsStaleness <= 0 {
 		errs = append(errs, fmt.Errorf("endpoint.metricsStalenessThreshold must be positive, got %v", c.Endpoint.MetricsStaleness))

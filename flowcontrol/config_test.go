@@ -27,7 +27,8 @@ func TestDefaultConfig(t *testing.T) {
 			t.Errorf("band %s defaults = %+v, want %+v", b, cfg.Bands[b], w)
 		}
 	}
-	if cfg.Endpoint != (EndpointThresholds{QueueDepth: 2, KVCacheUtil: 0.8, Pending: 2, MetricsStaleness: 200 * time.Millisecond}) {
+	if cfg.Endpoint != (EndpointThresholds{QueueDepth: 2, KVCacheUtil: 0.8, PendingTime: 100 * time.Millisecond,
+		MetricsStaleness: 200 * time.Millisecond}) {
 		t.Errorf("endpoint defaults = %+v", cfg.Endpoint)
 	}
 	if cfg.DefaultTenant != (TenantPolicy{Weight: 1, MaxBand: Critical}) {

@@ -396,7 +396,7 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int) 
 // criticalReserveLocked reports whether headroom is judged with pending prompts counted: while Critical traffic is
 // active (see APIEndpointThresholds).
 func (c *Controller) criticalReserveLocked(now time.Time) bool {
-	return c.cfg.Endpoint.Pending > 0 && !c.lastCritical.IsZero() && now.Sub(c.lastCritical) < c.cfg.DrainRateWindow
+	return (c.cfg.Endpoint.Pending > 0 || c.cfg.Endpoint.PendingTime > 0) && !c.lastCritical.IsZero() && now.Sub(c.lastCritical) < c.cfg.DrainRateWindow
 }
 
 // endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling, in snapshot order.
@@ -434,7 +434,7 @@ func (c *Controller) freshCountLocked(now time.Time) int {
 // reserveLocked counts a dispatched request against endpoint i until a scrape covers it and, if streamed, it has
 // started, or until it is released.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
-	r := reservation{endpoint: c.endpoints[i].Name, at: now, unscraped: true, pending: streamed}
+	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
 	c.endpoints[i].count(r, +1, c.cfg.Endpoint)
 	c.reservations[id] = r
 }
@@ -722,6 +722,11 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		states[i].tally(r, +1)
 	}
 	for i := range states {
+		if j, ok := c.endpointIndex[states[i].Name]; ok {
+			states[i].firstChunk = c.endpoints[j].firstChunk
+		}
+	}
+	for i := range states {
 		states[i].refresh(c.cfg.Endpoint)
 	}
 	c.endpoints, c.endpointIndex = states, index
@@ -746,11 +751,12 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	now := c.clock.Now()
 	c.drain.advance(now)
 	c.unreserveLocked(r)
-	r.endpoint, r.at, r.unscraped = endpoint, now, true
-	c.reservations[id] = r
+	r.endpoint, r.at, r.ahead, r.unscraped = endpoint, now, 0, true
 	if i, ok := c.endpointIndex[endpoint]; ok {
+		r.ahead = c.endpoints[i].pending
 		c.endpoints[i].count(r, +1, c.cfg.Endpoint)
 	}
+	c.reservations[id] = r
 	c.afterFreedLocked(now) // unlocks
 	return true
 }
@@ -765,7 +771,11 @@ func (c *Controller) Started(id string) bool {
 		c.mu.Unlock()
 		return false
 	}
+	now := c.clock.Now()
 	c.unreserveLocked(r)
+	if i, ok := c.endpointIndex[r.endpoint]; ok {
+		c.endpoints[i].learnFirstChunk(now.Sub(r.at)/time.Duration(r.ahead+1), c.cfg.Endpoint)
+	}
 	r.pending, r.started = false, true
 	if r.unscraped {
 		c.reservations[id] = r
@@ -775,7 +785,6 @@ func (c *Controller) Started(id string) bool {
 	} else {
 		delete(c.reservations, id)
 	}
-	now := c.clock.Now()
 	c.drain.advance(now)
 	c.afterFreedLocked(now) // unlocks
 	return true

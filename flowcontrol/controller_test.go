@@ -263,6 +263,68 @@ func TestCriticalReserve(t *testing.T) {
 	})
 }
 
+// TestCriticalReservePendingTime: under the Critical reserve, an endpoint whose prompts take longer than the pending
+// time threshold to reach their first chunk is saturated at one pending prompt, a fast one only at the count; the
+// learned time survives scrapes and is forgotten with the endpoint.
+func TestCriticalReservePendingTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending, c.Endpoint.PendingTime = 2, 100*time.Millisecond }))
+		h.scrape(ep("fast", 0), ep("slow", 0))
+		streamed := func(priority int) (*call, Decision) {
+			h.seq++
+			cl := h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100, Streamed: true})
+			return cl, cl.wantOutcome(t, Dispatched, ReasonNone)
+		}
+		// Learn: a lone prompt on slow takes 300ms; on fast, two prompts sent together take 80ms (40ms each).
+		lone, _ := streamed(1)
+		h.c.Bind(lone.req.ID, "slow")
+		h.step(300 * time.Millisecond)
+		h.c.Started(lone.req.ID)
+		pair := []*call{nil, nil}
+		for i := range pair {
+			pair[i], _ = streamed(1)
+			h.c.Bind(pair[i].req.ID, "fast")
+		}
+		h.step(80 * time.Millisecond)
+		h.c.Started(pair[0].req.ID) // sent with none ahead: 80ms
+		h.c.Started(pair[1].req.ID) // one ahead: 80ms shared by two
+		h.step(10 * time.Millisecond)
+		h.scrape(Endpoint{Name: "fast", Running: 2}, Endpoint{Name: "slow", Running: 1})
+
+		onlyFast := func(what string) {
+			t.Helper()
+			cl, d := streamed(0)
+			if !slices.Equal(d.Endpoints, []string{"fast"}) {
+				t.Fatalf("%s: endpoints with headroom %v, want only fast", what, d.Endpoints)
+			}
+			h.c.Release(cl.req.ID)
+		}
+		one, d := streamed(0)
+		if len(d.Endpoints) != 2 {
+			t.Fatalf("endpoints with headroom %v, want both while nothing is pending", d.Endpoints)
+		}
+		h.c.Bind(one.req.ID, "slow")
+		onlyFast("one prompt pending on slow") // 1 × 300ms is over 100ms
+		other, _ := streamed(0)
+		h.c.Bind(other.req.ID, "fast") // 1 × ~60ms and 1 of 2: fast still has headroom
+		onlyFast("one prompt pending on each")
+
+		h.step(10 * time.Millisecond)
+		h.scrape(Endpoint{Name: "fast", Running: 3}, Endpoint{Name: "slow", Running: 2})
+		onlyFast("after a scrape") // the learned time outlives the scrape
+
+		h.step(10 * time.Millisecond)
+		h.scrape(Endpoint{Name: "fast", Running: 3}) // slow leaves: its pending prompt and its time are dropped
+		h.step(10 * time.Millisecond)
+		h.scrape(Endpoint{Name: "fast", Running: 3}, Endpoint{Name: "slow", Running: 2})
+		back, _ := streamed(0)
+		h.c.Bind(back.req.ID, "slow")
+		if _, d := streamed(0); len(d.Endpoints) != 2 {
+			t.Fatalf("endpoints with headroom %v, want both: slow came back with nothing learned and one pending prompt", d.Endpoints)
+		}
+	})
+}
+
 // TestTenantFairnessController: a light tenant arriving behind a heavy tenant's backlog is served next, not after it.
 func TestTenantFairnessController(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -15,12 +15,13 @@
 //
 // The Critical reserve: while Critical traffic is active (a Critical request arrived within the drain-rate window),
 // saturation also counts an endpoint's pending prompts, the streamed requests the EPP sent it that have not had their
-// first response chunk (Request.Streamed, Started), over the pending threshold. A scrape shows such a request as
-// running once the server schedules it, yet until its first token its prompt is computed in the endpoint's next
-// steps, and any prompt sent there meanwhile shares those steps: with continuous batching, Critical's time to first
-// token under load is mostly the other prompts in its first step. Capping each endpoint's pending prompts keeps that
-// step short; Critical, first in line, takes the next place that frees up. Without Critical traffic the cap would
-// only slow lower bands' bursts, so it is off.
+// first response chunk (Request.Streamed, Started): their time (each costs the endpoint's learned first-chunk time, so
+// a slow endpoint fills with fewer) over the pending time threshold and, if set, their count over the pending
+// threshold. A scrape shows such a request as running once the server schedules it, yet until its first token its
+// prompt is computed in the endpoint's next steps, and any prompt sent there meanwhile shares those steps: with
+// continuous batching, Critical's time to first token under load is mostly the other prompts in its first step.
+// Capping each endpoint's pending prompts keeps that step short; Critical, first in line, takes the next place that
+// frees up. Without Critical traffic the cap would only slow lower bands' bursts, so it is off.
 //
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with

@@ -30,9 +30,13 @@ type endpointState struct {
 	// started counts the reserved requests that have had their first response chunk: running, no longer waiting.
 	started int
 	pending int
-	// sat is Saturation(Endpoint, reserved, thresholds); satPending is the larger of sat and pending over the pending
-	// threshold; satRank, what schedulers rank by, is the larger of sat without the started requests and pending.
-	// Refresh them after changing any count.
+	// firstChunk is the learned time one prompt takes here from dispatch to its first response chunk (zero until a
+	// streamed request has started here); it outlives scrapes and is forgotten with the endpoint.
+	firstChunk time.Duration
+	// sat is Saturation(Endpoint, reserved, thresholds); satPending is the largest of sat, pending over the pending
+	// threshold and the pending prompts' learned first-chunk time over the pending time threshold; satRank, what
+	// schedulers rank by, is the larger of sat without the started requests and pending. Refresh them after changing
+	// any count.
 	sat, satPending, satRank float64
 	scrapedNs                int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
@@ -71,9 +75,26 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 	if th.Pending > 0 {
 		e.satPending = max(e.sat, float64(e.pending)/float64(th.Pending))
 	}
+	if th.PendingTime > 0 {
+		e.satPending = max(e.satPending, float64(e.pending)*float64(e.firstChunk)/float64(th.PendingTime))
+	}
 	// For ranking, one prompt the endpoint is computing already makes it as slow to start a new one as a saturated
 	// endpoint: a prompt sent there shares its first step.
 	e.satRank = max(Saturation(e.Endpoint, e.reserved-e.started, th), float64(e.pending))
+}
+
+// firstChunkWeight is the weight of each new sample in the learned first-chunk time: about the last five prompts count.
+const firstChunkWeight = 0.2
+
+// learnFirstChunk folds one prompt's time from dispatch to first chunk, already divided among the prompts that were
+// pending ahead of it (they share its prefill steps), into the learned first-chunk time, and refreshes.
+func (e *endpointState) learnFirstChunk(d time.Duration, th EndpointThresholds) {
+	if e.firstChunk == 0 {
+		e.firstChunk = d
+	} else {
+		e.firstChunk += time.Duration(firstChunkWeight * float64(d-e.firstChunk))
+	}
+	e.refresh(th)
 }
 
 // saturationFor is the saturation headroom is judged by: satPending under the Critical reserve, else sat.
@@ -87,8 +108,10 @@ func (e *endpointState) saturationFor(reserve bool) float64 {
 // reservation is one dispatched request counted against an endpoint: as unscraped until a scrape covers it, and, if
 // its response streams, as pending until its first response chunk (Controller.Started). Release ends both.
 type reservation struct {
-	endpoint  string
-	at        time.Time
+	endpoint string
+	at       time.Time
+	// ahead is how many prompts were pending on endpoint when the request was sent there.
+	ahead     int
 	unscraped bool
 	pending   bool
 	started   bool
