@@ -313,6 +313,7 @@ func TestShippedScenarios(t *testing.T) {
 		"uniform-steady":    {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
 		"priority-overload": nil,
 		"lora-heavy":        nil,
+		"prefix-skew":       nil,
 	}
 	if len(scs) != len(want) {
 		t.Errorf("%d scenarios, want %d", len(scs), len(want))

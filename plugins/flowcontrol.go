@@ -218,22 +218,33 @@ func (f *FlowControl) Controller() *flowcontrol.Controller { return f.ctrl }
 
 // Attach connects every HeadroomFilter and SaturationScorer among plugins (the EPP configuration's plugins, by name) to
 // this adapter and returns how many headroom filters it found. Dispatched decisions are kept for the filters only when
-// at least one is attached.
+// at least one is attached. If plugins hold exactly one PrefixCache, the filters keep prefix affinity with it (see
+// HeadroomFilter).
 func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
-	n := 0
+	var filters []*HeadroomFilter
+	var prefix []*PrefixCache
 	for _, p := range plugins {
 		switch pl := p.(type) {
 		case *HeadroomFilter:
 			pl.source.Store(f)
-			n++
+			filters = append(filters, pl)
 		case *SaturationScorer:
 			pl.source.Store(f)
+		case *PrefixCache:
+			prefix = append(prefix, pl)
 		}
 	}
-	if n > 0 {
+	for _, h := range filters {
+		if len(prefix) == 1 {
+			h.affinity.Store(&affinitySource{scorer: prefix[0]})
+		} else {
+			h.affinity.Store(nil)
+		}
+	}
+	if len(filters) > 0 {
 		f.filtering.Store(true)
 	}
-	return n
+	return len(filters)
 }
 
 // Admit implements requestcontrol.AdmissionController. It blocks while the request waits in its band.

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
+
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -129,5 +132,62 @@ func TestHeadroomFilterFactory(t *testing.T) {
 	}
 	if sluicePlugins[HeadroomFilterType] == nil {
 		t.Fatalf("%s is not registered", HeadroomFilterType)
+	}
+}
+
+// TestHeadroomFilterKeepsPrefixAffinity: with one prefix-cache scorer attached, an endpoint without headroom stays a
+// candidate when it holds much more of the prompt than every endpoint with headroom, unless the scorer's overload
+// guard voids its match; with no or two prefix-cache scorers nothing is added.
+func TestHeadroomFilterKeepsPrefixAffinity(t *testing.T) {
+	endpoint := func(i int, waiting int) fwksched.Endpoint {
+		return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{
+			NamespacedName: k8stypes.NamespacedName{Namespace: "default", Name: fmt.Sprintf("pod-%d", i)},
+			Address:        fmt.Sprintf("10.0.0.%d", i), Port: "8000",
+		}, &fwkdl.Metrics{CacheBlockSize: 16, CacheNumBlocks: 1000, WaitingQueueSize: waiting}, nil)
+	}
+	system := chatMsg("system", strings.Repeat("You are a careful assistant. ", 40))
+	cached := chatRequest("req", system, chatMsg("user", "Summarise the report."))
+	tests := []struct {
+		name     string
+		prefix   int // prefix-cache scorers attached
+		routedTo int // endpoint index the prompt was routed to before; -1 none
+		waiting  int // waiting queue of that endpoint (the guard skips affinity far above the pool's load)
+		want     []string
+	}{
+		{"affine endpoint without headroom stays", 1, 2, 0, []string{"10.0.0.0:8000", "10.0.0.2:8000"}},
+		{"affine endpoint with headroom: nothing added", 1, 0, 0, []string{"10.0.0.0:8000"}},
+		{"no match anywhere: nothing added", 1, -1, 0, []string{"10.0.0.0:8000"}},
+		{"overloaded affine endpoint: the guard voids its match", 1, 2, 50, []string{"10.0.0.0:8000"}},
+		{"no prefix-cache scorer", 0, 2, 0, []string{"10.0.0.0:8000"}},
+		{"two prefix-cache scorers: ambiguous, none used", 2, 2, 0, []string{"10.0.0.0:8000"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			eps := []fwksched.Endpoint{endpoint(0, 0), endpoint(1, 0), endpoint(2, 0)}
+			if tt.waiting > 0 {
+				eps[tt.routedTo] = endpoint(tt.routedTo, tt.waiting)
+			}
+			plugins := map[string]fwkplugin.Plugin{}
+			var scorers []*PrefixCache
+			for i := range tt.prefix {
+				p := newTestPrefixCache(t, "")
+				scorers = append(scorers, p)
+				plugins[fmt.Sprintf("prefix-%d", i)] = p
+			}
+			if tt.routedTo >= 0 {
+				for _, p := range scorers {
+					routeTo(p, cached, eps[tt.routedTo])
+				}
+			}
+			fc, _ := newTestFlowControl(t, nil, &fakePool{})
+			f := mustHeadroomFilter(t)
+			plugins["f"] = f
+			fc.Attach(plugins)
+			fc.headroom.put("req", flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Endpoints: []string{"10.0.0.0:8000"}}, "")
+			got := names(f.Filter(context.Background(), fwksched.NewCycleState(), cached, eps))
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("Filter = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
