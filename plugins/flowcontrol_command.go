@@ -133,15 +133,16 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 }
 
 // sluiceDefaultProfile is Sluice's default EndpointPickerConfig. Its weights are upstream's default weights for the
-// scorers both share (queue 2, KV cache 2, prefix cache 3); Sluice's scorers replace upstream's prefix-cache scorer
-// and add LoRA affinity (3: at 2, the saturation scorer's penalty for an endpoint computing a prompt outweighed
-// adapter residency often enough that the lora-heavy scenario loaded adapters 205 times instead of 147) and
-// admission's fresh saturation. The choice is measured by the virtual-time suite
-// (bench/scenarios): against upstream's default it is better on a uniform fleet (TTFT p95 44 vs 111 ms), mixed GPUs
-// (p99 468 vs 763 ms), bursts (p99 1.42 vs 2.77 s), LoRA adapters (about a quarter of the adapter loads) and shared
-// prefixes (p95 600 vs 656 ms, p99 715 vs 1174 ms): `make bench ENGINE=virtual`.
+// load scorers both share (queue 2, KV cache 2); Sluice's prefix-cache scorer replaces upstream's with weight 4 (3
+// beside admission's saturation scorer, a third load scorer, spread skewed prefix groups further than their load
+// asked: the prefix-skew scenario's hit rate fell to 85% from upstream's 88%, its TTFT p99 was 1.48 s, at 4 it is
+// 86% and 1.18 s), and Sluice adds LoRA affinity (3: at 2, the saturation scorer's penalty for an endpoint computing
+// a prompt outweighed adapter residency often enough that the lora-heavy scenario loaded adapters 205 times instead
+// of 147) and admission's fresh saturation. The choice is measured by the virtual-time suite (bench/scenarios)
+// against upstream's default: `make bench ENGINE=virtual`.
 //
-//   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled.
+//   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled, and those that
+//     hold much more of the request's prompt than any of them.
 //   - sluice-served-model-filter: in a pool of servers of several base models (a canary Deployment beside the
 //     stable one) a request goes to a server of its target model; a no-op otherwise.
 //   - sluice-saturation-scorer (weight 2): ranks endpoints by admission's saturation, which counts each dispatch at
@@ -180,7 +181,7 @@ schedulingProfiles:
   - pluginRef: kv-cache-utilization-scorer
     weight: 2
   - pluginRef: ` + PrefixCacheType + `
-    weight: 3
+    weight: 4
   - pluginRef: ` + LoRAAffinityType + `
     weight: 3
   - pluginRef: max-score-picker

@@ -76,7 +76,7 @@ tenants:
 }
 
 // TestDefaultEndpointPickerConfig checks Sluice's default profile as upstream's loader reads it: the headroom filter
-// schedules first, Sluice's scorers carry upstream's default weights, and the residency extractor and the parser that
+// schedules first, the scorers carry their documented weights, and the residency extractor and the parser that
 // reads cached tokens are wired, so the profile is what its documentation says.
 func TestDefaultEndpointPickerConfig(t *testing.T) {
 	text, err := DefaultEndpointPickerConfig()
@@ -100,7 +100,7 @@ func TestDefaultEndpointPickerConfig(t *testing.T) {
 			weights[p.PluginRef] = *p.Weight
 		}
 	}
-	want := map[string]float64{SaturationScorerType: 2, "queue-scorer": 2, "kv-cache-utilization-scorer": 2, PrefixCacheType: 3,
+	want := map[string]float64{SaturationScorerType: 2, "queue-scorer": 2, "kv-cache-utilization-scorer": 2, PrefixCacheType: 4,
 		LoRAAffinityType: 3}
 	if !maps.Equal(weights, want) {
 		t.Errorf("scorer weights = %v, want %v", weights, want)
