@@ -106,12 +106,13 @@ classes:
 // BenchmarkCriticalUnderOverload measures issue 4's latency target in virtual time: Critical TTFT p99 with the
 // priority-overload mix (20/50/30 Critical/Standard/Sheddable, clients that honour Retry-After) at twice what the
 // h100:2,a10g:2 fleet serves (110 requests/s), over Critical TTFT p99 with Critical alone at half of it (27.5
-// requests/s), both through Sluice's default profile, for several seeds, with the default policy and with the strict
-// Critical reserve (pendingThreshold 1). It reports the ratio per seed (critical-p99-ratio-<policy>-seedN; target at
-// most 1.5), the worst one per policy, and at 2x against upstream's default profile in the same run: throughput
-// (throughput-vs-upstream-<policy>-seedN) and the requests served with TTFT within 2s, as in the suite's
-// priority-overload scenario (good-vs-upstream-<policy>-seedN; a count, not a rate, because the contenders' runs end
-// when their last retried request does, which differs):
+// requests/s), both through Sluice's default profile, for several seeds, with the default policy, with the strict
+// Critical reserve (pendingThreshold 1) and with a count cap instead of the time (count2: pendingThreshold 2,
+// pendingTimeThreshold 0, the default until the time was learned). It reports the ratio per seed
+// (critical-p99-ratio-<policy>-seedN; target at most 1.5), the worst one per policy, and at 2x against upstream's
+// default profile in the same run: throughput (throughput-vs-upstream-<policy>-seedN) and the requests served with
+// TTFT within 2s, as in the suite's priority-overload scenario (good-vs-upstream-<policy>-seedN; a count, not a
+// rate, because the contenders' runs end when their last retried request does, which differs):
 //
 //	go test -run '^$' -bench CriticalUnderOverload -benchtime 1x ./virtualbench/
 func BenchmarkCriticalUnderOverload(b *testing.B) {
@@ -125,10 +126,12 @@ classes:
 	overload := mustMix(b, priorityMix)
 	strict := flowcontrol.DefaultConfig()
 	strict.Endpoint.Pending = 1
+	count := flowcontrol.DefaultConfig()
+	count.Endpoint.Pending, count.Endpoint.PendingTime = 2, 0
 	policies := []struct {
 		name   string
 		policy *flowcontrol.Config
-	}{{"default", nil}, {"strict", strict}}
+	}{{"default", nil}, {"strict", strict}, {"count2", count}}
 	run := func(mix *loadgen.Mix, rate float64, seed uint64, router Router) *Result {
 		res, err := Run(Config{Fleet: "h100:2,a10g:2", Seed: seed, Objectives: objectives, Mix: mix,
 			Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: rate},
