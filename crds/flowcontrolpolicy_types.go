@@ -372,9 +372,10 @@ type EndpointThresholds struct {
 	// within the last drainRateWindow), an endpoint is saturated once the streamed requests sent to it that have not
 	// had their first response chunk (they wait there or are in prefill) amount to this much of its learned
 	// first-chunk time (the time one prompt takes there from dispatch to first response chunk, learned from the
-	// streamed requests it answered). A slow endpoint (an older GPU generation, a long prompt mix) takes one new
-	// prompt at a time, a fast one several, so a Critical prompt never shares its first step with much work wherever
-	// it lands, and fast endpoints keep full batches. A Go duration; "0s" disables the reserve.
+	// streamed requests it answered; until it has answered one, one pending prompt saturates it). A slow endpoint (an
+	// older GPU generation, a long prompt mix) takes one new prompt at a time, a fast one several, so a Critical prompt
+	// never shares its first step with much work wherever it lands, and fast endpoints keep full batches. A Go
+	// duration; "0s" disables the time limit (the reserve stays on if pendingThreshold is set).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32

@@ -131,7 +131,9 @@ type APIPriorityMapping struct {
 // counts the streamed requests sent to an endpoint that have not had their first response chunk (they wait there or
 // are in prefill): the endpoint is saturated once they amount to pendingTimeThreshold of its learned first-chunk time
 // (what one prompt took there, dispatch to first chunk, over the last few streamed requests, divided among the
-// prompts pending ahead of it), or, if pendingThreshold is set, once there are that many. Each pending prompt
+// prompts this EPP had pending there ahead of it; until it has answered one, one pending prompt saturates it), or, if
+// pendingThreshold is set, once there are that many. Work the EPP does not see (other replicas' requests,
+// non-streamed ones) lengthens the learned time, which makes the reserve stricter, not looser. Each pending prompt
 // lengthens the endpoint's next steps, and a Critical prompt sent there shares them: capping them keeps Critical's
 // time to first token close to an idle pool's. A time rather than a count fits each endpoint: a slow one (an older
 // GPU, where one prompt takes longer than the threshold) takes one new prompt at a time, a fast one several, so

@@ -890,6 +890,28 @@ type Stats struct {
 	ShuttingDown bool
 }
 
+// MayExceedHeadroom reports whether a request dispatched in band may still be placed on the named endpoint, which had
+// no headroom for the band, when the endpoint holds much of its prompt (the headroom filter's prefix-affinity
+// exception): the endpoint's metrics must be fresh, the band must queue when saturated (a holdback band, which
+// rejects instead, keeps to its ceiling), and while the Critical reserve is active only Critical may exceed it, so the
+// reserve keeps its places.
+func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
+	if band >= NumBands {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	i, ok := c.endpointIndex[name]
+	if !ok || c.endpoints[i].scrapedNs < freshCutoff(now, c.cfg.Endpoint.MetricsStaleness) {
+		return false
+	}
+	if c.cfg.Bands[band].RejectWhenSaturated {
+		return false
+	}
+	return band == Critical || !c.criticalReserveLocked(now)
+}
+
 // Saturations writes into out the current saturation of each named endpoint, for schedulers to rank endpoints by load
 // fresher than any scrape: the largest of its saturation from its latest snapshot plus the requests dispatched to it
 // since that have not had their first response chunk (a started one runs there, no longer waits), and the number of

@@ -189,7 +189,7 @@ func TestReservations(t *testing.T) {
 // that frees up; once Critical traffic stops, headroom is judged as before.
 func TestCriticalReserve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending = 2 }))
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending, c.Endpoint.PendingTime = 2, 0 }))
 		h.scrape(ep("a", 0))
 		streamed := func(priority int) *call {
 			h.seq++
@@ -263,65 +263,96 @@ func TestCriticalReserve(t *testing.T) {
 	})
 }
 
-// TestCriticalReservePendingTime: under the Critical reserve, an endpoint whose prompts take longer than the pending
-// time threshold to reach their first chunk is saturated at one pending prompt, a fast one only at the count; the
-// learned time survives scrapes and is forgotten with the endpoint.
+// TestCriticalReservePendingTime: under the shipped Critical reserve (time only, no count), an endpoint's pending
+// prompts cost its learned first-chunk time each, divided among the prompts that were pending ahead; an endpoint with
+// nothing learned takes one pending prompt at a time; the learned time survives scrapes and is forgotten with the
+// endpoint.
 func TestCriticalReservePendingTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending, c.Endpoint.PendingTime = 2, 100*time.Millisecond }))
+		cfg := testConfig(t, nil)
+		if cfg.Endpoint.Pending != 0 || cfg.Endpoint.PendingTime != 100*time.Millisecond {
+			t.Fatalf("default reserve is %d pending, %v; this test assumes time only, 100ms", cfg.Endpoint.Pending, cfg.Endpoint.PendingTime)
+		}
+		h := newHarness(t, cfg)
 		h.scrape(ep("fast", 0), ep("slow", 0))
-		streamed := func(priority int) (*call, Decision) {
+		streamed := func(priority int) *call {
 			h.seq++
-			cl := h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100, Streamed: true})
-			return cl, cl.wantOutcome(t, Dispatched, ReasonNone)
+			return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100, Streamed: true})
 		}
-		// Learn: a lone prompt on slow takes 300ms; on fast, two prompts sent together take 80ms (40ms each).
-		lone, _ := streamed(1)
-		h.c.Bind(lone.req.ID, "slow")
-		h.step(300 * time.Millisecond)
-		h.c.Started(lone.req.ID)
-		pair := []*call{nil, nil}
-		for i := range pair {
-			pair[i], _ = streamed(1)
-			h.c.Bind(pair[i].req.ID, "fast")
-		}
-		h.step(80 * time.Millisecond)
-		h.c.Started(pair[0].req.ID) // sent with none ahead: 80ms
-		h.c.Started(pair[1].req.ID) // one ahead: 80ms shared by two
-		h.step(10 * time.Millisecond)
-		h.scrape(Endpoint{Name: "fast", Running: 2}, Endpoint{Name: "slow", Running: 1})
-
-		onlyFast := func(what string) {
+		dispatchedTo := func(cl *call, want ...string) {
 			t.Helper()
-			cl, d := streamed(0)
-			if !slices.Equal(d.Endpoints, []string{"fast"}) {
-				t.Fatalf("%s: endpoints with headroom %v, want only fast", what, d.Endpoints)
+			if d := cl.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, want) {
+				t.Fatalf("%s: endpoints with headroom %v, want %v", cl.req.ID, d.Endpoints, want)
 			}
-			h.c.Release(cl.req.ID)
 		}
-		one, d := streamed(0)
-		if len(d.Endpoints) != 2 {
-			t.Fatalf("endpoints with headroom %v, want both while nothing is pending", d.Endpoints)
-		}
-		h.c.Bind(one.req.ID, "slow")
-		onlyFast("one prompt pending on slow") // 1 × 300ms is over 100ms
-		other, _ := streamed(0)
-		h.c.Bind(other.req.ID, "fast") // 1 × ~60ms and 1 of 2: fast still has headroom
-		onlyFast("one prompt pending on each")
 
-		h.step(10 * time.Millisecond)
-		h.scrape(Endpoint{Name: "fast", Running: 3}, Endpoint{Name: "slow", Running: 2})
-		onlyFast("after a scrape") // the learned time outlives the scrape
+		// Nothing learned: one pending prompt saturates an endpoint.
+		crit := streamed(1) // Critical traffic: the reserve is on
+		dispatchedTo(crit, "fast", "slow")
+		h.c.Bind(crit.req.ID, "slow")
+		a := streamed(0)
+		dispatchedTo(a, "fast")
+		h.c.Bind(a.req.ID, "fast")
+		b := streamed(0)
+		b.wantWaiting(t)
 
+		// slow learns 300ms from a lone prompt; its place frees up and b goes, then moves to fast behind a.
+		h.step(300 * time.Millisecond)
+		h.c.Started(crit.req.ID)
+		synctest.Wait()
+		dispatchedTo(b, "slow")
+		h.c.Bind(b.req.ID, "fast")
+		h.c.Release(a.req.ID) // a never started (its client went away): no lesson
+		// fast learns 75ms: b took 150ms with one prompt ahead of it.
+		h.step(150 * time.Millisecond)
+		h.c.Started(b.req.ID)
 		h.step(10 * time.Millisecond)
-		h.scrape(Endpoint{Name: "fast", Running: 3}) // slow leaves: its pending prompt and its time are dropped
+		h.scrape(Endpoint{Name: "fast", Running: 1}, Endpoint{Name: "slow", Running: 1}) // the times outlive it
+
+		one := streamed(0)
+		dispatchedTo(one, "fast", "slow")
+		h.c.Bind(one.req.ID, "slow") // 1 × 300ms: slow is saturated
+		two := streamed(0)
+		dispatchedTo(two, "fast")
+		h.c.Bind(two.req.ID, "fast") // 1 × 75ms: fast still has headroom
+		three := streamed(0)
+		dispatchedTo(three, "fast")
+		h.c.Bind(three.req.ID, "fast") // 2 × 75ms: saturated
+		four := streamed(0)
+		four.wantWaiting(t)
+
+		// slow leaves (its pending prompt and its time go) and comes back with nothing learned.
 		h.step(10 * time.Millisecond)
-		h.scrape(Endpoint{Name: "fast", Running: 3}, Endpoint{Name: "slow", Running: 2})
-		back, _ := streamed(0)
-		h.c.Bind(back.req.ID, "slow")
-		if _, d := streamed(0); len(d.Endpoints) != 2 {
-			t.Fatalf("endpoints with headroom %v, want both: slow came back with nothing learned and one pending prompt", d.Endpoints)
+		h.scrape(Endpoint{Name: "fast", Running: 3})
+		h.step(10 * time.Millisecond)
+		h.scrape(Endpoint{Name: "fast", Running: 3}, Endpoint{Name: "slow", Running: 1})
+		dispatchedTo(four, "slow")
+		h.c.Bind(four.req.ID, "slow")
+		streamed(0).wantWaiting(t)
+	})
+}
+
+// TestMayExceedHeadroom: the headroom filter's prefix-affinity exception needs fresh metrics, a band that queues when
+// saturated, and, under the Critical reserve, the Critical band.
+func TestMayExceedHeadroom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.MetricsStaleness = time.Second }))
+		h.scrape(Endpoint{Name: "fresh"}, Endpoint{Name: "stale", ScrapedAt: h.clk.Now().Add(-time.Minute)})
+		check := func(what string, band Band, name string, want bool) {
+			t.Helper()
+			if got := h.c.MayExceedHeadroom(band, name); got != want {
+				t.Errorf("%s: MayExceedHeadroom(%s, %q) = %v, want %v", what, band, name, got, want)
+			}
 		}
+		check("Standard, no reserve", Standard, "fresh", true)
+		check("Critical", Critical, "fresh", true)
+		check("holdback band", Sheddable, "fresh", false)
+		check("stale metrics", Standard, "stale", false)
+		check("unknown endpoint", Standard, "gone", false)
+		check("no such band", NumBands, "fresh", false)
+		h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // Critical traffic: the reserve is on
+		check("Standard under the reserve", Standard, "fresh", false)
+		check("Critical under the reserve", Critical, "fresh", true)
 	})
 }
 

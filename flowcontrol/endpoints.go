@@ -76,7 +76,13 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 		e.satPending = max(e.sat, float64(e.pending)/float64(th.Pending))
 	}
 	if th.PendingTime > 0 {
-		e.satPending = max(e.satPending, float64(e.pending)*float64(e.firstChunk)/float64(th.PendingTime))
+		per := e.firstChunk
+		if per == 0 {
+			// Nothing learned here yet (a new endpoint, or one back from a gap): one pending prompt takes the whole
+			// threshold until its first chunk teaches the endpoint's time.
+			per = th.PendingTime
+		}
+		e.satPending = max(e.satPending, float64(e.pending)*float64(per)/float64(th.PendingTime))
 	}
 	// For ranking, one prompt the endpoint is computing already makes it as slow to start a new one as a saturated
 	// endpoint: a prompt sent there shares its first step.

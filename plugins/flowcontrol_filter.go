@@ -9,6 +9,8 @@ import (
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
 )
 
 // HeadroomFilterType is the plugin type of HeadroomFilter.
@@ -26,11 +28,13 @@ const headroomScanMax = 16
 //
 // One exception keeps prefix affinity: when the configuration has exactly one sluice-prefix-cache-scorer, an
 // endpoint without headroom stays a candidate if it holds at least affinityMargin more of the request's prompt than
-// any endpoint with headroom (the scorer's guardrails applied: an overloaded endpoint's match does not count).
-// Sending such a request elsewhere recomputes most of its prompt there, which costs more than the short queue the
-// headroom threshold allows; under skewed prefix groups, restricting it drove every hot group's requests onto
-// whichever endpoint had a free place, cold, until the whole pool was recomputing prompts. The scorers then weigh
-// the match against the endpoint's load as for any candidate.
+// any endpoint with headroom (the scorer's guardrails applied over all candidates: an endpoint far above the pool's
+// load has no match) and flow control allows it (fresh metrics; not for a holdback band such as Sheddable; only
+// Critical while the Critical reserve is active). Sending such a request elsewhere recomputes most of its prompt
+// there, which costs more than the short queue the headroom threshold allows; under skewed prefix groups,
+// restricting it drove every hot group's requests onto whichever endpoint had a free place, cold, until the whole
+// pool was recomputing prompts. The scorers then weigh the match against the endpoint's load as for any candidate.
+// Looking costs one more rendering and hashing of the prompt, only when some candidate lacks headroom.
 //
 // It must be listed in every scheduling profile that should honour flow control (the default EndpointPickerConfig
 // Sluice uses with its admission includes it; see FlowControlCommand). It filters nothing when Sluice admission is
@@ -49,10 +53,10 @@ type HeadroomFilter struct {
 // than every endpoint with headroom to remain a candidate.
 const affinityMargin = 0.5
 
-// affinityScorer is what the filter needs of the prefix-cache scorer: the guarded fraction of the request's prompt
-// each endpoint holds.
+// affinityScorer is what the filter needs of the prefix-cache scorer: into out[i], the guarded share of the request's
+// prompt endpoints[i] holds.
 type affinityScorer interface {
-	Score(ctx context.Context, cs *fwksched.CycleState, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint) map[fwksched.Endpoint]float64
+	Affinity(ctx context.Context, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint, out []float64)
 }
 
 type affinitySource struct{ scorer affinityScorer }
@@ -72,7 +76,7 @@ func HeadroomFilterFactory(name string, raw json.RawMessage, _ fwkplugin.Handle)
 func (h *HeadroomFilter) TypedName() fwkplugin.TypedName { return h.typedName }
 
 // Filter implements fwksched.Filter.
-func (h *HeadroomFilter) Filter(ctx context.Context, cs *fwksched.CycleState, request *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
+func (h *HeadroomFilter) Filter(ctx context.Context, _ *fwksched.CycleState, request *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
 	fc := h.source.Load()
 	if fc == nil || request == nil {
 		return endpoints
@@ -89,54 +93,60 @@ func (h *HeadroomFilter) Filter(ctx context.Context, cs *fwksched.CycleState, re
 			set[n] = struct{}{}
 		}
 	}
-	kept := make([]fwksched.Endpoint, 0, min(len(endpoints), len(names)))
-	for _, ep := range endpoints {
+	keep := make([]bool, len(endpoints))
+	n := 0
+	for i, ep := range endpoints {
 		name := EndpointName(ep.GetMetadata())
-		in := false
 		if set != nil {
-			_, in = set[name]
+			_, keep[i] = set[name]
 		} else {
-			in = slices.Contains(names, name)
+			keep[i] = slices.Contains(names, name)
 		}
-		if in {
-			kept = append(kept, ep)
+		if keep[i] {
+			n++
 		}
 	}
-	if len(kept) == 0 {
+	if n == 0 {
 		return endpoints
 	}
-	if len(kept) < len(endpoints) {
-		kept = h.keepAffine(ctx, cs, request, endpoints, kept)
+	if n < len(endpoints) {
+		n += h.keepAffine(ctx, fc, sd.decision.Band, request, endpoints, keep)
+	}
+	kept := make([]fwksched.Endpoint, 0, n)
+	for i, ep := range endpoints {
+		if keep[i] {
+			kept = append(kept, ep)
+		}
 	}
 	return kept
 }
 
-// keepAffine returns kept (the candidates with headroom, in candidate order) plus the endpoints without headroom
-// that hold at least affinityMargin more of the request's prompt than any of them, in candidate order.
-func (h *HeadroomFilter) keepAffine(ctx context.Context, cs *fwksched.CycleState, request *fwksched.LLMRequest, endpoints, kept []fwksched.Endpoint) []fwksched.Endpoint {
+// keepAffine marks in keep (the candidates with headroom) the candidates without headroom that hold at least
+// affinityMargin more of the request's prompt than every candidate with headroom and that flow control lets a request
+// of band use beyond its headroom (flowcontrol.Controller.MayExceedHeadroom). It returns how many it marked.
+func (h *HeadroomFilter) keepAffine(ctx context.Context, fc *FlowControl, band flowcontrol.Band, request *fwksched.LLMRequest,
+	endpoints []fwksched.Endpoint, keep []bool) int {
 	src := h.affinity.Load()
 	if src == nil {
-		return kept
+		return 0
 	}
-	scores := src.scorer.Score(ctx, cs, request, endpoints)
+	scores := make([]float64, len(endpoints))
+	src.scorer.Affinity(ctx, request, endpoints, scores)
 	best := 0.0
-	for _, ep := range kept {
-		best = max(best, scores[ep])
-	}
-	var affine []fwksched.Endpoint
-	for _, ep := range endpoints {
-		if scores[ep] >= best+affinityMargin && !slices.Contains(kept, ep) {
-			affine = append(affine, ep)
+	for i := range endpoints {
+		if keep[i] {
+			best = max(best, scores[i])
 		}
 	}
-	if len(affine) == 0 {
-		return kept
-	}
-	out := make([]fwksched.Endpoint, 0, len(kept)+len(affine))
-	for _, ep := range endpoints {
-		if slices.Contains(kept, ep) || slices.Contains(affine, ep) {
-			out = append(out, ep)
+	added := 0
+	for i, ep := range endpoints {
+		if keep[i] || scores[i] < best+affinityMargin || ep.GetMetadata() == nil {
+			continue
+		}
+		if fc.ctrl.MayExceedHeadroom(band, EndpointName(ep.GetMetadata())) {
+			keep[i] = true
+			added++
 		}
 	}
-	return out
+	return added
 }

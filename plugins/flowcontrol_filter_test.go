@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
@@ -136,8 +137,9 @@ func TestHeadroomFilterFactory(t *testing.T) {
 }
 
 // TestHeadroomFilterKeepsPrefixAffinity: with one prefix-cache scorer attached, an endpoint without headroom stays a
-// candidate when it holds much more of the prompt than every endpoint with headroom, unless the scorer's overload
-// guard voids its match; with no or two prefix-cache scorers nothing is added.
+// candidate when it holds at least half the prompt more than every endpoint with headroom, unless the scorer's
+// overload guard voids its match or flow control forbids it (stale metrics, a holdback band, a band below Critical
+// under the Critical reserve); with no or two prefix-cache scorers nothing is added.
 func TestHeadroomFilterKeepsPrefixAffinity(t *testing.T) {
 	endpoint := func(i int, waiting int) fwksched.Endpoint {
 		return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{
@@ -147,19 +149,32 @@ func TestHeadroomFilterKeepsPrefixAffinity(t *testing.T) {
 	}
 	system := chatMsg("system", strings.Repeat("You are a careful assistant. ", 40))
 	cached := chatRequest("req", system, chatMsg("user", "Summarise the report."))
+	// The same system prompt, then a question that makes it about 70% or 30% of the prompt.
+	mostly := chatRequest("req", system, chatMsg("user", strings.Repeat("Why? ", 100)))
+	partly := chatRequest("req", system, chatMsg("user", strings.Repeat("Why? ", 500)))
 	tests := []struct {
 		name     string
 		prefix   int // prefix-cache scorers attached
-		routedTo int // endpoint index the prompt was routed to before; -1 none
-		waiting  int // waiting queue of that endpoint (the guard skips affinity far above the pool's load)
+		routedTo int // endpoint index cached was routed to before; -1 none
+		waiting  int // waiting queue of that endpoint (the guard voids affinity far above the pool's load)
+		req      *fwksched.LLMRequest
+		band     flowcontrol.Band
+		critical bool // a Critical request was admitted just before: the Critical reserve is on
+		stale    bool // the holder's metrics are stale
 		want     []string
 	}{
-		{"affine endpoint without headroom stays", 1, 2, 0, []string{"10.0.0.0:8000", "10.0.0.2:8000"}},
-		{"affine endpoint with headroom: nothing added", 1, 0, 0, []string{"10.0.0.0:8000"}},
-		{"no match anywhere: nothing added", 1, -1, 0, []string{"10.0.0.0:8000"}},
-		{"overloaded affine endpoint: the guard voids its match", 1, 2, 50, []string{"10.0.0.0:8000"}},
-		{"no prefix-cache scorer", 0, 2, 0, []string{"10.0.0.0:8000"}},
-		{"two prefix-cache scorers: ambiguous, none used", 2, 2, 0, []string{"10.0.0.0:8000"}},
+		{"holder without headroom stays", 1, 2, 0, cached, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000", "10.0.0.2:8000"}},
+		{"holder of 70% of the prompt stays", 1, 2, 0, mostly, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000", "10.0.0.2:8000"}},
+		{"holder of 30% of the prompt: below the margin", 1, 2, 0, partly, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000"}},
+		{"holder with headroom: nothing added", 1, 0, 0, cached, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000"}},
+		{"no match anywhere: nothing added", 1, -1, 0, cached, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000"}},
+		{"overloaded holder: the guard voids its match", 1, 2, 50, cached, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000"}},
+		{"holdback band keeps to its ceiling", 1, 2, 0, cached, flowcontrol.Sheddable, false, false, []string{"10.0.0.0:8000"}},
+		{"Standard under the Critical reserve keeps to its headroom", 1, 2, 0, cached, flowcontrol.Standard, true, false, []string{"10.0.0.0:8000"}},
+		{"Critical under the Critical reserve may use the holder", 1, 2, 0, cached, flowcontrol.Critical, true, false, []string{"10.0.0.0:8000", "10.0.0.2:8000"}},
+		{"holder with stale metrics", 1, 2, 0, cached, flowcontrol.Standard, false, true, []string{"10.0.0.0:8000"}},
+		{"no prefix-cache scorer", 0, 2, 0, cached, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000"}},
+		{"two prefix-cache scorers: ambiguous, none used", 2, 2, 0, cached, flowcontrol.Standard, false, false, []string{"10.0.0.0:8000"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,12 +194,27 @@ func TestHeadroomFilterKeepsPrefixAffinity(t *testing.T) {
 					routeTo(p, cached, eps[tt.routedTo])
 				}
 			}
-			fc, _ := newTestFlowControl(t, nil, &fakePool{})
+			pool := &fakePool{}
+			fc, clk := newTestFlowControl(t, nil, pool)
+			holderScraped := clk.Now()
+			if tt.stale {
+				holderScraped = holderScraped.Add(-time.Hour)
+			}
+			pool.set(upstreamEndpoint("10.0.0.0", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()),
+				upstreamEndpoint("10.0.0.2", 0, 0, holderScraped))
+			if err := fc.SyncEndpoints(); err != nil {
+				t.Fatal(err)
+			}
+			if tt.critical {
+				if err := fc.Admit(context.Background(), requestContext("urgent", "t", 10, nil), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
 			f := mustHeadroomFilter(t)
 			plugins["f"] = f
 			fc.Attach(plugins)
-			fc.headroom.put("req", flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Endpoints: []string{"10.0.0.0:8000"}}, "")
-			got := names(f.Filter(context.Background(), fwksched.NewCycleState(), cached, eps))
+			fc.headroom.put("req", flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Band: tt.band, Endpoints: []string{"10.0.0.0:8000"}}, "")
+			got := names(f.Filter(context.Background(), fwksched.NewCycleState(), tt.req, eps))
 			if !slices.Equal(got, tt.want) {
 				t.Fatalf("Filter = %v, want %v", got, tt.want)
 			}

@@ -424,7 +424,7 @@ func TestFlowControlFirstChunk(t *testing.T) {
 	ctx := context.Background()
 	pool := &fakePool{}
 	cfg := flowcontrol.DefaultConfig()
-	cfg.Endpoint.Pending = 2
+	cfg.Endpoint.Pending, cfg.Endpoint.PendingTime = 2, 0 // the count: what is pending does not depend on timing
 	fc, clk := newTestFlowControl(t, cfg, pool)
 	scrape := func() {
 		t.Helper()

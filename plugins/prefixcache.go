@@ -294,27 +294,44 @@ func (p *PrefixCache) Score(ctx context.Context, _ *fwksched.CycleState, req *fw
 	}
 	buf := p.getBuffers()
 	defer p.buffers.Put(buf)
+	scores := p.score(ctx, buf, req, endpoints, p.index.Score)
+	for i, ep := range endpoints {
+		result[ep] = scores[i]
+	}
+	return result
+}
+
+// Affinity writes into out[i] the share of req's prompt endpoints[i] holds, as Score scores it, without counting guard
+// actions (the scorer counts them when it runs). out must be at least as long as endpoints.
+func (p *PrefixCache) Affinity(ctx context.Context, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint, out []float64) {
+	if len(endpoints) == 0 {
+		return
+	}
+	buf := p.getBuffers()
+	defer p.buffers.Put(buf)
+	copy(out, p.score(ctx, buf, req, endpoints, p.index.Peek))
+}
+
+// score renders req's prompt and scores endpoints with scoreFn (the index's Score or Peek) into buf.scores, which it
+// returns; a request without a prompt scores 0 everywhere.
+func (p *PrefixCache) score(ctx context.Context, buf *prefixBuffers, req *fwksched.LLMRequest, endpoints []fwksched.Endpoint,
+	scoreFn func(prefixcache.Prompt, []prefixcache.Candidate, []float64)) []float64 {
+	if cap(buf.scores) < len(endpoints) {
+		buf.scores = make([]float64, len(endpoints))
+	}
+	scores := buf.scores[:len(endpoints)]
 	prompt, err := p.prompt(buf, req)
 	if err != nil {
 		log.FromContext(ctx).V(1).Info("prefix cache scorer: no prompt, scoring 0", "reason", err.Error())
-		for _, ep := range endpoints {
-			result[ep] = 0
-		}
-		return result
+		clear(scores)
+		return scores
 	}
 	buf.cands = buf.cands[:0]
 	for _, ep := range endpoints {
 		buf.cands = append(buf.cands, prefixCandidate(ep))
 	}
-	if cap(buf.scores) < len(endpoints) {
-		buf.scores = make([]float64, len(endpoints))
-	}
-	scores := buf.scores[:len(endpoints)]
-	p.index.Score(prompt, buf.cands, scores)
-	for i, ep := range endpoints {
-		result[ep] = scores[i]
-	}
-	return result
+	scoreFn(prompt, buf.cands, scores)
+	return scores
 }
 
 // PreRequest implements fwkrc.PreRequest: the primary profile's pod (and a

@@ -389,8 +389,19 @@ type scoreScratch struct {
 // the fraction of the prompt's blocks the pod is predicted to hold
 // (matching stops at the first block it lacks) times the load guard's
 // weight (see GuardConfig). scores must be at least as long as cands.
-// Unknown pods are registered; pods beyond MaxPods score 0.
+// Unknown pods are registered; pods beyond MaxPods score 0. Each guard
+// action on a matching pod is recorded (Recorder.IncGuard).
 func (ix *Index) Score(pr Prompt, cands []Candidate, scores []float64) {
+	ix.score(pr, cands, scores, true)
+}
+
+// Peek is Score without recording guard actions, for a caller that looks
+// at the affinities before the scorer does (it would count them twice).
+func (ix *Index) Peek(pr Prompt, cands []Candidate, scores []float64) {
+	ix.score(pr, cands, scores, false)
+}
+
+func (ix *Index) score(pr Prompt, cands []Candidate, scores []float64, record bool) {
 	n := len(cands)
 	sc := ix.scratch.Get().(*scoreScratch)
 	defer ix.scratch.Put(sc)
@@ -438,7 +449,7 @@ func (ix *Index) Score(pr Prompt, cands []Candidate, scores []float64) {
 			continue
 		}
 		w, action := ix.cfg.Guard.weight(sc.load[i], mean, cands[i].Load.KVUtilization)
-		if sc.match[i] > 0 && action != GuardNone {
+		if record && sc.match[i] > 0 && action != GuardNone {
 			ix.rec.IncGuard(action)
 		}
 		scores[i] = float64(sc.match[i]) / float64(sc.total[i]) * w
