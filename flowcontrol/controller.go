@@ -725,8 +725,6 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		if j, ok := c.endpointIndex[states[i].Name]; ok {
 			states[i].firstChunk = c.endpoints[j].firstChunk
 		}
-	}
-	for i := range states {
 		states[i].refresh(c.cfg.Endpoint)
 	}
 	c.endpoints, c.endpointIndex = states, index
@@ -772,16 +770,19 @@ func (c *Controller) Started(id string) bool {
 		return false
 	}
 	now := c.clock.Now()
-	c.unreserveLocked(r)
+	started := r
+	started.pending, started.started = false, true
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
-		c.endpoints[i].learnFirstChunk(now.Sub(r.at)/time.Duration(r.ahead+1), c.cfg.Endpoint)
-	}
-	r.pending, r.started = false, true
-	if r.unscraped {
-		c.reservations[id] = r
-		if i, ok := c.endpointIndex[r.endpoint]; ok {
-			c.endpoints[i].count(r, +1, c.cfg.Endpoint)
+		e := &c.endpoints[i]
+		e.tally(r, -1)
+		if started.unscraped {
+			e.tally(started, +1)
 		}
+		e.learnFirstChunk(now.Sub(r.at) / time.Duration(r.ahead+1))
+		e.refresh(c.cfg.Endpoint)
+	}
+	if started.unscraped {
+		c.reservations[id] = started
 	} else {
 		delete(c.reservations, id)
 	}

@@ -93,14 +93,13 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 const firstChunkWeight = 0.2
 
 // learnFirstChunk folds one prompt's time from dispatch to first chunk, already divided among the prompts that were
-// pending ahead of it (they share its prefill steps), into the learned first-chunk time, and refreshes.
-func (e *endpointState) learnFirstChunk(d time.Duration, th EndpointThresholds) {
+// pending ahead of it (they share its prefill steps), into the learned first-chunk time; the caller refreshes.
+func (e *endpointState) learnFirstChunk(d time.Duration) {
 	if e.firstChunk == 0 {
 		e.firstChunk = d
 	} else {
 		e.firstChunk += time.Duration(firstChunkWeight * float64(d-e.firstChunk))
 	}
-	e.refresh(th)
 }
 
 // saturationFor is the saturation headroom is judged by: satPending under the Critical reserve, else sat.
