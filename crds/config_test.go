@@ -46,6 +46,7 @@ func TestToConfigConvertsEveryField(t *testing.T) {
 		Endpoint: &EndpointThresholds{
 			QueueDepthThreshold: ptr.To(8), KVCacheUtilThreshold: ptr.To(0.9),
 			RunningThreshold: ptr.To(64), PendingThreshold: ptr.To(3), PendingTimeThreshold: dur(250 * time.Millisecond),
+			BurstQueueDepthThreshold: ptr.To(24), BurstPendingTimeThreshold: dur(time.Second),
 			MetricsStalenessThreshold: dur(time.Second),
 		},
 		Tenants: []TenantPolicy{
@@ -73,7 +74,7 @@ func TestToConfigConvertsEveryField(t *testing.T) {
 	want.MaxQueuedRequests, want.MaxQueuedBytes = 500, 1<<25
 	want.CriticalMinPriority, want.SheddableMaxPriority = 10, -10
 	want.Endpoint = flowcontrol.EndpointThresholds{QueueDepth: 8, KVCacheUtil: 0.9, Running: 64, Pending: 3,
-		PendingTime: 250 * time.Millisecond, MetricsStaleness: time.Second}
+		PendingTime: 250 * time.Millisecond, BurstQueueDepth: 24, BurstPendingTime: time.Second, MetricsStaleness: time.Second}
 	want.Tenants = map[string]flowcontrol.TenantPolicy{
 		"gold":  {Weight: 4, MaxBand: flowcontrol.Critical},
 		"batch": {Weight: 1, MaxBand: flowcontrol.Sheddable},
@@ -125,10 +126,12 @@ func TestToConfigRejects(t *testing.T) {
 			FlowControlPolicySpec{Endpoint: &EndpointThresholds{
 				QueueDepthThreshold: ptr.To(0), KVCacheUtilThreshold: ptr.To(1.1), RunningThreshold: ptr.To(-1),
 				PendingThreshold: ptr.To(-1), PendingTimeThreshold: dur(-time.Second), MetricsStalenessThreshold: dur(0),
+				BurstQueueDepthThreshold: ptr.To(1), BurstPendingTimeThreshold: dur(-time.Second),
 			}},
 			[]string{"endpoint.queueDepthThreshold must be positive", "endpoint.kvCacheUtilThreshold must be in (0, 1]",
 				"endpoint.runningThreshold must not be negative", "endpoint.pendingThreshold must not be negative",
 				"endpoint.pendingTimeThreshold must not be negative",
+				"endpoint.burstPendingTimeThreshold must not be negative",
 				"endpoint.metricsStalenessThreshold must be positive"}},
 		{"tenants",
 			FlowControlPolicySpec{Tenants: []TenantPolicy{
@@ -360,7 +363,7 @@ func randomSpec(rng *rand.Rand) *FlowControlPolicySpec {
 		spec.PriorityMapping = &PriorityMapping{i(-2, -1, 0, 1, 2), i(-2, -1, 0, 1, 2)}
 	}
 	if maybe() {
-		spec.Endpoint = &EndpointThresholds{i(-1, 0, 5), i(-1, 0, 2), d(), f(0, 0.5, 0.8, 1, 1.5), i(-1, 0, 32), d()}
+		spec.Endpoint = &EndpointThresholds{i(-1, 0, 5), i(-1, 0, 2), d(), i(-1, 0, 4, 16), d(), f(0, 0.5, 0.8, 1, 1.5), i(-1, 0, 32), d()}
 	}
 	for range rng.IntN(4) {
 		spec.Tenants = append(spec.Tenants, TenantPolicy{

@@ -350,8 +350,11 @@ type PriorityMapping struct {
 }
 
 // EndpointThresholds define an endpoint's saturation: the largest of (waiting queue + requests the EPP dispatched
-// to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
-// running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
+// to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold, when set,
+// running / runningThreshold, and its pending prompts' learned time over pendingTimeThreshold. An endpoint whose
+// metrics are older than metricsStalenessThreshold has no headroom. When no endpoint has headroom for a band and no
+// Critical traffic is active, the burst thresholds replace queueDepthThreshold and pendingTimeThreshold.
+// +kubebuilder:validation:XValidation:rule="!has(self.burstQueueDepthThreshold) || !has(self.queueDepthThreshold) || self.burstQueueDepthThreshold == 0 || self.burstQueueDepthThreshold >= self.queueDepthThreshold",message="burstQueueDepthThreshold (default 16) must be 0 (no burst tier) or at least queueDepthThreshold"
 type EndpointThresholds struct {
 	// QueueDepthThreshold is the queue length (waiting plus recently dispatched requests) at which an endpoint is
 	// saturated. At least 1.
@@ -359,29 +362,47 @@ type EndpointThresholds struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:default=2
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
-	// PendingThreshold is the Critical reserve's optional count: while Critical traffic is active, an endpoint is
-	// also saturated once this many streamed requests sent to it have not had their first response chunk. 1 (one new
-	// prompt per endpoint at a time) keeps Critical's time to first token closest to an idle pool's but costs lower
-	// bands much of their throughput while Critical requests arrive, more so where the proxy adds latency between the
-	// EPP and the servers. 0, the default, leaves the limit to pendingTimeThreshold.
+	// PendingThreshold is the Critical reserve's optional count: while Critical traffic is active (a Critical request
+	// arrived within the last drainRateWindow), an endpoint is also saturated once this many streamed requests sent to
+	// it have not had their first response chunk. 1 (one new prompt per endpoint at a time) keeps Critical's time to
+	// first token closest to an idle pool's but costs lower bands much of their throughput while Critical requests
+	// arrive, more so where the proxy adds latency between the EPP and the servers. 0, the default, leaves the limit
+	// to pendingTimeThreshold.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:default=0
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
-	// PendingTimeThreshold is the Critical reserve: while Critical traffic is active (a Critical request arrived
-	// within the last drainRateWindow), an endpoint is saturated once the streamed requests sent to it that have not
-	// had their first response chunk (they wait there or are in prefill) amount to this much of its learned
-	// first-chunk time (the time one prompt takes there from dispatch to first response chunk, learned from the
-	// streamed requests it answered; until it has answered one, one pending prompt saturates it). A slow endpoint (an
-	// older GPU generation, a long prompt mix) takes one new prompt at a time, a fast one several, so a Critical prompt
-	// never shares its first step with much work wherever it lands, and fast endpoints keep full batches. A Go
-	// duration; "0s" disables the time limit (the reserve stays on if pendingThreshold is set).
+	// PendingTimeThreshold bounds the prompts waiting on an endpoint by time: an endpoint is saturated once the
+	// streamed requests sent to it that have not had their first response chunk (they wait there or are in prefill)
+	// amount to this much of its learned first-chunk time (the time one prompt takes there from dispatch to first
+	// response chunk, learned from the streamed requests it answered; until it has answered one, one pending prompt
+	// saturates it). A slow endpoint (an older GPU generation, a long prompt mix) takes one new prompt at a time, a
+	// fast one several, so a prompt, Critical or not, never shares its first step with much work wherever it lands. A
+	// Go duration; "0s" disables the time limit.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:default="100ms"
 	PendingTimeThreshold *metav1.Duration `json:"pendingTimeThreshold,omitempty"`
+	// BurstQueueDepthThreshold is the queue depth of the burst tier: when no endpoint has headroom for a band and no
+	// Critical traffic is active, the band may dispatch to endpoints judged with this in place of queueDepthThreshold
+	// (and burstPendingTimeThreshold in place of pendingTimeThreshold). In a burst above the pool's capacity, servers
+	// that compute several prompts per step drain the backlog faster; below capacity the normal thresholds keep
+	// prompts apart. 0 disables the burst tier; otherwise at least queueDepthThreshold.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=16
+	BurstQueueDepthThreshold *int `json:"burstQueueDepthThreshold,omitempty"`
+	// BurstPendingTimeThreshold is pendingTimeThreshold in the burst tier: how much learned first-chunk time of
+	// pending prompts an endpoint may hold in a burst. A Go duration, at least pendingTimeThreshold; "0s" disables the
+	// time limit in the burst tier, as does pendingTimeThreshold "0s".
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:default="400ms"
+	BurstPendingTimeThreshold *metav1.Duration `json:"burstPendingTimeThreshold,omitempty"`
 	// KVCacheUtilThreshold is the KV-cache utilisation at which an endpoint is saturated. In (0, 1].
 	// +optional
 	// +kubebuilder:validation:Minimum=0

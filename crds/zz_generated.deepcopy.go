@@ -137,6 +137,16 @@ func (in *EndpointThresholds) DeepCopyInto(out *EndpointThresholds) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.BurstQueueDepthThreshold != nil {
+		in, out := &in.BurstQueueDepthThreshold, &out.BurstQueueDepthThreshold
+		*out = new(int)
+		**out = **in
+	}
+	if in.BurstPendingTimeThreshold != nil {
+		in, out := &in.BurstPendingTimeThreshold, &out.BurstPendingTimeThreshold
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.KVCacheUtilThreshold != nil {
 		in, out := &in.KVCacheUtilThreshold, &out.KVCacheUtilThreshold
 		*out = new(float64)

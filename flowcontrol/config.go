@@ -25,6 +25,8 @@ const (
 	DefaultQueueDepthThreshold       = 2
 	DefaultPendingThreshold          = 0
 	DefaultPendingTimeThreshold      = 100 * time.Millisecond
+	DefaultBurstQueueDepthThreshold  = 16
+	DefaultBurstPendingTimeThreshold = 400 * time.Millisecond
 	DefaultKVCacheUtilThreshold      = 0.8
 	DefaultMetricsStalenessThreshold = 200 * time.Millisecond
 
@@ -124,21 +126,29 @@ type APIPriorityMapping struct {
 }
 
 // APIEndpointThresholds defines an endpoint's saturation: the largest of (waiting queue + requests the EPP dispatched
-// to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold and, when set,
-// running / runningThreshold. An endpoint whose metrics are older than metricsStalenessThreshold has no headroom.
+// to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold, when set,
+// running / runningThreshold, and the learned time of its pending prompts over pendingTimeThreshold. An endpoint whose
+// metrics are older than metricsStalenessThreshold has no headroom.
 //
-// While Critical traffic is active (a Critical request arrived within the last drainRateWindow), saturation also
-// counts the streamed requests sent to an endpoint that have not had their first response chunk (they wait there or
-// are in prefill): the endpoint is saturated once they amount to pendingTimeThreshold of its learned first-chunk time
-// (what one prompt took there, dispatch to first chunk, over the last few streamed requests, divided among the
-// prompts this EPP had pending there ahead of it; until it has answered one, one pending prompt saturates it), or, if
-// pendingThreshold is set, once there are that many. Work the EPP does not see (other replicas' requests,
-// non-streamed ones) lengthens the learned time, which makes the reserve stricter, not looser. Each pending prompt
-// lengthens the endpoint's next steps, and a Critical prompt sent there shares them: capping them keeps Critical's
-// time to first token close to an idle pool's. A time rather than a count fits each endpoint: a slow one (an older
-// GPU, where one prompt takes longer than the threshold) takes one new prompt at a time, a fast one several, so
-// its batches stay full and lower bands keep their throughput. A count cap (pendingThreshold 1 or 2) protects
-// Critical a little more and costs lower bands much of their throughput while Critical requests arrive.
+// Pending prompts are the streamed requests sent to an endpoint that have not had their first response chunk (they
+// wait there or are in prefill). Each lengthens the endpoint's next steps, and a prompt sent there shares them, so the
+// endpoint is saturated once they amount to pendingTimeThreshold of its learned first-chunk time (what one prompt took
+// there, dispatch to first chunk, over the last few streamed requests, divided among the prompts this EPP had pending
+// there ahead of it; until it has answered one, one pending prompt saturates it). A time rather than a count fits each
+// endpoint: a slow one (an older GPU, where one prompt takes longer than the threshold) takes one new prompt at a
+// time, a fast one several. Work the EPP does not see (other replicas' requests, non-streamed ones) lengthens the
+// learned time, which makes the bound stricter, not looser.
+//
+// The burst tier: when no fresh endpoint has headroom for a band and no Critical traffic is active, the band may
+// still dispatch to endpoints judged by burstQueueDepthThreshold and burstPendingTimeThreshold in place of
+// queueDepthThreshold and pendingTimeThreshold. In a burst above the pool's capacity, a server that computes several
+// prompts per step drains the backlog faster than one fed a prompt or two at a time; below capacity the normal
+// thresholds keep prompts apart, so none shares a step it need not. burstQueueDepthThreshold 0 disables the tier.
+//
+// The Critical reserve: while Critical traffic is active (a Critical request arrived within the last drainRateWindow),
+// the burst tier is off and, if pendingThreshold is set, an endpoint is also saturated once that many prompts are
+// pending there. Full prompt batches would make a Critical prompt share long steps; a count cap (1 or 2) protects
+// Critical a little more than the time and costs lower bands much of their throughput while Critical requests arrive.
 type APIEndpointThresholds struct {
 	// Default 2.
 	QueueDepthThreshold *int `json:"queueDepthThreshold,omitempty"`
@@ -146,6 +156,11 @@ type APIEndpointThresholds struct {
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
 	// 0 disables the time. Default 100ms.
 	PendingTimeThreshold *metav1.Duration `json:"pendingTimeThreshold,omitempty"`
+	// 0 disables the burst tier; otherwise at least queueDepthThreshold. Default 16.
+	BurstQueueDepthThreshold *int `json:"burstQueueDepthThreshold,omitempty"`
+	// 0 disables the time in the burst tier, as does pendingTimeThreshold 0; otherwise at least pendingTimeThreshold.
+	// Default 400ms.
+	BurstPendingTimeThreshold *metav1.Duration `json:"burstPendingTimeThreshold,omitempty"`
 	// In (0, 1]. Default 0.8.
 	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`
 	// 0 disables the running-requests term. Default 0.
@@ -198,11 +213,15 @@ type BandConfig struct {
 
 // EndpointThresholds is the validated form of APIEndpointThresholds.
 type EndpointThresholds struct {
-	QueueDepth       int
-	KVCacheUtil      float64
-	Running          int
-	Pending          int
-	PendingTime      time.Duration
+	QueueDepth  int
+	KVCacheUtil float64
+	Running     int
+	Pending     int
+	PendingTime time.Duration
+	// BurstQueueDepth and BurstPendingTime replace QueueDepth and PendingTime in the burst tier; BurstQueueDepth 0
+	// disables it.
+	BurstQueueDepth  int
+	BurstPendingTime time.Duration
 	MetricsStaleness time.Duration
 }
 
@@ -296,6 +315,8 @@ func applyDefaults(api *APIConfig) {
 	ep.RunningThreshold = orDefault(ep.RunningThreshold, 0)
 	ep.PendingThreshold = orDefault(ep.PendingThreshold, DefaultPendingThreshold)
 	ep.PendingTimeThreshold = orDefaultDuration(ep.PendingTimeThreshold, DefaultPendingTimeThreshold)
+	ep.BurstQueueDepthThreshold = orDefault(ep.BurstQueueDepthThreshold, DefaultBurstQueueDepthThreshold)
+	ep.BurstPendingTimeThreshold = orDefaultDuration(ep.BurstPendingTimeThreshold, DefaultBurstPendingTimeThreshold)
 	ep.MetricsStalenessThreshold = orDefaultDuration(ep.MetricsStalenessThreshold, DefaultMetricsStalenessThreshold)
 	api.Endpoint = &ep
 
@@ -359,6 +380,8 @@ func toConfig(api *APIConfig) (*Config, error) {
 			Running:          *api.Endpoint.RunningThreshold,
 			Pending:          *api.Endpoint.PendingThreshold,
 			PendingTime:      api.Endpoint.PendingTimeThreshold.Duration,
+			BurstQueueDepth:  *api.Endpoint.BurstQueueDepthThreshold,
+			BurstPendingTime: api.Endpoint.BurstPendingTimeThreshold.Duration,
 			MetricsStaleness: api.Endpoint.MetricsStalenessThreshold.Duration,
 		},
 		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
@@ -460,6 +483,16 @@ func (c *Config) Validate() error {
 	}
 	if c.Endpoint.PendingTime < 0 {
 		errs = append(errs, fmt.Errorf("endpoint.pendingTimeThreshold must not be negative, got %v", c.Endpoint.PendingTime))
+	}
+	if b := c.Endpoint.BurstQueueDepth; b != 0 && b < c.Endpoint.QueueDepth {
+		errs = append(errs, fmt.Errorf("endpoint.burstQueueDepthThreshold must be 0 (no burst tier) or at least queueDepthThreshold (%d), got %d",
+			c.Endpoint.QueueDepth, b))
+	}
+	if b := c.Endpoint.BurstPendingTime; b < 0 {
+		errs = append(errs, fmt.Errorf("endpoint.burstPendingTimeThreshold must not be negative, got %v", b))
+	} else if b > 0 && b < c.Endpoint.PendingTime {
+		errs = append(errs, fmt.Errorf("endpoint.burstPendingTimeThreshold must be 0 or at least pendingTimeThreshold (%v), got %v",
+			c.Endpoint.PendingTime, b))
 	}
 	if c.Endpoint.MetricsStaleness <= 0 {
 		errs = append(errs, fmt.Errorf("endpoint.metricsStalenessThreshold must be positive, got %v", c.Endpoint.MetricsStaleness))

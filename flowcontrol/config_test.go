@@ -28,7 +28,7 @@ func TestDefaultConfig(t *testing.T) {
 		}
 	}
 	if cfg.Endpoint != (EndpointThresholds{QueueDepth: 2, KVCacheUtil: 0.8, PendingTime: 100 * time.Millisecond,
-		MetricsStaleness: 200 * time.Millisecond}) {
+		BurstQueueDepth: 16, BurstPendingTime: 400 * time.Millisecond, MetricsStaleness: 200 * time.Millisecond}) {
 		t.Errorf("endpoint defaults = %+v", cfg.Endpoint)
 	}
 	if cfg.DefaultTenant != (TenantPolicy{Weight: 1, MaxBand: Critical}) {
@@ -136,6 +136,12 @@ func TestConfigValidation(t *testing.T) {
 			KVCacheUtilThreshold: ptr.To(1.5), RunningThreshold: ptr.To(-1), MetricsStalenessThreshold: d("0s")}},
 			[]string{"queueDepthThreshold must be positive", "kvCacheUtilThreshold must be in (0, 1]",
 				"runningThreshold must not be negative", "metricsStalenessThreshold must be positive"}},
+		{"burst thresholds below the normal ones", APIConfig{Endpoint: &APIEndpointThresholds{QueueDepthThreshold: ptr.To(4),
+			BurstQueueDepthThreshold: ptr.To(3), PendingTimeThreshold: d("200ms"), BurstPendingTimeThreshold: d("100ms")}},
+			[]string{"burstQueueDepthThreshold must be 0 (no burst tier) or at least queueDepthThreshold (4), got 3",
+				"burstPendingTimeThreshold must be 0 or at least pendingTimeThreshold (200ms), got 100ms"}},
+		{"negative burst time", APIConfig{Endpoint: &APIEndpointThresholds{BurstPendingTimeThreshold: d("-1s")}},
+			[]string{"burstPendingTimeThreshold must not be negative, got -1s"}},
 		{"tenants", APIConfig{Tenants: []APITenantPolicy{{Name: ""}, {Name: "a", MaxBand: ptr.To("gold")},
 			{Name: "b", Weight: ptr.To(0.0)}, {Name: "b"}}, DefaultTenant: &APITenantPolicy{Name: "x"}},
 			[]string{"tenants[0].name must not be empty", `tenants[1] ("a").maxBand: unknown band "gold"`,

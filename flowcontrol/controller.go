@@ -77,8 +77,8 @@ type Controller struct {
 	// endpoint below its ceiling, or requests of it or a higher band still waiting after dispatch); zero otherwise.
 	// Retry-After uses the age of such an episode (see retryEstimateLocked).
 	blockedSince [NumBands]time.Time
-	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it, headroom is judged
-	// with pending prompts counted (endpointState.satPending).
+	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it the Critical reserve is
+	// on (see criticalReserveLocked).
 	lastCritical time.Time
 
 	// ttlTimer fires at ttlAt, no later than the earliest deadline of a waiting request; ttlGen tells a stale firing
@@ -372,44 +372,66 @@ func (c *Controller) queuedAtOrAbove(band Band) int {
 }
 
 // headroomLocked returns the number of endpoints with fresh metrics and the index of the least saturated one with
-// headroom for band (-1 if none).
+// headroom for band (-1 if none): in the normal tier or, when no endpoint has headroom there, in the burst tier.
 func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
-	best = -1
-	bestSat := 0.0
+	best, burst := -1, -1
+	var bestSat, burstSat float64
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		if e.scrapedNs < cutoff {
 			continue
 		}
 		fresh++
-		sat := e.saturationFor(reserve)
-		if sat < ceiling && (best < 0 || sat < bestSat) {
+		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
 			best, bestSat = i, sat
 		}
+		if sat := e.satBurst; sat < ceiling && (burst < 0 || sat < burstSat) {
+			burst, burstSat = i, sat
+		}
+	}
+	if best < 0 && c.burstTierLocked(band, reserve) {
+		best = burst
 	}
 	return fresh, best
 }
 
-// criticalReserveLocked reports whether headroom is judged with pending prompts counted: while Critical traffic is
-// active (see APIEndpointThresholds).
+// criticalReserveLocked reports whether the Critical reserve is on: while Critical traffic is active (a Critical
+// request arrived within the drain-rate window) there is no burst tier, the pending count cap applies, and only
+// Critical may exceed headroom for prefix affinity (see APIEndpointThresholds).
 func (c *Controller) criticalReserveLocked(now time.Time) bool {
-	return (c.cfg.Endpoint.Pending > 0 || c.cfg.Endpoint.PendingTime > 0) && !c.lastCritical.IsZero() && now.Sub(c.lastCritical) < c.cfg.DrainRateWindow
+	return !c.lastCritical.IsZero() && now.Sub(c.lastCritical) < c.cfg.DrainRateWindow
 }
 
-// endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling, in snapshot order.
+// burstTierLocked reports whether band may use the burst tier: it is configured, the Critical reserve is off, and the
+// band queues when saturated (a band that is shed when saturated, Sheddable by default, must not fill the batches the
+// bands above it drain into).
+func (c *Controller) burstTierLocked(band Band, reserve bool) bool {
+	return !reserve && c.cfg.Endpoint.BurstQueueDepth > 0 && !c.cfg.Bands[band].RejectWhenSaturated
+}
+
+// endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling in the tier headroomLocked picks from, in
+// snapshot order.
 func (c *Controller) endpointsWithHeadroomLocked(band Band, now time.Time) []string {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
 	has := func(e *endpointState) bool { return e.scrapedNs >= cutoff && e.saturationFor(reserve) < ceiling }
-	n := 0
-	for i := range c.endpoints {
-		if has(&c.endpoints[i]) {
-			n++
+	count := func() int {
+		n := 0
+		for i := range c.endpoints {
+			if has(&c.endpoints[i]) {
+				n++
+			}
 		}
+		return n
+	}
+	n := count()
+	if n == 0 && c.burstTierLocked(band, reserve) {
+		has = func(e *endpointState) bool { return e.scrapedNs >= cutoff && e.satBurst < ceiling }
+		n = count()
 	}
 	names := make([]string, 0, n)
 	for i := range c.endpoints {

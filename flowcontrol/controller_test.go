@@ -263,15 +263,14 @@ func TestCriticalReserve(t *testing.T) {
 	})
 }
 
-// TestCriticalReservePendingTime: under the shipped Critical reserve (time only, no count), an endpoint's pending
-// prompts cost its learned first-chunk time each, divided among the prompts that were pending ahead; an endpoint with
-// nothing learned takes one pending prompt at a time; the learned time survives scrapes and is forgotten with the
-// endpoint.
-func TestCriticalReservePendingTime(t *testing.T) {
+// TestPendingTime: under the shipped thresholds (time only, no count), an endpoint's pending prompts cost its learned
+// first-chunk time each, divided among the prompts that were pending ahead, with no Critical traffic at all; an endpoint with nothing learned takes one pending prompt at a time; the learned time
+// survives scrapes and is forgotten with the endpoint.
+func TestPendingTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig(t, nil)
 		if cfg.Endpoint.Pending != 0 || cfg.Endpoint.PendingTime != 100*time.Millisecond {
-			t.Fatalf("default reserve is %d pending, %v; this test assumes time only, 100ms", cfg.Endpoint.Pending, cfg.Endpoint.PendingTime)
+			t.Fatalf("default thresholds are %d pending, %v; this test assumes time only, 100ms", cfg.Endpoint.Pending, cfg.Endpoint.PendingTime)
 		}
 		h := newHarness(t, cfg)
 		h.scrape(ep("fast", 0), ep("slow", 0))
@@ -286,8 +285,8 @@ func TestCriticalReservePendingTime(t *testing.T) {
 			}
 		}
 
-		// Nothing learned: one pending prompt saturates an endpoint.
-		crit := streamed(1) // Critical traffic: the reserve is on
+		// Nothing learned: one pending prompt saturates an endpoint. No Critical traffic yet: the time applies anyway.
+		crit := streamed(0)
 		dispatchedTo(crit, "fast", "slow")
 		h.c.Bind(crit.req.ID, "slow")
 		a := streamed(0)
@@ -329,6 +328,66 @@ func TestCriticalReservePendingTime(t *testing.T) {
 		dispatchedTo(four, "slow")
 		h.c.Bind(four.req.ID, "slow")
 		streamed(0).wantWaiting(t)
+	})
+}
+
+// TestBurstTier: when no endpoint has headroom in the normal tier and no Critical traffic is active, a band may
+// dispatch to endpoints judged by the burst thresholds; an endpoint with normal headroom is preferred to any in the
+// burst tier; Critical traffic turns the tier off until its drain-rate window ends, and the end dispatches what it
+// held; the burst tier's pending time bounds the prompts a learned endpoint takes.
+func TestBurstTier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.BurstQueueDepth = 10
+			c.Endpoint.BurstPendingTime = 400 * time.Millisecond
+		}))
+		dispatchedTo := func(cl *call, want ...string) {
+			t.Helper()
+			if d := cl.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, want) {
+				t.Fatalf("%s: endpoints with headroom %v, want %v", cl.req.ID, d.Endpoints, want)
+			}
+		}
+
+		// a is past the normal queue depth (5 of 5), within the burst one (5 of 10); b has normal headroom.
+		// Each scrape comes a moment after the last dispatch and covers it.
+		h.scrape(ep("a", 5), ep("b", 4))
+		dispatchedTo(h.admit(0, "t", 1), "b")
+		h.step(time.Millisecond)
+		h.scrape(ep("a", 5), ep("b", 5))
+		dispatchedTo(h.admit(0, "t", 1), "a", "b")
+		h.step(time.Millisecond)
+		h.scrape(ep("a", 10), ep("b", 9))
+		dispatchedTo(h.admit(0, "t", 1), "b")
+		h.admit(0, "t", 1).wantWaiting(t) // b has 10 of 10 now: nothing left in either tier
+
+		// Critical traffic turns the burst tier off: Standard waits behind a normally saturated pool.
+		h.step(time.Millisecond)
+		h.scrape(ep("a", 5), ep("b", 5)) // the waiting request goes to the burst tier
+		h.admit(1, "t", 1).wantWaiting(t)
+		held := h.admit(0, "t", 1)
+		held.wantWaiting(t)
+		h.step(h.c.Config().DrainRateWindow - time.Millisecond)
+		held.wantWaiting(t)
+		h.step(time.Millisecond)
+		held.wantOutcome(t, Dispatched, ReasonNone)
+
+		// The burst tier's time: fast learns 100ms per prompt, so the normal tier (100ms) takes one pending prompt and
+		// the burst tier (400ms) three more.
+		h.scrape(Endpoint{Name: "fast"})
+		streamed := func() *call {
+			h.seq++
+			return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+		}
+		lesson := streamed()
+		dispatchedTo(lesson, "fast")
+		h.step(100 * time.Millisecond)
+		h.c.Started(lesson.req.ID)
+		h.scrape(Endpoint{Name: "fast", Running: 1})
+		dispatchedTo(streamed(), "fast") // normal tier: nothing pending
+		for range 3 {
+			dispatchedTo(streamed(), "fast") // burst tier: 1, 2, 3 pending of 100ms each, under 400ms
+		}
+		streamed().wantWaiting(t) // 4 × 100ms: saturated in the burst tier too
 	})
 }
 

@@ -33,11 +33,11 @@ type endpointState struct {
 	// firstChunk is the learned time one prompt takes here from dispatch to its first response chunk (zero until a
 	// streamed request has started here); it outlives scrapes and is forgotten with the endpoint.
 	firstChunk time.Duration
-	// sat is Saturation(Endpoint, reserved, thresholds); satPending is the largest of sat, pending over the pending
-	// threshold and the pending prompts' learned first-chunk time over the pending time threshold; satRank, what
-	// schedulers rank by, is the larger of sat without the started requests and pending. Refresh them after changing
-	// any count.
-	sat, satPending, satRank float64
+	// sat is the largest of Saturation(Endpoint, reserved, thresholds) and the pending prompts' learned first-chunk
+	// time over the pending time threshold; satReserve, what the Critical reserve judges by, is the larger of sat and
+	// pending over the pending threshold; satBurst is sat with the burst tier's thresholds; satRank, what schedulers
+	// rank by, is the larger of sat without the started requests and pending. Refresh them after changing any count.
+	sat, satReserve, satBurst, satRank float64
 	scrapedNs                int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
 
@@ -70,23 +70,39 @@ func (e *endpointState) tally(r reservation, sign int) {
 
 // refresh recomputes the cached saturations.
 func (e *endpointState) refresh(th EndpointThresholds) {
-	e.sat = Saturation(e.Endpoint, e.reserved, th)
-	e.satPending = e.sat
+	e.sat = max(Saturation(e.Endpoint, e.reserved, th), e.pendingTimeSaturation(th.PendingTime))
+	e.satReserve = e.sat
 	if th.Pending > 0 {
-		e.satPending = max(e.sat, float64(e.pending)/float64(th.Pending))
+		e.satReserve = max(e.sat, float64(e.pending)/float64(th.Pending))
 	}
-	if th.PendingTime > 0 {
-		per := e.firstChunk
-		if per == 0 {
-			// Nothing learned here yet (a new endpoint, or one back from a gap): one pending prompt takes the whole
-			// threshold until its first chunk teaches the endpoint's time.
-			per = th.PendingTime
+	e.satBurst = e.sat
+	if th.BurstQueueDepth > 0 {
+		burst := th
+		burst.QueueDepth = th.BurstQueueDepth
+		var bt time.Duration
+		if th.PendingTime > 0 {
+			bt = th.BurstPendingTime
 		}
-		e.satPending = max(e.satPending, float64(e.pending)*float64(per)/float64(th.PendingTime))
+		e.satBurst = max(Saturation(e.Endpoint, e.reserved, burst), e.pendingTimeSaturation(bt))
 	}
 	// For ranking, one prompt the endpoint is computing already makes it as slow to start a new one as a saturated
 	// endpoint: a prompt sent there shares its first step.
 	e.satRank = max(Saturation(e.Endpoint, e.reserved-e.started, th), float64(e.pending))
+}
+
+// pendingTimeSaturation is the learned first-chunk time of the endpoint's pending prompts over threshold (0 when
+// threshold is 0, which disables the time).
+func (e *endpointState) pendingTimeSaturation(threshold time.Duration) float64 {
+	if threshold <= 0 || e.pending == 0 {
+		return 0
+	}
+	per := e.firstChunk
+	if per == 0 {
+		// Nothing learned here yet (a new endpoint, or one back from a gap): one pending prompt takes the whole
+		// threshold until its first chunk teaches the endpoint's time.
+		per = threshold
+	}
+	return float64(e.pending) * float64(per) / float64(threshold)
 }
 
 // firstChunkWeight is the weight of each new sample in the learned first-chunk time: about the last five prompts count.
@@ -102,10 +118,11 @@ func (e *endpointState) learnFirstChunk(d time.Duration) {
 	}
 }
 
-// saturationFor is the saturation headroom is judged by: satPending under the Critical reserve, else sat.
+// saturationFor is the saturation headroom is judged by in the normal tier: satReserve under the Critical reserve,
+// else sat.
 func (e *endpointState) saturationFor(reserve bool) float64 {
 	if reserve {
-		return e.satPending
+		return e.satReserve
 	}
 	return e.sat
 }

@@ -15,14 +15,16 @@ import (
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // testConfig returns the defaults with jitter off, metrics that never go stale (tests step the clock by seconds) and
-// the tests' own reference thresholds (queue depth 5; ceilings 1, 1 and 0.8), so that tuning the shipped defaults
-// does not change what a test's endpoint numbers mean; then applies mutate and validates.
+// the tests' own reference thresholds (queue depth 5; ceilings 1, 1 and 0.8; no burst tier, which the tests of it turn
+// on), so that tuning the shipped defaults does not change what a test's endpoint numbers mean; then applies mutate
+// and validates.
 func testConfig(t *testing.T, mutate func(*Config)) *Config {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.RetryAfterJitter = 0
 	cfg.Endpoint.MetricsStaleness = time.Hour
 	cfg.Endpoint.QueueDepth = 5
+	cfg.Endpoint.BurstQueueDepth = 0
 	cfg.Bands[Critical].SaturationCeiling = 1
 	cfg.Bands[Standard].SaturationCeiling = 1
 	cfg.Bands[Sheddable].SaturationCeiling = 0.8

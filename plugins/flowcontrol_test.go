@@ -231,7 +231,7 @@ func TestFlowControlQueuedOutcomes(t *testing.T) {
 		cfg.MaxQueuedRequests = 2
 		pool := &fakePool{}
 		fc, clk := newTestFlowControl(t, cfg, pool)
-		pool.set(upstreamEndpoint("10.0.0.1", 10, 0.2, clk.Now().Add(time.Hour))) // saturated, and fresh for an hour
+		pool.set(upstreamEndpoint("10.0.0.1", 40, 0.2, clk.Now().Add(time.Hour))) // saturated in both tiers, fresh for an hour
 		if err := fc.SyncEndpoints(); err != nil {
 			t.Fatal(err)
 		}
@@ -506,7 +506,7 @@ func TestFlowControlRunSnapshotsAndShutdown(t *testing.T) {
 		}
 		fc.shed.delete("early")
 
-		pool.set(upstreamEndpoint("10.0.0.1", 10, 0.1, clk.Now().Add(100*time.Millisecond)))
+		pool.set(upstreamEndpoint("10.0.0.1", 40, 0.1, clk.Now().Add(100*time.Millisecond))) // saturated in both tiers
 		clk.Step(100 * time.Millisecond)
 		synctest.Wait()
 		waitErr := make(chan error, 1)

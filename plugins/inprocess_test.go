@@ -135,7 +135,7 @@ func TestInProcessPickerBreaksTiesBySeed(t *testing.T) {
 
 func TestInProcessPickerSluiceAdmission(t *testing.T) {
 	p, clk := newTestPicker(t, InProcessOptions{Endpoints: testPool(2), Seed: 1, Admission: flowcontrol.DefaultConfig()})
-	scrapeAll(t, p, clk, 9, 9) // above the queue-depth threshold: no headroom
+	scrapeAll(t, p, clk, 20, 20) // above the queue-depth thresholds of both tiers: no headroom
 	if err := p.SyncAdmission(); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestInProcessPickerSluiceAdmission(t *testing.T) {
 	}
 
 	clk.Step(10 * time.Millisecond)
-	scrapeAll(t, p, clk, 9, 0) // endpoint 1 has headroom again
+	scrapeAll(t, p, clk, 20, 0) // endpoint 1 has headroom again
 	if err := p.SyncAdmission(); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestInProcessPickerSluiceAdmission(t *testing.T) {
 
 	// A request that waits past its band's maximum queue time is answered by the clock.
 	sync := func() {
-		scrapeAll(t, p, clk, 9, 9)
+		scrapeAll(t, p, clk, 20, 20)
 		if err := p.SyncAdmission(); err != nil {
 			t.Fatal(err)
 		}
