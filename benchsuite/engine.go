@@ -48,6 +48,21 @@ type RunResult struct {
 	// request path per routed request (admission, scheduling, hooks). Nil
 	// without an EPP and in real time, where it is not separable.
 	EPPPerDecision *time.Duration `json:"epp_per_decision_ns,omitempty"`
+	// CPU is a real-time run's CPU use while the load ran, per process;
+	// nil in virtual time and where it cannot be read.
+	CPU *ProcessCPU `json:"cpu,omitempty"`
+}
+
+// ProcessCPU is the CPU time (user + system) each of a real-time run's
+// processes used from the start of the load to its end: what routing costs
+// on a machine the EPP shares with the fleet, the data plane and the load
+// generator.
+type ProcessCPU struct {
+	// Fleet is the simulated servers' process.
+	Fleet time.Duration `json:"fleet_ns"`
+	// EPP is zero for a contender without one.
+	EPP       time.Duration `json:"epp_ns,omitempty"`
+	DataPlane time.Duration `json:"data_plane_ns"`
 }
 
 // FleetCounters sum a counter over the fleet's servers.

@@ -53,6 +53,9 @@ func startProcess(name, logPath, bin string, args ...string) (*process, error) {
 	return p, nil
 }
 
+// cpu returns the CPU time (user + system) the running process has used.
+func (p *process) cpu() (time.Duration, error) { return cpuTime(p.cmd.Process.Pid) }
+
 // exited reports whether the process has exited.
 func (p *process) exited() bool {
 	select {

@@ -260,12 +260,14 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		r.e.OnLoadStart()
 	}
 	began := time.Now()
+	cpuBefore, cpuErr := r.cpu()
 	var samples []QueueSample
 	var wg sync.WaitGroup
 	wg.Go(func() { samples = r.sample(sampleCtx, began) })
 	lg, err := loadgen.Run(ctx, cfg)
 	stopSampling()
 	wg.Wait()
+	cpuAfter, cpuAfterErr := r.cpu()
 	if err != nil {
 		return nil, err
 	}
@@ -282,6 +284,20 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		Started: lg.Started, Wall: time.Since(began), Summary: lg.Summary, Records: lg.Records,
 		Samples: samples, LogDir: r.dir,
 	}
+	if cpuErr == nil && cpuAfterErr == nil {
+		res.CPU = &ProcessCPU{}
+		for _, p := range r.procs {
+			used := cpuAfter[p] - cpuBefore[p]
+			switch p.name {
+			case SimulatorBinary:
+				res.CPU.Fleet += used
+			case EPPBinary:
+				res.CPU.EPP += used
+			case DataPlaneBinary:
+				res.CPU.DataPlane += used
+			}
+		}
+	}
 	if res.Fleet, err = r.fleetCounters(ctx); err != nil {
 		return nil, err
 	}
@@ -293,6 +309,19 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		res.Admission = admissionCounters(page)
 	}
 	return res, nil
+}
+
+// cpu reads the CPU time each process has used so far.
+func (r *realRun) cpu() (map[*process]time.Duration, error) {
+	used := make(map[*process]time.Duration, len(r.procs))
+	for _, p := range r.procs {
+		d, err := p.cpu()
+		if err != nil {
+			return nil, err
+		}
+		used[p] = d
+	}
+	return used, nil
 }
 
 // sample reads queue depths every SampleEvery until ctx ends. A failed

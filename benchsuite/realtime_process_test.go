@@ -3,6 +3,7 @@ package benchsuite
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,13 @@ spec: {priority: 0, poolRef: {name: static}}
 		}
 		if r.Fleet.PrefixQueryTokens <= 0 {
 			t.Errorf("%s: fleet counters %+v, want prompt tokens looked up", name, r.Fleet)
+		}
+		if runtime.GOOS == "linux" {
+			if r.CPU == nil {
+				t.Errorf("%s: no CPU times", name)
+			} else if (r.CPU.EPP > 0) != (name != RoundRobin) {
+				t.Errorf("%s: EPP CPU time %v, want some for an EPP contender and none for round-robin", name, r.CPU.EPP)
+			}
 		}
 		switch name {
 		case Sluice:

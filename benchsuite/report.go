@@ -236,17 +236,39 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	p("\n")
 }
 
-// writeEPPCost lists the EPP's wall time per decision of virtual runs.
+// writeEPPCost lists the EPP's wall time per decision of virtual runs and,
+// in real time, each process's CPU time per attempt while the load ran.
 func writeEPPCost(b *bufio.Writer, s *ScenarioResult) {
-	var parts []string
+	var wall, cpu []string
 	for _, run := range s.Runs {
-		if run.Result != nil && run.Result.EPPPerDecision != nil {
-			parts = append(parts, run.Contender.Name+" "+formatMicros(*run.Result.EPPPerDecision))
+		r := run.Result
+		if r == nil {
+			continue
+		}
+		if r.EPPPerDecision != nil {
+			wall = append(wall, run.Contender.Name+" "+formatMicros(*r.EPPPerDecision))
+		}
+		if n := r.Summary.Overall.Attempts; r.CPU != nil && n > 0 {
+			per := func(d time.Duration) string { return formatMillis(d / time.Duration(n)) }
+			parts := []string{}
+			if r.CPU.EPP > 0 {
+				parts = append(parts, "EPP "+per(r.CPU.EPP))
+			}
+			parts = append(parts, "data plane "+per(r.CPU.DataPlane), "fleet "+per(r.CPU.Fleet))
+			cpu = append(cpu, run.Contender.Name+": "+strings.Join(parts, ", "))
 		}
 	}
-	if len(parts) > 0 {
-		fmt.Fprintf(b, "\nEPP wall time per routing decision (this machine): %s.\n", strings.Join(parts, ", "))
+	if len(wall) > 0 {
+		fmt.Fprintf(b, "\nEPP wall time per routing decision (this machine): %s.\n", strings.Join(wall, ", "))
 	}
+	if len(cpu) > 0 {
+		fmt.Fprintf(b, "\nCPU time per attempt while the load ran (user + system, this machine): %s.\n", strings.Join(cpu, "; "))
+	}
+}
+
+// formatMillis formats a CPU time per attempt in milliseconds.
+func formatMillis(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
 // writeShedding lists requests turned away per class (band), and Sluice

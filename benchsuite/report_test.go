@@ -95,6 +95,8 @@ objectives: objectives.yaml
 		{Contender: steady.Contenders[2], Result: fakeRun("steady", Sluice, fakeRequests{class: "chat", ttft: ms(10, 20, 100, 200)})},
 	}}
 	s1.Targets = s1.EvaluateTargets()
+	s1.Runs[0].Result.CPU = &ProcessCPU{Fleet: 40 * time.Millisecond, DataPlane: 20 * time.Millisecond}
+	s1.Runs[2].Result.CPU = &ProcessCPU{Fleet: 40 * time.Millisecond, EPP: 50 * time.Millisecond, DataPlane: 44 * time.Millisecond}
 	s2 := ScenarioResult{Scenario: prio, Runs: []ContenderRun{
 		{Contender: prio.Contenders[0], Result: fakeRun("prio", RoundRobin,
 			fakeRequests{class: "critical", ttft: ms(900, 5000)}, fakeRequests{class: "sheddable", ttft: ms(800, 6000)})},
@@ -159,6 +161,8 @@ func TestWriteReport(t *testing.T) {
 		"clients honour Retry-After, up to 2 attempts (wait at most 5s)",
 		"objectives objectives.yaml",
 		"| upstream-default | EPP, upstream v1.5.0 default profile, upstream admission | run failed: epp exited (exit status 1) bad flag |",
+		"CPU time per attempt while the load ran (user + system, this machine): round-robin: data plane 5.00 ms, fleet 10.00 ms; " +
+			"sluice: EPP 12.50 ms, data plane 11.00 ms, fleet 10.00 ms.",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q", want)

@@ -9,19 +9,25 @@
 //
 // A request's InferenceObjective priority maps to a Band (Critical, Standard, Sheddable), lowered to its tenant's
 // cap if it asks for more. An endpoint's saturation is the largest of its waiting queue plus the requests the EPP sent
-// it since its last scrape over the queue-depth threshold, its KV-cache use over the KV threshold and, optionally, its
-// running count over a running threshold. An endpoint has headroom for a band when its metrics are fresh and its
-// saturation is below the band's ceiling.
+// it since its last scrape over the queue-depth threshold, its KV-cache use over the KV threshold, optionally its
+// running count over a running threshold, and the time of its pending prompts over the pending time threshold. An
+// endpoint has headroom for a band when its metrics are fresh and its saturation is below the band's ceiling.
+//
+// Pending prompts are the streamed requests the EPP sent an endpoint that have not had their first response chunk
+// (Request.Streamed, Started); each costs the endpoint's learned first-chunk time, so a slow endpoint fills with
+// fewer. A scrape shows such a request as running once the server schedules it, yet until its first token its prompt
+// is computed in the endpoint's next steps, and any prompt sent there meanwhile shares those steps: with continuous
+// batching, time to first token under load is mostly the other prompts in one's first step.
+//
+// The burst tier: when no endpoint has headroom for a band that queues when saturated, and no Critical traffic is
+// active, the band may dispatch to endpoints judged by deeper thresholds (the burst queue depth and pending time). A
+// burst above the pool's capacity drains faster when each server computes several prompts per step than when it is
+// fed one or two at a time; below capacity some endpoint always has normal headroom and prompts stay apart.
 //
 // The Critical reserve: while Critical traffic is active (a Critical request arrived within the drain-rate window),
-// saturation also counts an endpoint's pending prompts, the streamed requests the EPP sent it that have not had their
-// first response chunk (Request.Streamed, Started): their time (each costs the endpoint's learned first-chunk time, so
-// a slow endpoint fills with fewer) over the pending time threshold and, if set, their count over the pending
-// threshold. A scrape shows such a request as running once the server schedules it, yet until its first token its
-// prompt is computed in the endpoint's next steps, and any prompt sent there meanwhile shares those steps: with
-// continuous batching, Critical's time to first token under load is mostly the other prompts in its first step.
-// Capping each endpoint's pending prompts keeps that step short; Critical, first in line, takes the next place that
-// frees up. Without Critical traffic the cap would only slow lower bands' bursts, so it is off.
+// there is no burst tier, so Critical's first step is never one of a full batch, and, if set, an endpoint's pending
+// prompts also count over the pending threshold (a count cap). Critical, first in line, takes the next place that
+// frees up.
 //
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
@@ -31,10 +37,9 @@
 // else the request waits.
 //
 // Waiting requests leave in order whenever an event creates headroom (a scrape, a Release, a Bind, a Started, the end
-// of the Critical reserve): bands strictly by
-// priority, and within a band by start-time fair queuing across tenants, weighted by policy and charged by estimated
-// cost (tokens), FIFO per tenant. Dispatch is per endpoint: one idle endpoint is enough for the head of the highest
-// non-empty band to go, whatever the pool's average saturation.
+// of the Critical reserve): bands strictly by priority, and within a band by start-time fair queuing across tenants,
+// weighted by policy and charged by estimated cost (tokens), FIFO per tenant. Dispatch is per endpoint: one idle
+// endpoint is enough for the head of the highest non-empty band to go, whatever the pool's average saturation.
 //
 // A dispatched request is reserved on the least saturated endpoint with headroom until the scheduler's choice moves it
 // (Bind), the request finishes (Release), or a scrape taken after it covers it (UpdateEndpoints) and, if streamed, it

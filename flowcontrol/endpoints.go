@@ -38,7 +38,7 @@ type endpointState struct {
 	// pending over the pending threshold; satBurst is sat with the burst tier's thresholds; satRank, what schedulers
 	// rank by, is the larger of sat without the started requests and pending. Refresh them after changing any count.
 	sat, satReserve, satBurst, satRank float64
-	scrapedNs                int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
+	scrapedNs                          int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
 
 func newEndpointState(e Endpoint) endpointState {
