@@ -90,10 +90,13 @@ func (f FleetCounters) PrefixHitRate() (rate float64, ok bool) {
 
 // AdmissionCounters are Sluice admission's decisions (sluice_flowcontrol_*).
 type AdmissionCounters struct {
-	// Dispatched and Shed count requests per band; ShedByReason per reason.
-	Dispatched   map[string]float64 `json:"dispatched"`
-	Shed         map[string]float64 `json:"shed"`
-	ShedByReason map[string]float64 `json:"shed_by_reason"`
+	// Dispatched and Shed count requests per band; ShedByReason per reason;
+	// BurstDispatched, per band, the dispatched requests that went out in
+	// the burst tier.
+	Dispatched      map[string]float64 `json:"dispatched"`
+	BurstDispatched map[string]float64 `json:"burst_dispatched"`
+	Shed            map[string]float64 `json:"shed"`
+	ShedByReason    map[string]float64 `json:"shed_by_reason"`
 }
 
 // QueueSample is the requests waiting at one instant of a run.

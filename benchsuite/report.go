@@ -221,6 +221,7 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 
 	writeEPPCost(b, s)
 	writeShedding(b, s)
+	writeAdmission(b, s)
 	writeClassLatency(b, s)
 
 	p("\n")
@@ -271,9 +272,8 @@ func formatMillis(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
-// writeShedding lists requests turned away per class (band), and Sluice
-// admission's own counters, when anything was shed or the scenario has
-// priority objectives.
+// writeShedding lists requests turned away per class (band) when anything
+// was shed or the scenario has priority objectives.
 func writeShedding(b *bufio.Writer, s *ScenarioResult) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	sheds := map[string]map[string]ClassShed{}
@@ -319,13 +319,18 @@ func writeShedding(b *bufio.Writer, s *ScenarioResult) {
 		}
 		p("\n")
 	}
+}
+
+// writeAdmission lists Sluice admission's own counters (real time only).
+func writeAdmission(b *bufio.Writer, s *ScenarioResult) {
 	for _, run := range s.Runs {
 		if run.Result == nil || run.Result.Admission == nil {
 			continue
 		}
 		a := run.Result.Admission
-		p("\n%s's Sluice admission: dispatched %s; shed %s; shed by reason %s.\n",
-			run.Contender.Name, formatCounts(a.Dispatched), formatCounts(a.Shed), formatCounts(a.ShedByReason))
+		fmt.Fprintf(b, "\n%s's Sluice admission: dispatched %s (in the burst tier: %s); shed %s; shed by reason %s.\n",
+			run.Contender.Name, formatCounts(a.Dispatched), formatCounts(a.BurstDispatched), formatCounts(a.Shed),
+			formatCounts(a.ShedByReason))
 	}
 }
 

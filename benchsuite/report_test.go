@@ -173,7 +173,7 @@ func TestWriteReport(t *testing.T) {
 	for _, want := range []string{
 		"| critical | 0 of 2 (0) | – | 0 of 2 (0) |",
 		"| sheddable | 0 of 2 (0) | – | 3 of 4 (6) |",
-		"sluice's Sluice admission: dispatched Critical 2, Sheddable 1; shed Sheddable 6; shed by reason queue_full 6.",
+		"sluice's Sluice admission: dispatched Critical 2, Sheddable 1 (in the burst tier: none); shed Sheddable 6; shed by reason queue_full 6.",
 		"| critical | 2.95 s / 4.79 s / 4.96 s | – | 55 ms / 60 ms / 60 ms |",
 	} {
 		if !strings.Contains(report, want) {

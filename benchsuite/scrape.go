@@ -25,6 +25,7 @@ const (
 	metricAdapterLoads    = "sluice_sim_lora_loads_total"
 	metricSluiceQueue     = "sluice_flowcontrol_queue_length"
 	metricSluiceDispatch  = "sluice_flowcontrol_dispatched_total"
+	metricSluiceBurst     = "sluice_flowcontrol_burst_dispatched_total"
 	metricSluiceShed      = "sluice_flowcontrol_shed_total"
 	metricUpstreamQueue   = "inference_extension_flow_control_queue_size"
 	labelBand             = "band"
@@ -131,12 +132,13 @@ func admissionCounters(p metricPage) *AdmissionCounters {
 		return nil
 	}
 	c := &AdmissionCounters{
-		Dispatched:   p.sumBy(metricSluiceDispatch, labelBand),
-		Shed:         p.sumBy(metricSluiceShed, labelBand),
-		ShedByReason: p.sumBy(metricSluiceShed, labelReason),
+		Dispatched:      p.sumBy(metricSluiceDispatch, labelBand),
+		BurstDispatched: p.sumBy(metricSluiceBurst, labelBand),
+		Shed:            p.sumBy(metricSluiceShed, labelBand),
+		ShedByReason:    p.sumBy(metricSluiceShed, labelReason),
 	}
 	// A counter vector without series is absent from the page: none yet.
-	for _, m := range []*map[string]float64{&c.Dispatched, &c.Shed, &c.ShedByReason} {
+	for _, m := range []*map[string]float64{&c.Dispatched, &c.BurstDispatched, &c.Shed, &c.ShedByReason} {
 		if *m == nil {
 			*m = map[string]float64{}
 		}

@@ -34,6 +34,8 @@ sluice_flowcontrol_queue_length{band="Sheddable"} 0
 sluice_flowcontrol_dispatched_total{band="Critical",tenant="a"} 10
 sluice_flowcontrol_dispatched_total{band="Critical",tenant="b"} 5
 sluice_flowcontrol_dispatched_total{band="Standard",tenant="a"} 20
+# TYPE sluice_flowcontrol_burst_dispatched_total counter
+sluice_flowcontrol_burst_dispatched_total{band="Standard"} 12
 # TYPE sluice_flowcontrol_shed_total counter
 sluice_flowcontrol_shed_total{band="Sheddable",outcome="rejected",reason="queue_full",tenant="a"} 7
 sluice_flowcontrol_shed_total{band="Standard",outcome="unavailable",reason="no_endpoints",tenant="a"} 2
@@ -94,6 +96,9 @@ func TestAdmissionCounters(t *testing.T) {
 	if want := map[string]float64{"Critical": 15, "Standard": 20}; !maps.Equal(a.Dispatched, want) {
 		t.Errorf("dispatched %v, want %v", a.Dispatched, want)
 	}
+	if want := map[string]float64{"Standard": 12}; !maps.Equal(a.BurstDispatched, want) {
+		t.Errorf("dispatched in the burst tier %v, want %v", a.BurstDispatched, want)
+	}
 	if want := map[string]float64{"Sheddable": 7, "Standard": 2}; !maps.Equal(a.Shed, want) {
 		t.Errorf("shed %v, want %v", a.Shed, want)
 	}
@@ -103,7 +108,7 @@ func TestAdmissionCounters(t *testing.T) {
 
 	// Before the first request the counter vectors have no series.
 	quiet := admissionCounters(mustParse(t, "# TYPE sluice_flowcontrol_queue_length gauge\nsluice_flowcontrol_queue_length{band=\"Critical\"} 0\n"))
-	if quiet == nil || quiet.Dispatched == nil || len(quiet.Shed) != 0 || quiet.ShedByReason == nil {
+	if quiet == nil || quiet.Dispatched == nil || quiet.BurstDispatched == nil || len(quiet.Shed) != 0 || quiet.ShedByReason == nil {
 		t.Errorf("quiet EPP: %+v", quiet)
 	}
 }

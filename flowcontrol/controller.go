@@ -280,7 +280,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.unavailableLocked(&d, ReasonShuttingDown)
 		return d, nil, false, nil
 	}
-	fresh, best := c.headroomLocked(band, now)
+	fresh, best, burst := c.headroomLocked(band, now)
 	if fresh == 0 {
 		c.unavailableLocked(&d, ReasonNoEndpoints)
 		return d, nil, false, nil
@@ -288,7 +288,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	cost := costOf(req)
 	if best >= 0 && c.queuedAtOrAbove(band) == 0 {
 		// Fast path: headroom and nobody ahead.
-		d.Outcome = Dispatched
+		d.Outcome, d.Burst = Dispatched, burst
 		d.Endpoints = c.endpointsWithHeadroomLocked(band, now)
 		c.reserveLocked(req.ID, req.Streamed, best, now)
 		if c.totalCount > 0 {
@@ -372,12 +372,13 @@ func (c *Controller) queuedAtOrAbove(band Band) int {
 }
 
 // headroomLocked returns the number of endpoints with fresh metrics and the index of the least saturated one with
-// headroom for band (-1 if none): in the normal tier or, when no endpoint has headroom there, in the burst tier.
-func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int) {
+// headroom for band (-1 if none): in the normal tier or, when no endpoint has headroom there, in the burst tier (then
+// burst is true).
+func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, burst bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
-	best, burst := -1, -1
+	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
@@ -388,14 +389,14 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int) 
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
 			best, bestSat = i, sat
 		}
-		if sat := e.satBurst; sat < ceiling && (burst < 0 || sat < burstSat) {
-			burst, burstSat = i, sat
+		if sat := e.satBurst; sat < ceiling && (bestBurst < 0 || sat < burstSat) {
+			bestBurst, burstSat = i, sat
 		}
 	}
-	if best < 0 && c.burstTierLocked(band, reserve) {
-		best = burst
+	if best < 0 && bestBurst >= 0 && c.burstTierLocked(band, reserve) {
+		return fresh, bestBurst, true
 	}
-	return fresh, best
+	return fresh, best, false
 }
 
 // criticalReserveLocked reports whether the Critical reserve is on: while Critical traffic is active (a Critical
@@ -511,7 +512,7 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 // snapshot's dispatches.
 func (c *Controller) trackBlockedLocked(now time.Time) {
 	for _, b := range allBands {
-		if _, best := c.headroomLocked(b, now); best >= 0 && c.queuedAtOrAbove(b) == 0 {
+		if _, best, _ := c.headroomLocked(b, now); best >= 0 && c.queuedAtOrAbove(b) == 0 {
 			c.blockedSince[b] = time.Time{}
 		} else if c.blockedSince[b].IsZero() {
 			c.blockedSince[b] = now
@@ -595,7 +596,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 	for _, b := range allBands {
 		q := c.bands[b]
 		for q.count > 0 {
-			_, best := c.headroomLocked(b, now)
+			_, best, burst := c.headroomLocked(b, now)
 			if best < 0 {
 				return n
 			}
@@ -605,7 +606,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			c.reserveLocked(it.id, it.streamed, best, now)
 			c.drain.add(it.cost)
 			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
-				Waited: now.Sub(it.enqueuedAt)}, nil)
+				Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)
 			n++
 		}
 	}

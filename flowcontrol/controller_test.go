@@ -341,23 +341,24 @@ func TestBurstTier(t *testing.T) {
 			c.Endpoint.BurstQueueDepth = 10
 			c.Endpoint.BurstPendingTime = 400 * time.Millisecond
 		}))
-		dispatchedTo := func(cl *call, want ...string) {
+		dispatchedTo := func(cl *call, burst bool, want ...string) {
 			t.Helper()
-			if d := cl.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, want) {
-				t.Fatalf("%s: endpoints with headroom %v, want %v", cl.req.ID, d.Endpoints, want)
+			d := cl.wantOutcome(t, Dispatched, ReasonNone)
+			if !slices.Equal(d.Endpoints, want) || d.Burst != burst {
+				t.Fatalf("%s: endpoints with headroom %v, burst tier %v; want %v, %v", cl.req.ID, d.Endpoints, d.Burst, want, burst)
 			}
 		}
 
 		// a is past the normal queue depth (5 of 5), within the burst one (5 of 10); b has normal headroom.
 		// Each scrape comes a moment after the last dispatch and covers it.
 		h.scrape(ep("a", 5), ep("b", 4))
-		dispatchedTo(h.admit(0, "t", 1), "b")
+		dispatchedTo(h.admit(0, "t", 1), false, "b")
 		h.step(time.Millisecond)
 		h.scrape(ep("a", 5), ep("b", 5))
-		dispatchedTo(h.admit(0, "t", 1), "a", "b")
+		dispatchedTo(h.admit(0, "t", 1), true, "a", "b")
 		h.step(time.Millisecond)
 		h.scrape(ep("a", 10), ep("b", 9))
-		dispatchedTo(h.admit(0, "t", 1), "b")
+		dispatchedTo(h.admit(0, "t", 1), true, "b")
 		h.admit(0, "t", 1).wantWaiting(t) // b has 10 of 10 now: nothing left in either tier
 
 		// Critical traffic turns the burst tier off: Standard waits behind a normally saturated pool.
@@ -379,13 +380,13 @@ func TestBurstTier(t *testing.T) {
 			return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
 		}
 		lesson := streamed()
-		dispatchedTo(lesson, "fast")
+		dispatchedTo(lesson, false, "fast")
 		h.step(100 * time.Millisecond)
 		h.c.Started(lesson.req.ID)
 		h.scrape(Endpoint{Name: "fast", Running: 1})
-		dispatchedTo(streamed(), "fast") // normal tier: nothing pending
+		dispatchedTo(streamed(), false, "fast") // normal tier: nothing pending
 		for range 3 {
-			dispatchedTo(streamed(), "fast") // burst tier: 1, 2, 3 pending of 100ms each, under 400ms
+			dispatchedTo(streamed(), true, "fast") // burst tier: 1, 2, 3 pending of 100ms each, under 400ms
 		}
 		streamed().wantWaiting(t) // 4 × 100ms: saturated in the burst tier too
 	})

@@ -43,6 +43,7 @@ type PrometheusRecorder struct {
 	queueLength    *prometheus.GaugeVec
 	queueWait      *prometheus.HistogramVec
 	dispatched     *prometheus.CounterVec
+	burst          *prometheus.CounterVec
 	shed           *prometheus.CounterVec
 	cancelled      *prometheus.CounterVec
 	capped         *prometheus.CounterVec
@@ -69,6 +70,9 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"band", "outcome"}),
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "dispatched_total", Help: "Requests dispatched to the scheduler."}, []string{"band", "tenant"}),
+		burst: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "burst_dispatched_total", Help: "Requests dispatched in the burst tier (no endpoint had headroom under the normal thresholds), per band."},
+			[]string{"band"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "shed_total", Help: "Requests answered rejected (429/400) or unavailable (503), by reason."},
 			[]string{"band", "outcome", "reason", "tenant"}),
@@ -87,7 +91,7 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 		maxTenants: maxTenants,
 		tenants:    make(map[string]struct{}),
 	}
-	for _, c := range []prometheus.Collector{r.queueLength, r.queueWait, r.dispatched, r.shed, r.cancelled, r.capped,
+	for _, c := range []prometheus.Collector{r.queueLength, r.queueWait, r.dispatched, r.burst, r.shed, r.cancelled, r.capped,
 		r.retryAfter, r.poolSaturation, r.drainRate} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -120,6 +124,9 @@ func (r *PrometheusRecorder) RecordDecision(tenant string, d Decision) {
 	switch d.Outcome {
 	case Dispatched:
 		r.dispatched.WithLabelValues(band, r.tenantLabel(tenant)).Inc()
+		if d.Burst {
+			r.burst.WithLabelValues(band).Inc()
+		}
 	case Cancelled:
 		r.cancelled.WithLabelValues(band).Inc()
 	default:

@@ -47,7 +47,7 @@ func TestPrometheusRecorder(t *testing.T) {
 	}
 	r.RecordDecision("alice", Decision{Outcome: Dispatched, Band: Critical})
 	r.RecordDecision("bob", Decision{Outcome: Dispatched, Band: Standard, Capped: true, Waited: 2 * time.Second})
-	r.RecordDecision("carol", Decision{Outcome: Dispatched, Band: Standard}) // third tenant: "other"
+	r.RecordDecision("carol", Decision{Outcome: Dispatched, Band: Standard, Burst: true}) // third tenant: "other"
 	r.RecordDecision("dave", Decision{Outcome: Rejected, Reason: ReasonQueueFull, Band: Sheddable, RetryAfter: 3 * time.Second})
 	r.RecordDecision("alice", Decision{Outcome: Unavailable, Reason: ReasonNoEndpoints, Band: Critical, RetryAfter: time.Second})
 	r.RecordDecision("bob", Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: Standard})
@@ -57,6 +57,7 @@ func TestPrometheusRecorder(t *testing.T) {
 		"sluice_flowcontrol_dispatched_total{band=Critical,tenant=alice}":                                   1,
 		"sluice_flowcontrol_dispatched_total{band=Standard,tenant=bob}":                                     1,
 		"sluice_flowcontrol_dispatched_total{band=Standard,tenant=other}":                                   1,
+		"sluice_flowcontrol_burst_dispatched_total{band=Standard}":                                          1,
 		"sluice_flowcontrol_shed_total{band=Critical,outcome=unavailable,reason=no_endpoints,tenant=alice}": 1,
 		"sluice_flowcontrol_shed_total{band=Sheddable,outcome=rejected,reason=queue_full,tenant=other}":     1,
 		"sluice_flowcontrol_cancelled_total{band=Standard}":                                                 1,

@@ -106,6 +106,9 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Waited is how long the request waited in the queue (0 on the fast path).
 	Waited time.Duration
+	// Burst is true for a request dispatched in the burst tier: no endpoint had headroom for its band under the
+	// normal thresholds (see APIEndpointThresholds).
+	Burst bool
 }
 
 // RetryAfterSeconds returns RetryAfter as RFC 9110 delay-seconds (RetryAfter is already whole seconds).
