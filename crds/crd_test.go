@@ -115,11 +115,9 @@ func TestSchemaRejectsNonsense(t *testing.T) {
 				"spec.endpoint.kvCacheUtilThreshold in body should be less than or equal to 1",
 				"spec.endpoint.runningThreshold in body should be greater than or equal to 0",
 				"metricsStalenessThreshold must be positive"}, true},
-		{"burst queue depth below queue depth (default 16 under 20)", pool + "  endpoint: {queueDepthThreshold: 20}\n",
-			[]string{"spec.endpoint: Invalid value: burstQueueDepthThreshold (default 16) must be 0 (no burst tier) or at least queueDepthThreshold"}, true},
 		{"negative burst thresholds", pool + "  endpoint: {burstQueueDepthThreshold: -1, burstPendingTimeThreshold: -1s}\n",
 			[]string{"spec.endpoint.burstQueueDepthThreshold in body should be greater than or equal to 0",
-				"spec.endpoint.burstPendingTimeThreshold in body should match"}, false},
+				"spec.endpoint.burstPendingTimeThreshold in body should match"}, true},
 		{"kv threshold zero", pool + "  endpoint: {kvCacheUtilThreshold: 0}\n",
 			[]string{"spec.endpoint.kvCacheUtilThreshold in body should be greater than 0"}, true},
 		{"jitter one", pool + "  retryAfterJitter: 1\n", []string{"spec.retryAfterJitter in body should be less than 1"}, true},
@@ -191,6 +189,8 @@ func TestSchemaAcceptsValidPolicies(t *testing.T) {
 		"example": {Object: exampleObj},
 		"edges":   policyFromSpecYAML(t, ns, "edges", edges),
 		"minimal": policyFromSpecYAML(t, ns, "minimal", "spec:\n  poolRef: {name: pool}\n"),
+		// Normal thresholds above the burst defaults (16, 400ms), as a policy written before the burst tier may have.
+		"deep normal thresholds": policyFromSpecYAML(t, ns, "deep", "spec:\n  poolRef: {name: pool}\n  endpoint: {queueDepthThreshold: 20, pendingTimeThreshold: 1s}\n"),
 	} {
 		t.Run(name, func(t *testing.T) {
 			obj.SetNamespace(ns)

@@ -352,9 +352,9 @@ type PriorityMapping struct {
 // EndpointThresholds define an endpoint's saturation: the largest of (waiting queue + requests the EPP dispatched
 // to it since its last scrape) / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold, when set,
 // running / runningThreshold, and its pending prompts' learned time over pendingTimeThreshold. An endpoint whose
-// metrics are older than metricsStalenessThreshold has no headroom. When no endpoint has headroom for a band and no
-// Critical traffic is active, the burst thresholds replace queueDepthThreshold and pendingTimeThreshold.
-// +kubebuilder:validation:XValidation:rule="!has(self.burstQueueDepthThreshold) || !has(self.queueDepthThreshold) || self.burstQueueDepthThreshold == 0 || self.burstQueueDepthThreshold >= self.queueDepthThreshold",message="burstQueueDepthThreshold (default 16) must be 0 (no burst tier) or at least queueDepthThreshold"
+// metrics are older than metricsStalenessThreshold has no headroom. When no endpoint has headroom for a band that
+// queues when saturated and no Critical traffic is active, the burst thresholds replace queueDepthThreshold and
+// pendingTimeThreshold.
 type EndpointThresholds struct {
 	// QueueDepthThreshold is the queue length (waiting plus recently dispatched requests) at which an endpoint is
 	// saturated. At least 1.
@@ -385,18 +385,20 @@ type EndpointThresholds struct {
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:default="100ms"
 	PendingTimeThreshold *metav1.Duration `json:"pendingTimeThreshold,omitempty"`
-	// BurstQueueDepthThreshold is the queue depth of the burst tier: when no endpoint has headroom for a band and no
-	// Critical traffic is active, the band may dispatch to endpoints judged with this in place of queueDepthThreshold
-	// (and burstPendingTimeThreshold in place of pendingTimeThreshold). In a burst above the pool's capacity, servers
-	// that compute several prompts per step drain the backlog faster; below capacity the normal thresholds keep
-	// prompts apart. 0 disables the burst tier; otherwise at least queueDepthThreshold.
+	// BurstQueueDepthThreshold is the queue depth of the burst tier: when no endpoint has headroom for a band that
+	// queues when saturated (bands with rejectWhenSaturated, Sheddable by default, never use the tier) and no Critical
+	// traffic is active, the band may dispatch to endpoints judged with this in place of queueDepthThreshold (and
+	// burstPendingTimeThreshold in place of pendingTimeThreshold). In a burst above the pool's capacity, servers that
+	// compute several prompts per step drain the backlog faster; below capacity the normal thresholds keep prompts
+	// apart. 0 disables the burst tier; a value below queueDepthThreshold acts as queueDepthThreshold (the tier is
+	// never stricter than the normal one).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:default=16
 	BurstQueueDepthThreshold *int `json:"burstQueueDepthThreshold,omitempty"`
 	// BurstPendingTimeThreshold is pendingTimeThreshold in the burst tier: how much learned first-chunk time of
-	// pending prompts an endpoint may hold in a burst. A Go duration, at least pendingTimeThreshold; "0s" disables the
-	// time limit in the burst tier, as does pendingTimeThreshold "0s".
+	// pending prompts an endpoint may hold in a burst. A Go duration; a value below pendingTimeThreshold acts as
+	// pendingTimeThreshold; "0s" disables the time limit in the burst tier, as does pendingTimeThreshold "0s".
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32

@@ -139,15 +139,19 @@ type APIPriorityMapping struct {
 // time, a fast one several. Work the EPP does not see (other replicas' requests, non-streamed ones) lengthens the
 // learned time, which makes the bound stricter, not looser.
 //
-// The burst tier: when no fresh endpoint has headroom for a band and no Critical traffic is active, the band may
-// still dispatch to endpoints judged by burstQueueDepthThreshold and burstPendingTimeThreshold in place of
-// queueDepthThreshold and pendingTimeThreshold. In a burst above the pool's capacity, a server that computes several
+// The burst tier: when no fresh endpoint has headroom for a band that queues when saturated (rejectWhenSaturated
+// bands, Sheddable by default, never use it) and no Critical traffic is active, the band may still dispatch to
+// endpoints judged by burstQueueDepthThreshold and burstPendingTimeThreshold in place of queueDepthThreshold and
+// pendingTimeThreshold (each at least its normal counterpart). In a burst above the pool's capacity, a server that computes several
 // prompts per step drains the backlog faster than one fed a prompt or two at a time; below capacity the normal
 // thresholds keep prompts apart, so none shares a step it need not. burstQueueDepthThreshold 0 disables the tier.
 //
 // The Critical reserve: while Critical traffic is active (a Critical request arrived within the last drainRateWindow),
-// the burst tier is off and, if pendingThreshold is set, an endpoint is also saturated once that many prompts are
-// pending there. Full prompt batches would make a Critical prompt share long steps; a count cap (1 or 2) protects
+// the burst tier is off for every band, only Critical may exceed headroom for prefix affinity, and, if
+// pendingThreshold is set, an endpoint is also saturated once that many prompts are pending there. With no request
+// sent in the burst tier, endpoints drain to their normal thresholds and Critical, first in line, takes the next
+// normal place rather than a step shared with a full batch. (Another EPP replica that sees no Critical traffic still
+// uses the burst tier; this reserve only governs what this replica dispatches.) A count cap (1 or 2) protects
 // Critical a little more than the time and costs lower bands much of their throughput while Critical requests arrive.
 type APIEndpointThresholds struct {
 	// Default 2.
@@ -156,10 +160,10 @@ type APIEndpointThresholds struct {
 	PendingThreshold *int `json:"pendingThreshold,omitempty"`
 	// 0 disables the time. Default 100ms.
 	PendingTimeThreshold *metav1.Duration `json:"pendingTimeThreshold,omitempty"`
-	// 0 disables the burst tier; otherwise at least queueDepthThreshold. Default 16.
+	// 0 disables the burst tier; a value below queueDepthThreshold acts as queueDepthThreshold. Default 16.
 	BurstQueueDepthThreshold *int `json:"burstQueueDepthThreshold,omitempty"`
-	// 0 disables the time in the burst tier, as does pendingTimeThreshold 0; otherwise at least pendingTimeThreshold.
-	// Default 400ms.
+	// 0 disables the time in the burst tier, as does pendingTimeThreshold 0; a value below pendingTimeThreshold acts as
+	// pendingTimeThreshold. Default 400ms.
 	BurstPendingTimeThreshold *metav1.Duration `json:"burstPendingTimeThreshold,omitempty"`
 	// In (0, 1]. Default 0.8.
 	KVCacheUtilThreshold *float64 `json:"kvCacheUtilThreshold,omitempty"`
@@ -365,6 +369,16 @@ func orDefaultDuration(v *metav1.Duration, def time.Duration) *metav1.Duration {
 	return v
 }
 
+// burstThreshold is a burst-tier threshold as configured, raised to the normal one: the burst tier is never stricter
+// than the normal tier, so a policy that raises a normal threshold past the burst default (or an older policy written
+// before the burst tier existed) keeps working. Negative values are left for Validate to report.
+func burstThreshold[T int | time.Duration](burst, normal T) T {
+	if burst > 0 && burst < normal {
+		return normal
+	}
+	return burst
+}
+
 // toConfig converts a defaulted APIConfig. It reports what cannot be represented (unknown band names, duplicate
 // tenants); range checks are Validate's job.
 func toConfig(api *APIConfig) (*Config, error) {
@@ -380,8 +394,8 @@ func toConfig(api *APIConfig) (*Config, error) {
 			Running:          *api.Endpoint.RunningThreshold,
 			Pending:          *api.Endpoint.PendingThreshold,
 			PendingTime:      api.Endpoint.PendingTimeThreshold.Duration,
-			BurstQueueDepth:  *api.Endpoint.BurstQueueDepthThreshold,
-			BurstPendingTime: api.Endpoint.BurstPendingTimeThreshold.Duration,
+			BurstQueueDepth:  burstThreshold(*api.Endpoint.BurstQueueDepthThreshold, *api.Endpoint.QueueDepthThreshold),
+			BurstPendingTime: burstThreshold(api.Endpoint.BurstPendingTimeThreshold.Duration, api.Endpoint.PendingTimeThreshold.Duration),
 			MetricsStaleness: api.Endpoint.MetricsStalenessThreshold.Duration,
 		},
 		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
@@ -484,7 +498,7 @@ func (c *Config) Validate() error {
 	if c.Endpoint.PendingTime < 0 {
 		errs = append(errs, fmt.Errorf("endpoint.pendingTimeThreshold must not be negative, got %v", c.Endpoint.PendingTime))
 	}
-	if b := c.Endpoint.BurstQueueDepth; b != 0 && b < c.Endpoint.QueueDepth {
+	if b := c.Endpoint.BurstQueueDepth; b < 0 || (b > 0 && b < c.Endpoint.QueueDepth) {
 		errs = append(errs, fmt.Errorf("endpoint.burstQueueDepthThreshold must be 0 (no burst tier) or at least queueDepthThreshold (%d), got %d",
 			c.Endpoint.QueueDepth, b))
 	}

@@ -97,6 +97,46 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
+// TestBurstThresholdsFollowNormalOnes: the burst tier is never stricter than the normal one. A policy that raises a
+// normal threshold past a burst default (as one written before the burst tier may) is accepted with the burst
+// threshold raised to match, explicit burst values below the normal ones act as them, and 0 keeps its meaning.
+func TestBurstThresholdsFollowNormalOnes(t *testing.T) {
+	d := func(s string) *metav1.Duration {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &metav1.Duration{Duration: v}
+	}
+	for _, tc := range []struct {
+		name      string
+		endpoint  APIEndpointThresholds
+		wantDepth int
+		wantTime  time.Duration
+	}{
+		{"defaults", APIEndpointThresholds{}, 16, 400 * time.Millisecond},
+		{"normal thresholds above the burst defaults", APIEndpointThresholds{QueueDepthThreshold: ptr.To(20),
+			PendingTimeThreshold: d("1s")}, 20, time.Second},
+		{"burst values below the normal ones", APIEndpointThresholds{QueueDepthThreshold: ptr.To(4),
+			BurstQueueDepthThreshold: ptr.To(3), PendingTimeThreshold: d("200ms"), BurstPendingTimeThreshold: d("100ms")},
+			4, 200 * time.Millisecond},
+		{"burst tier off, burst time off", APIEndpointThresholds{QueueDepthThreshold: ptr.To(20),
+			BurstQueueDepthThreshold: ptr.To(0), BurstPendingTimeThreshold: d("0s")}, 0, 0},
+		{"no normal time", APIEndpointThresholds{PendingTimeThreshold: d("0s")}, 16, 400 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := NewConfig(&APIConfig{Endpoint: &tc.endpoint})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Endpoint.BurstQueueDepth != tc.wantDepth || cfg.Endpoint.BurstPendingTime != tc.wantTime {
+				t.Errorf("burst thresholds %d, %v; want %d, %v", cfg.Endpoint.BurstQueueDepth, cfg.Endpoint.BurstPendingTime,
+					tc.wantDepth, tc.wantTime)
+			}
+		})
+	}
+}
+
 func TestNewConfigDoesNotMutateInput(t *testing.T) {
 	api := &APIConfig{Bands: &APIBands{Standard: &APIBandConfig{MaxQueuedRequests: ptr.To[int64](3)}}}
 	if _, err := NewConfig(api); err != nil {
@@ -136,12 +176,10 @@ func TestConfigValidation(t *testing.T) {
 			KVCacheUtilThreshold: ptr.To(1.5), RunningThreshold: ptr.To(-1), MetricsStalenessThreshold: d("0s")}},
 			[]string{"queueDepthThreshold must be positive", "kvCacheUtilThreshold must be in (0, 1]",
 				"runningThreshold must not be negative", "metricsStalenessThreshold must be positive"}},
-		{"burst thresholds below the normal ones", APIConfig{Endpoint: &APIEndpointThresholds{QueueDepthThreshold: ptr.To(4),
-			BurstQueueDepthThreshold: ptr.To(3), PendingTimeThreshold: d("200ms"), BurstPendingTimeThreshold: d("100ms")}},
-			[]string{"burstQueueDepthThreshold must be 0 (no burst tier) or at least queueDepthThreshold (4), got 3",
-				"burstPendingTimeThreshold must be 0 or at least pendingTimeThreshold (200ms), got 100ms"}},
-		{"negative burst time", APIConfig{Endpoint: &APIEndpointThresholds{BurstPendingTimeThreshold: d("-1s")}},
-			[]string{"burstPendingTimeThreshold must not be negative, got -1s"}},
+		{"negative burst thresholds", APIConfig{Endpoint: &APIEndpointThresholds{BurstQueueDepthThreshold: ptr.To(-1),
+			BurstPendingTimeThreshold: d("-1s")}},
+			[]string{"burstQueueDepthThreshold must be 0 (no burst tier) or at least queueDepthThreshold (2), got -1",
+				"burstPendingTimeThreshold must not be negative, got -1s"}},
 		{"tenants", APIConfig{Tenants: []APITenantPolicy{{Name: ""}, {Name: "a", MaxBand: ptr.To("gold")},
 			{Name: "b", Weight: ptr.To(0.0)}, {Name: "b"}}, DefaultTenant: &APITenantPolicy{Name: "x"}},
 			[]string{"tenants[0].name must not be empty", `tenants[1] ("a").maxBand: unknown band "gold"`,

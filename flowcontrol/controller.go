@@ -271,6 +271,10 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	d = Decision{Band: band, Capped: capped}
 	if band == Critical {
 		c.lastCritical = now
+		if c.totalCount > 0 {
+			// The reserve now ends later; its end may dispatch what waits, so a timer must be there to see it.
+			c.armTTLTimerLocked(now)
+		}
 	}
 	if cause = c.validateLocked(req); cause != nil {
 		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
@@ -589,8 +593,9 @@ func (c *Controller) finalizeLocked(it *item, d Decision, cause error) {
 }
 
 // dispatchLocked dispatches waiting requests in order while endpoints have headroom: bands strictly by priority,
-// fair within a band. It stops at the first non-empty band without headroom; lower bands, whose ceilings are no
-// higher, have none either. It returns the number dispatched.
+// fair within a band. A band without headroom passes to the next: a lower band's ceiling is no higher, so it has
+// none either, unless it may use the burst tier and the band above may not (a band that rejects when saturated keeps
+// only what waited before a policy change made it so). It returns the number dispatched.
 func (c *Controller) dispatchLocked(now time.Time) int {
 	n := 0
 	for _, b := range allBands {
@@ -598,7 +603,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 		for q.count > 0 {
 			_, best, burst := c.headroomLocked(b, now)
 			if best < 0 {
-				return n
+				break
 			}
 			names := c.endpointsWithHeadroomLocked(b, now)
 			it := q.pop()
@@ -917,8 +922,8 @@ type Stats struct {
 // MayExceedHeadroom reports whether a request dispatched in band may still be placed on the named endpoint, which had
 // no headroom for the band, when the endpoint holds much of its prompt (the headroom filter's prefix-affinity
 // exception): the endpoint's metrics must be fresh, the band must queue when saturated (a holdback band, which
-// rejects instead, keeps to its ceiling), and while the Critical reserve is active only Critical may exceed it, so the
-// reserve keeps its places.
+// rejects instead, keeps to its ceiling), and while the Critical reserve is active (any Critical request within the
+// drain-rate window, whatever the thresholds) only Critical may exceed it, so the reserve keeps its places.
 func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 	if band >= NumBands {
 		return false

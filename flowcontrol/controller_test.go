@@ -286,9 +286,9 @@ func TestPendingTime(t *testing.T) {
 		}
 
 		// Nothing learned: one pending prompt saturates an endpoint. No Critical traffic yet: the time applies anyway.
-		crit := streamed(0)
-		dispatchedTo(crit, "fast", "slow")
-		h.c.Bind(crit.req.ID, "slow")
+		first := streamed(0)
+		dispatchedTo(first, "fast", "slow")
+		h.c.Bind(first.req.ID, "slow")
 		a := streamed(0)
 		dispatchedTo(a, "fast")
 		h.c.Bind(a.req.ID, "fast")
@@ -297,7 +297,7 @@ func TestPendingTime(t *testing.T) {
 
 		// slow learns 300ms from a lone prompt; its place frees up and b goes, then moves to fast behind a.
 		h.step(300 * time.Millisecond)
-		h.c.Started(crit.req.ID)
+		h.c.Started(first.req.ID)
 		synctest.Wait()
 		dispatchedTo(b, "slow")
 		h.c.Bind(b.req.ID, "fast")
@@ -389,6 +389,49 @@ func TestBurstTier(t *testing.T) {
 			dispatchedTo(streamed(), true, "fast") // burst tier: 1, 2, 3 pending of 100ms each, under 400ms
 		}
 		streamed().wantWaiting(t) // 4 × 100ms: saturated in the burst tier too
+	})
+}
+
+// TestBurstTierLimits: a band that rejects when saturated never uses the burst tier; without a normal pending time
+// the burst tier has none either; a Critical arrival that starts the reserve while requests wait arms a timer for
+// the reserve's end, which may dispatch them.
+func TestBurstTierLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.BurstQueueDepth = 10 }))
+		h.scrape(ep("a", 5)) // saturated in the normal tier, room in the burst tier
+		h.admit(-1, "t", 1).wantOutcome(t, Rejected, ReasonSaturated)
+		if d := h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone); !d.Burst {
+			t.Fatal("Standard did not use the burst tier")
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.PendingTime, c.Endpoint.BurstQueueDepth, c.Endpoint.BurstPendingTime = 0, 10, 400*time.Millisecond
+		}))
+		h.scrape(ep("a", 0))
+		for i := range 9 { // 9 unscraped streamed prompts, nothing learned: only the burst count bounds them
+			h.seq++
+			cl := h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+			if d := cl.wantOutcome(t, Dispatched, ReasonNone); d.Burst != (i >= 5) {
+				t.Fatalf("prompt %d: burst tier %v", i, d.Burst)
+			}
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Bands[Standard].SaturationCeiling = 0.8
+			c.Bands[Sheddable].SaturationCeiling = 0.8
+		}))
+		h.scrape(ep("a", 4)) // 0.8: none for Standard, room for Critical
+		waiting := h.admit(0, "t", 1)
+		waiting.wantWaiting(t)
+		h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // the fast path
+		h.c.mu.Lock()
+		armed, end := h.c.ttlAt, h.clk.Now().Add(h.c.cfg.DrainRateWindow)
+		h.c.mu.Unlock()
+		if armed.IsZero() || armed.After(end) {
+			t.Fatalf("timer at %v, want one no later than the reserve's end %v", armed, end)
+		}
 	})
 }
 

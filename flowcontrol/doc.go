@@ -25,9 +25,10 @@
 // fed one or two at a time; below capacity some endpoint always has normal headroom and prompts stay apart.
 //
 // The Critical reserve: while Critical traffic is active (a Critical request arrived within the drain-rate window),
-// there is no burst tier, so Critical's first step is never one of a full batch, and, if set, an endpoint's pending
-// prompts also count over the pending threshold (a count cap). Critical, first in line, takes the next place that
-// frees up.
+// no band uses the burst tier, so endpoints drain to their normal thresholds and Critical, first in line, takes the
+// next normal place that frees up rather than a step shared with a full batch; if set, an endpoint's pending prompts
+// also count over the pending threshold (a count cap). The reserve governs this controller only: another EPP replica
+// that sees no Critical traffic still uses the burst tier.
 //
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with

@@ -141,7 +141,8 @@ type reservation struct {
 
 // Saturation is an endpoint's load relative to its thresholds: the largest of
 // (waiting + reserved) / QueueDepth, KV cache usage / KVCacheUtil and, if Running > 0, running / Running.
-// 1.0 means "at threshold"; a band has headroom on an endpoint whose saturation is below the band's ceiling.
+// 1.0 means "at threshold". The controller judges headroom by the larger of this and the endpoint's pending prompts'
+// learned time over PendingTime (endpointState.refresh), against the band's ceiling, in the normal or the burst tier.
 func Saturation(e Endpoint, reserved int, th EndpointThresholds) float64 {
 	s := float64(e.WaitingQueue+reserved) / float64(th.QueueDepth)
 	if kv := e.KVCacheUsage / th.KVCacheUtil; kv > s {
