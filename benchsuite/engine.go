@@ -110,6 +110,10 @@ type QueueSample struct {
 	// EPPQueued is the EPP's queue per band (Sluice admission) or per
 	// priority (upstream flow control); nil without an EPP queue.
 	EPPQueued map[string]float64 `json:"epp_queued,omitempty"`
+	// EPPStaleEndpoints is how many endpoints Sluice admission found with
+	// metrics too old to prove headroom (it sends them nothing); nil
+	// without Sluice admission.
+	EPPStaleEndpoints *float64 `json:"epp_stale_endpoints,omitempty"`
 }
 
 // EPPQueuedTotal sums the EPP's queues.

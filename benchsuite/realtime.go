@@ -357,6 +357,7 @@ func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
 				ok = false
 			} else {
 				s.EPPQueued = eppQueued(page)
+				s.EPPStaleEndpoints = eppStaleEndpoints(page)
 			}
 		}
 		if ok {

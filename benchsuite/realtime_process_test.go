@@ -104,8 +104,8 @@ spec: {priority: 0, poolRef: {name: static}}
 			if r.Admission == nil || r.Admission.Dispatched["Standard"] != 10 {
 				t.Errorf("sluice admission counters %+v, want 10 Standard requests dispatched", r.Admission)
 			}
-			if r.Samples[len(r.Samples)-1].EPPQueued == nil {
-				t.Error("sluice: no EPP queue in the samples")
+			if last := r.Samples[len(r.Samples)-1]; last.EPPQueued == nil || last.EPPStaleEndpoints == nil {
+				t.Errorf("sluice: samples without the EPP's queue or stale endpoints: %+v", last)
 			}
 		default:
 			if r.Admission != nil {

@@ -27,6 +27,7 @@ const (
 	metricSluiceDispatch  = "sluice_flowcontrol_dispatched_total"
 	metricSluiceBurst     = "sluice_flowcontrol_burst_dispatched_total"
 	metricSluiceShed      = "sluice_flowcontrol_shed_total"
+	metricSluiceStale     = "sluice_flowcontrol_stale_endpoints"
 	metricUpstreamQueue   = "inference_extension_flow_control_queue_size"
 	labelBand             = "band"
 	labelReason           = "reason"
@@ -123,6 +124,16 @@ func eppQueued(p metricPage) map[string]float64 {
 		out[strings.TrimSpace("priority "+prio)] = v
 	}
 	return out
+}
+
+// eppStaleEndpoints reads Sluice admission's count of endpoints with stale
+// metrics; nil when the page has none (no Sluice admission).
+func eppStaleEndpoints(p metricPage) *float64 {
+	if p[metricSluiceStale] == nil {
+		return nil
+	}
+	n := p.sum(metricSluiceStale)
+	return &n
 }
 
 // admissionCounters reads Sluice admission's counters; nil when the EPP

@@ -26,7 +26,9 @@ vllm:time_to_first_token_seconds_sum 0.5
 vllm:time_to_first_token_seconds_count 3
 `
 
-const sluiceEPPPage = `# TYPE sluice_flowcontrol_queue_length gauge
+const sluiceEPPPage = `# TYPE sluice_flowcontrol_stale_endpoints gauge
+sluice_flowcontrol_stale_endpoints 3
+# TYPE sluice_flowcontrol_queue_length gauge
 sluice_flowcontrol_queue_length{band="Critical"} 1
 sluice_flowcontrol_queue_length{band="Standard"} 4
 sluice_flowcontrol_queue_length{band="Sheddable"} 0
@@ -104,6 +106,13 @@ func TestAdmissionCounters(t *testing.T) {
 	}
 	if want := map[string]float64{"queue_full": 7, "no_endpoints": 2}; !maps.Equal(a.ShedByReason, want) {
 		t.Errorf("shed by reason %v, want %v", a.ShedByReason, want)
+	}
+
+	if n := eppStaleEndpoints(mustParse(t, sluiceEPPPage)); n == nil || *n != 3 {
+		t.Errorf("stale endpoints %v, want 3", n)
+	}
+	if n := eppStaleEndpoints(mustParse(t, upstreamEPPPage)); n != nil {
+		t.Errorf("stale endpoints %v on a page without Sluice admission, want none", *n)
 	}
 
 	// Before the first request the counter vectors have no series.

@@ -999,5 +999,6 @@ func (c *Controller) queueSampleLocked(now time.Time) QueueSample {
 	if n > 0 {
 		s.PoolSaturation = sum / float64(n)
 	}
+	s.StaleEndpoints = len(c.endpoints) - n
 	return s
 }

@@ -447,6 +447,9 @@ func TestMayExceedHeadroom(t *testing.T) {
 				t.Errorf("%s: MayExceedHeadroom(%s, %q) = %v, want %v", what, band, name, got, want)
 			}
 		}
+		if got := h.rec.lastSample().StaleEndpoints; got != 1 {
+			t.Errorf("queue sample counts %d stale endpoints, want 1", got)
+		}
 		check("Standard, no reserve", Standard, "fresh", true)
 		check("Critical", Critical, "fresh", true)
 		check("holdback band", Sheddable, "fresh", false)

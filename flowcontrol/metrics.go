@@ -24,6 +24,9 @@ type QueueSample struct {
 	PoolSaturation float64
 	// DrainRate is the estimated drain rate in cost units (tokens) per second, 0 while unknown.
 	DrainRate float64
+	// StaleEndpoints counts the endpoints whose metrics are older than the staleness threshold: admission sends them
+	// nothing until a scrape refreshes them, so a pool whose scrapes lag holds requests in the EPP.
+	StaleEndpoints int
 }
 
 // noopRecorder is the default Recorder.
@@ -49,6 +52,7 @@ type PrometheusRecorder struct {
 	capped         *prometheus.CounterVec
 	retryAfter     *prometheus.HistogramVec
 	poolSaturation prometheus.Gauge
+	staleEndpoints prometheus.Gauge
 	drainRate      prometheus.Gauge
 
 	maxTenants int
@@ -84,6 +88,8 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 		retryAfter: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "retry_after_seconds", Help: "Retry-After values sent with shed requests.",
 			Buckets: []float64{1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144}}, []string{"band", "reason"}),
+		staleEndpoints: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "stale_endpoints", Help: "Endpoints whose metrics are older than the staleness threshold: admission sends them nothing."}),
 		poolSaturation: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "pool_saturation", Help: "Mean saturation of endpoints with fresh metrics (informational)."}),
 		drainRate: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -92,7 +98,7 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 		tenants:    make(map[string]struct{}),
 	}
 	for _, c := range []prometheus.Collector{r.queueLength, r.queueWait, r.dispatched, r.burst, r.shed, r.cancelled, r.capped,
-		r.retryAfter, r.poolSaturation, r.drainRate} {
+		r.retryAfter, r.poolSaturation, r.staleEndpoints, r.drainRate} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -143,5 +149,6 @@ func (r *PrometheusRecorder) RecordQueue(s QueueSample) {
 		r.queueLength.WithLabelValues(b.String()).Set(float64(s.Queued[b]))
 	}
 	r.poolSaturation.Set(s.PoolSaturation)
+	r.staleEndpoints.Set(float64(s.StaleEndpoints))
 	r.drainRate.Set(s.DrainRate)
 }

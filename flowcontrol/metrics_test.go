@@ -51,7 +51,7 @@ func TestPrometheusRecorder(t *testing.T) {
 	r.RecordDecision("dave", Decision{Outcome: Rejected, Reason: ReasonQueueFull, Band: Sheddable, RetryAfter: 3 * time.Second})
 	r.RecordDecision("alice", Decision{Outcome: Unavailable, Reason: ReasonNoEndpoints, Band: Critical, RetryAfter: time.Second})
 	r.RecordDecision("bob", Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: Standard})
-	r.RecordQueue(QueueSample{Queued: [NumBands]int{1, 2, 3}, PoolSaturation: 0.75, DrainRate: 1234})
+	r.RecordQueue(QueueSample{Queued: [NumBands]int{1, 2, 3}, PoolSaturation: 0.75, DrainRate: 1234, StaleEndpoints: 2})
 
 	want := map[string]float64{
 		"sluice_flowcontrol_dispatched_total{band=Critical,tenant=alice}":                                   1,
@@ -74,6 +74,7 @@ func TestPrometheusRecorder(t *testing.T) {
 		"sluice_flowcontrol_queue_length{band=Sheddable}":                                                   3,
 		"sluice_flowcontrol_pool_saturation{}":                                                              0.75,
 		"sluice_flowcontrol_drain_rate{}":                                                                   1234,
+		"sluice_flowcontrol_stale_endpoints{}":                                                              2,
 	}
 	got := gathered(t, reg)
 	if !maps.Equal(got, want) {
