@@ -293,7 +293,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	if best >= 0 && c.queuedAtOrAbove(band) == 0 {
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst
-		d.Endpoints = c.endpointsWithHeadroomLocked(band, now)
+		d.Endpoints = c.endpointsWithHeadroomLocked(band, burst, now)
 		c.reserveLocked(req.ID, req.Streamed, best, now)
 		if c.totalCount > 0 {
 			c.drain.add(cost)
@@ -382,6 +382,7 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
+	tier := c.burstTierLocked(band, reserve)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -393,11 +394,11 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
 			best, bestSat = i, sat
 		}
-		if sat := e.satBurst; sat < ceiling && (bestBurst < 0 || sat < burstSat) {
+		if sat := e.satBurst; tier && sat < ceiling && (bestBurst < 0 || sat < burstSat) {
 			bestBurst, burstSat = i, sat
 		}
 	}
-	if best < 0 && bestBurst >= 0 && c.burstTierLocked(band, reserve) {
+	if best < 0 && bestBurst >= 0 {
 		return fresh, bestBurst, true
 	}
 	return fresh, best, false
@@ -417,26 +418,24 @@ func (c *Controller) burstTierLocked(band Band, reserve bool) bool {
 	return !reserve && c.cfg.Endpoint.BurstQueueDepth > 0 && !c.cfg.Bands[band].RejectWhenSaturated
 }
 
-// endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling in the tier headroomLocked picks from, in
-// snapshot order.
-func (c *Controller) endpointsWithHeadroomLocked(band Band, now time.Time) []string {
+// endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling in the tier headroomLocked picked (burst
+// as it reported), in snapshot order.
+func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time.Time) []string {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
-	has := func(e *endpointState) bool { return e.scrapedNs >= cutoff && e.saturationFor(reserve) < ceiling }
-	count := func() int {
-		n := 0
-		for i := range c.endpoints {
-			if has(&c.endpoints[i]) {
-				n++
-			}
+	has := func(e *endpointState) bool {
+		sat := e.saturationFor(reserve)
+		if burst {
+			sat = e.satBurst
 		}
-		return n
+		return e.scrapedNs >= cutoff && sat < ceiling
 	}
-	n := count()
-	if n == 0 && c.burstTierLocked(band, reserve) {
-		has = func(e *endpointState) bool { return e.scrapedNs >= cutoff && e.satBurst < ceiling }
-		n = count()
+	n := 0
+	for i := range c.endpoints {
+		if has(&c.endpoints[i]) {
+			n++
+		}
 	}
 	names := make([]string, 0, n)
 	for i := range c.endpoints {
@@ -605,7 +604,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			if best < 0 {
 				break
 			}
-			names := c.endpointsWithHeadroomLocked(b, now)
+			names := c.endpointsWithHeadroomLocked(b, burst, now)
 			it := q.pop()
 			c.dequeuedLocked(it)
 			c.reserveLocked(it.id, it.streamed, best, now)
