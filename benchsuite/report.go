@@ -209,14 +209,30 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 			o.Throughput, o.Goodput, hit, r.Fleet.AdapterLoads, r.Wall.Round(100*time.Millisecond))
 	}
 
+	// Sluice against every other contender of the run: the two baselines
+	// first, then the scenario's extra contenders (controls and variants).
+	versus := []string{RoundRobin, UpstreamDefault}
+	for _, run := range s.Runs {
+		if n := run.Contender.Name; n != Sluice && !slices.Contains(versus, n) {
+			versus = append(versus, n)
+		}
+	}
 	sluice, _ := s.Figures(Sluice)
-	p("\n| Figure | Sluice | vs round-robin | vs upstream-default |\n|---|---|---|---|\n")
+	p("\n| Figure | Sluice |")
+	for _, vs := range versus {
+		p(" vs %s |", vs)
+	}
+	p("\n|---|---|%s\n", strings.Repeat("---|", len(versus)))
 	for _, f := range Figures {
 		v := "n/a"
 		if x, ok := sluice[f]; ok {
 			v = f.Format(x)
 		}
-		p("| %s | %s | %s | %s |\n", f.Label(), v, ratioCell(s, RoundRobin, f), ratioCell(s, UpstreamDefault, f))
+		p("| %s | %s |", f.Label(), v)
+		for _, vs := range versus {
+			p(" %s |", ratioCell(s, vs, f))
+		}
+		p("\n")
 	}
 
 	writeEPPCost(b, s)

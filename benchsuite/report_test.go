@@ -92,11 +92,13 @@ objectives: objectives.yaml
 	s1 := ScenarioResult{Scenario: steady, Runs: []ContenderRun{
 		{Contender: steady.Contenders[0], Result: fakeRun("steady", RoundRobin, fakeRequests{class: "chat", ttft: ms(100, 200, 1000, 2000)})},
 		{Contender: steady.Contenders[1], Result: fakeRun("steady", UpstreamDefault, fakeRequests{class: "chat", ttft: ms(20, 40, 100, 400)})},
+		{Contender: Contender{Name: "epp-control", Router: RouterEPP, EndpointPickerConfigSource: "control.yaml", Extra: true},
+			Result: fakeRun("steady", "epp-control", fakeRequests{class: "chat", ttft: ms(10, 20, 100, 100)})},
 		{Contender: steady.Contenders[2], Result: fakeRun("steady", Sluice, fakeRequests{class: "chat", ttft: ms(10, 20, 100, 200)})},
 	}}
 	s1.Targets = s1.EvaluateTargets()
 	s1.Runs[0].Result.CPU = &ProcessCPU{Fleet: 40 * time.Millisecond, DataPlane: 20 * time.Millisecond}
-	s1.Runs[2].Result.CPU = &ProcessCPU{Fleet: 40 * time.Millisecond, EPP: 50 * time.Millisecond, DataPlane: 44 * time.Millisecond}
+	s1.Runs[3].Result.CPU = &ProcessCPU{Fleet: 40 * time.Millisecond, EPP: 50 * time.Millisecond, DataPlane: 44 * time.Millisecond}
 	s2 := ScenarioResult{Scenario: prio, Runs: []ContenderRun{
 		{Contender: prio.Contenders[0], Result: fakeRun("prio", RoundRobin,
 			fakeRequests{class: "critical", ttft: ms(900, 5000)}, fakeRequests{class: "sheddable", ttft: ms(800, 6000)})},
@@ -155,7 +157,9 @@ func TestWriteReport(t *testing.T) {
 		"Fleet `h100:2,a10g:1` (3 servers) · Poisson 10 req/s · 30s of load, drain at most 15s · seed 11 · mix inline (1 class)",
 		"| round-robin | data plane, round-robin, no EPP | 4 | 4 | 0 | 600 ms | 1.85 s | 1.97 s | 0.40 req/s |",
 		"| 25.0% | 3 |",
-		"| TTFT P99 | 197 ms | 0.10x (-90%) | 0.50x (-50%) |",
+		// Sluice against every contender of the run, extra ones too.
+		"| Figure | Sluice | vs round-robin | vs upstream-default | vs epp-control |",
+		"| TTFT P99 | 197 ms | 0.10x (-90%) | 0.50x (-50%) | 1.97x (+97%) |",
 		"![Steady: TTFT CDF per contender](steady/ttft-cdf.svg) ([PNG](steady/ttft-cdf.png))",
 		"[sluice](steady/sluice/run.json)",
 		"clients honour Retry-After, up to 2 attempts (wait at most 5s)",

@@ -89,6 +89,7 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 	OpenAIParserType:           OpenAIParserFactory,
 	InFlightScorerType:         InFlightScorerFactory,
 	SaturationScorerType:       SaturationScorerFactory,
+	RoundRobinPickerType:       RoundRobinPickerFactory,
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and

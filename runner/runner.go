@@ -694,7 +694,9 @@ func startMetricsLogger(ctx context.Context, ds datastore.Datastore, opts *Optio
 	backendmetrics.StartMetricsLogger(ctx, ds, opts.RefreshPrometheusMetricsInterval, opts.MetricsStalenessThreshold)
 }
 
-// pprofHandlers serves upstream's profiles on the metrics server.
+// pprofHandlers serves upstream's profiles on the metrics server, plus the CPU
+// profile (/debug/pprof/profile?seconds=N), which upstream leaves out and which
+// is what shows where an EPP's CPU goes under load.
 func pprofHandlers(enabled bool) map[string]http.Handler {
 	if !enabled {
 		return nil
@@ -705,6 +707,7 @@ func pprofHandlers(enabled bool) map[string]http.Handler {
 	for _, p := range []string{"heap", "goroutine", "allocs", "threadcreate", "block", "mutex"} {
 		h["/debug/pprof/"+p] = pprof.Handler(p)
 	}
+	h["/debug/pprof/profile"] = http.HandlerFunc(pprof.Profile)
 	return h
 }
 

@@ -1,8 +1,11 @@
 package runner_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +75,33 @@ func TestStaticEndpointsMode(t *testing.T) {
 		tls := true
 		if msg := onlyIn(destinations(t, epp.GRPCPort, tls, 5, nil), a); msg != "" {
 			t.Fatal(msg)
+		}
+	})
+
+	t.Run("profiles on the metrics port, CPU included", func(t *testing.T) {
+		get := func(port int, path string) (int, []byte) {
+			t.Helper()
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = resp.Body.Close() }()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.StatusCode, body
+		}
+		epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a, "--secure-serving=false")
+		for _, path := range []string{"/debug/pprof/heap", "/debug/pprof/profile?seconds=1"} {
+			// A profile is a gzipped protocol buffer.
+			if status, body := get(epp.MetricsPort, path); status != http.StatusOK || !bytes.HasPrefix(body, []byte{0x1f, 0x8b}) {
+				t.Errorf("GET %s: status %d, %d bytes (%.40q), want 200 and a gzipped profile", path, status, len(body), body)
+			}
+		}
+		off := runnertest.StartEPP(t, nil, "--static-endpoints="+a, "--secure-serving=false", "--enable-pprof=false")
+		if status, _ := get(off.MetricsPort, "/debug/pprof/profile?seconds=1"); status != http.StatusNotFound {
+			t.Errorf("--enable-pprof=false: CPU profile status %d, want 404", status)
 		}
 	})
 

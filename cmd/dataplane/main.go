@@ -9,6 +9,11 @@
 //	dataplane --listen 127.0.0.1:8081 --epp 127.0.0.1:9002 --epp-tls \
 //	    [--failure-mode-allow --endpoints 127.0.0.1:8000,127.0.0.1:8001]
 //	dataplane --listen 127.0.0.1:8081 --round-robin --endpoints 127.0.0.1:8000,127.0.0.1:8001
+//
+// --metrics-listen serves Prometheus metrics; with --enable-pprof it also
+// serves Go's profiles (/debug/pprof/, the CPU profile at
+// /debug/pprof/profile?seconds=N), for finding where the data plane's CPU goes
+// in a benchmark.
 package main
 
 import (
@@ -19,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -56,10 +62,14 @@ func run(args []string) error {
 		maxBody       = fs.Int64("max-request-body-bytes", dataplane.DefaultMaxRequestBodyBytes, "largest accepted request body")
 		grace         = fs.Duration("shutdown-grace", dataplane.DefaultShutdownGrace, "how long in-flight requests may finish after SIGINT/SIGTERM")
 		metricsListen = fs.String("metrics-listen", "", "address to serve Prometheus /metrics on (off when empty)")
+		enablePprof   = fs.Bool("enable-pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-listen")
 		logLevel      = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *enablePprof && *metricsListen == "" {
+		return errors.New("--enable-pprof needs --metrics-listen")
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
@@ -105,6 +115,10 @@ func run(args []string) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if *enablePprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := metricsSrv.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
