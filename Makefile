@@ -57,8 +57,8 @@ run: build ## Start a local simulated fleet, the EPP (static mode) and the data 
 	BIN=$(BIN) examples/local-fleet/run.sh
 
 .PHONY: bench
-bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some; ENGINE=virtual for virtual time, SCENARIO=scale for the scale study); report in bench-results/<time>/.
-	$(BIN)/bench --bin=$(BIN) --scenarios=bench/scenarios $(if $(ENGINE),--engine=$(ENGINE)) $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT))
+bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some; ENGINE=virtual for virtual time, SCENARIO=scale for the scale study, ENGINE=virtual SEEDS=1,2,3 for a seed sweep); report in bench-results/<time>/.
+	$(BIN)/bench --bin=$(BIN) --scenarios=bench/scenarios $(if $(ENGINE),--engine=$(ENGINE)) $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT)) $(if $(SEEDS),--seeds=$(SEEDS))
 
 clean:
 	rm -rf $(BIN)

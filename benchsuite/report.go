@@ -32,6 +32,7 @@ func WriteReport(w io.Writer, res *SuiteResult, plots map[string][]Plot) error {
 	b := bufio.NewWriter(w)
 	writeHeadline(b, res)
 	writeScale(b, res.Scale, plots[ScaleName])
+	writeSeeds(b, res.Seeds)
 	for i := range res.Scenarios {
 		writeScenario(b, &res.Scenarios[i], plots[res.Scenarios[i].Scenario.Name])
 	}
@@ -41,11 +42,12 @@ func WriteReport(w io.Writer, res *SuiteResult, plots map[string][]Plot) error {
 // WriteHeadline renders the report's first part: how to read it, the
 // HyperPod-style summary of Sluice's ratios against round-robin and
 // upstream-default per scenario, every target met or not, and the scale
-// study's tables when it ran.
+// study's and the seed sweep's tables when they ran.
 func WriteHeadline(w io.Writer, res *SuiteResult) error {
 	b := bufio.NewWriter(w)
 	writeHeadline(b, res)
 	writeScale(b, res.Scale, nil)
+	writeSeeds(b, res.Seeds)
 	return b.Flush()
 }
 
@@ -542,6 +544,7 @@ type SessionSummary struct {
 	Platform  string            `json:"platform"`
 	Scenarios []ScenarioSummary `json:"scenarios"`
 	Scale     *ScaleStudy       `json:"scale,omitempty"`
+	Seeds     *SeedSweep        `json:"seeds,omitempty"`
 }
 
 // ScenarioSummary is one scenario in results.json.
@@ -572,7 +575,7 @@ type ContenderSummary struct {
 // Summarize builds results.json's content.
 func Summarize(res *SuiteResult) SessionSummary {
 	out := SessionSummary{Engine: res.Engine, Started: res.Started, Wall: res.Wall, CPUs: res.CPUs, Platform: res.Platform,
-		Scale: res.Scale}
+		Scale: res.Scale, Seeds: res.Seeds}
 	for i := range res.Scenarios {
 		s := &res.Scenarios[i]
 		ss := ScenarioSummary{Name: s.Scenario.Name, Title: s.Scenario.Title, Targets: s.Targets,

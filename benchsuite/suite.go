@@ -43,6 +43,8 @@ type SuiteResult struct {
 	Scenarios []ScenarioResult `json:"scenarios"`
 	// Scale is the scale study, nil when it did not run.
 	Scale *ScaleStudy `json:"scale,omitempty"`
+	// Seeds is the seed sweep, nil when it did not run.
+	Seeds *SeedSweep `json:"seeds,omitempty"`
 }
 
 // ScenarioResult is one scenario's runs, in contender order.

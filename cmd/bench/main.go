@@ -7,7 +7,7 @@
 // Two engines: real-time (real processes on loopback, the default) and
 // virtual (the same fleet model, load and EPP plugins as a deterministic
 // discrete-event simulation; package virtualbench), which runs every
-// scenario in seconds and can also run the scale study.
+// scenario in seconds and can also run the scale study and the seed sweep.
 //
 //	bench                                   # every scenario (make bench)
 //	bench --scenario mixed-gpu,bursty       # some (make bench SCENARIO=mixed-gpu)
@@ -16,6 +16,7 @@
 //	bench --engine virtual                  # every scenario in virtual time (make bench ENGINE=virtual)
 //	bench --engine virtual --scale          # and the scale study: 8..1000 servers
 //	bench --engine virtual --scenario scale --scale-sizes 8,64,256   # the scale study alone
+//	bench --engine virtual --seeds 1,2,3,4,5,6,7,8   # and every scenario with 8 other load seeds (make bench ENGINE=virtual SEEDS=1,2,...)
 package main
 
 import (
@@ -69,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		scaleSizes  = fs.String("scale-sizes", joinInts(benchsuite.DefaultScaleSizes), "scale study: comma-separated fleet sizes (an EPP takes minutes at 1000 servers)")
 		scaleRate   = fs.Float64("scale-rate", benchsuite.DefaultScaleRatePerServer, "scale study: Poisson requests per second per server")
 		scaleDur    = fs.Duration("scale-duration", benchsuite.DefaultScaleDuration, "scale study: virtual issuing window of every run")
+		seedList    = fs.String("seeds", "", "seed sweep (virtual engine): also run every scenario with each of these comma-separated load seeds and report Sluice's ratios across them")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -109,6 +111,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		if !(*scaleRate > 0) || *scaleDur <= 0 {
 			return fmt.Errorf("--scale-rate and --scale-duration must be positive, got %v and %v", *scaleRate, *scaleDur)
+		}
+	}
+	var seeds []uint64
+	if *seedList != "" {
+		if *engineName != engineVirtual {
+			return fmt.Errorf("the seed sweep runs in virtual time only (a real-time suite per seed would take hours): add --engine=%s", engineVirtual)
+		}
+		if seeds, err = parseSeeds(*seedList); err != nil {
+			return err
+		}
+		if len(scenarios) == 0 {
+			return errors.New("--seeds needs scenarios to run; the scale study has no seed sweep")
 		}
 	}
 	if *duration > 0 {
@@ -165,6 +179,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		res.Scale, runErr = benchsuite.RunScale(ctx, scaleOpts)
+		res.Wall = time.Since(res.Started)
+	}
+	if len(seeds) > 0 && runErr == nil {
+		fmt.Fprintf(stderr, "seed sweep: %d scenarios × %d seeds\n", len(scenarios), len(seeds))
+		res.Seeds, runErr = benchsuite.RunSeeds(ctx, engine, *engineName, scenarios, seeds, bar)
 		res.Wall = time.Since(res.Started)
 	}
 	if len(res.Scenarios) == 0 && (res.Scale == nil || len(res.Scale.Points) == 0) {
@@ -224,6 +243,22 @@ func selectScenarios(all []*benchsuite.Scenario, names string) (out []*benchsuit
 }
 
 // parseSizes parses --scale-sizes.
+// parseSeeds reads a comma-separated list of distinct load seeds.
+func parseSeeds(s string) ([]uint64, error) {
+	var seeds []uint64
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--seeds: %q is not a seed (a non-negative integer)", f)
+		}
+		if slices.Contains(seeds, n) {
+			return nil, fmt.Errorf("--seeds: seed %d twice", n)
+		}
+		seeds = append(seeds, n)
+	}
+	return seeds, nil
+}
+
 func parseSizes(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {

@@ -55,11 +55,15 @@ func TestRunFlags(t *testing.T) {
 		t.Errorf("--list:\n%s", out.String())
 	}
 	for args, want := range map[string]string{
-		"--scenarios " + scenarios + " --engine bogus":                             `--engine "bogus" is not real-time or virtual`,
-		"--scenarios " + scenarios + " --scale":                                    "virtual time only",
-		"--scenarios " + scenarios + " --engine virtual --scale-sizes 8,0 --scale": "--scale-sizes",
-		"--scenarios " + scenarios + " --scenario nope":                            `no scenario "nope"`,
-		"--scenarios " + scenarios + " --bin " + t.TempDir():                       "run make build",
+		"--scenarios " + scenarios + " --engine bogus":                              `--engine "bogus" is not real-time or virtual`,
+		"--scenarios " + scenarios + " --scale":                                     "virtual time only",
+		"--scenarios " + scenarios + " --engine virtual --scale-sizes 8,0 --scale":  "--scale-sizes",
+		"--scenarios " + scenarios + " --scenario nope":                             `no scenario "nope"`,
+		"--scenarios " + scenarios + " --bin " + t.TempDir():                        "run make build",
+		"--scenarios " + scenarios + " --seeds 1,2":                                 "virtual time only",
+		"--scenarios " + scenarios + " --engine virtual --seeds 1,x":                `"x" is not a seed`,
+		"--scenarios " + scenarios + " --engine virtual --seeds 3,3":                "seed 3 twice",
+		"--scenarios " + scenarios + " --engine virtual --scenario scale --seeds 1": "the scale study has no seed sweep",
 		"--duration -1s": "must not be negative",
 		"extra":          "unexpected arguments",
 	} {
@@ -70,14 +74,14 @@ func TestRunFlags(t *testing.T) {
 	}
 }
 
-// TestRunVirtual runs one short scenario and a two-size scale study end to end in virtual time and checks the
-// report names both.
+// TestRunVirtual runs one short scenario, a two-size scale study and a two-seed sweep end to end in virtual time and
+// checks the report has all three.
 func TestRunVirtual(t *testing.T) {
 	scenarios := filepath.Join("..", "..", "bench", "scenarios")
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--scenarios", scenarios, "--engine", "virtual", "--scenario", "uniform-steady,scale",
-		"--duration", "2s", "--scale-sizes", "2,4", "--scale-duration", "1s", "--out", out}
+		"--duration", "2s", "--scale-sizes", "2,4", "--scale-duration", "1s", "--seeds", "1,2", "--out", out}
 	if err := run(args, &stdout, &stderr); err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
@@ -85,7 +89,8 @@ func TestRunVirtual(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Engine: virtual", "## Scale", "| 4 | 30 req/s |", "(`uniform-steady`)", "scale/scale.svg"} {
+	for _, want := range []string{"Engine: virtual", "## Scale", "| 4 | 30 req/s |", "(`uniform-steady`)", "scale/scale.svg",
+		"## Across seeds", "| uniform-steady | TTFT P99 | ", "| uniform-steady | every figure vs round-robin no worse by more than 5% | "} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("the report lacks %q:\n%s", want, report)
 		}
