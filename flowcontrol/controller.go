@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -461,6 +462,9 @@ func (c *Controller) freshCountLocked(now time.Time) int {
 // started, or until it is released.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
 	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
+	if streamed {
+		c.endpoints[i].addPending(&r, c.cfg.Endpoint)
+	}
 	c.endpoints[i].count(r, +1, c.cfg.Endpoint)
 	c.reservations[id] = r
 }
@@ -751,6 +755,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	for i := range states {
 		if j, ok := c.endpointIndex[states[i].Name]; ok {
 			states[i].firstChunk = c.endpoints[j].firstChunk
+			states[i].pendingDoneNs = c.endpoints[j].pendingDoneNs
 		}
 		states[i].refresh(c.cfg.Endpoint)
 	}
@@ -779,6 +784,9 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	r.endpoint, r.at, r.ahead, r.unscraped = endpoint, now, 0, true
 	if i, ok := c.endpointIndex[endpoint]; ok {
 		r.ahead = c.endpoints[i].pending
+		if r.pending {
+			c.endpoints[i].addPending(&r, c.cfg.Endpoint)
+		}
 		c.endpoints[i].count(r, +1, c.cfg.Endpoint)
 	}
 	c.reservations[id] = r
@@ -841,6 +849,7 @@ func (c *Controller) Release(id string) bool {
 
 func (c *Controller) unreserveLocked(r reservation) {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
+		c.endpoints[i].withdrawPending(r)
 		c.endpoints[i].count(r, -1, c.cfg.Endpoint)
 	}
 }
@@ -940,30 +949,35 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 	return band == Critical || !c.criticalReserveLocked(now)
 }
 
-// Saturations writes into out the current saturation of each named endpoint, for schedulers to rank endpoints by load
-// fresher than any scrape: the largest of its saturation from its latest snapshot plus the requests dispatched to it
-// since that have not had their first response chunk (a started one runs there, no longer waits), and the number of
-// streamed prompts it has not begun answering (one is enough to delay a new prompt's first token there). The request being scheduled, self, does not count: the controller provisionally reserved it
-// on an endpoint, which must not make that endpoint look busier to its own scheduling. An endpoint the controller does
-// not know, or whose metrics are stale, reads as saturated (1).
+// Saturations writes into out the current load of each named endpoint, for schedulers to rank endpoints by load
+// fresher than any scrape: its saturation from its latest snapshot plus the requests dispatched to it since that
+// have not had their first response chunk (a started one runs there, no longer waits), and, while it has streamed
+// prompts it has not begun answering, at least 1 plus the time until they are expected to have started, in that
+// endpoint's prompt times (one pending prompt is enough to delay a new prompt's first token there; among busy
+// endpoints the one expected to free first ranks lowest). The request being scheduled, self, does not count: the
+// controller provisionally reserved it on an endpoint, which must not make that endpoint look busier to its own
+// scheduling. An endpoint the controller does not know, or whose metrics are stale, reads as +Inf: never preferred.
 func (c *Controller) Saturations(self string, names []string, out []float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cutoff := freshCutoff(c.clock.Now(), c.cfg.Endpoint.MetricsStaleness)
+	now := c.clock.Now()
+	nowNs := now.UnixNano()
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	own, hasOwn := c.reservations[self]
 	for i, name := range names {
-		out[i] = 1
+		out[i] = math.Inf(1)
 		j, ok := c.endpointIndex[name]
 		if !ok || c.endpoints[j].scrapedNs < cutoff {
 			continue
 		}
 		if hasOwn && own.endpoint == name {
 			e := c.endpoints[j]
+			e.withdrawPending(own)
 			e.count(own, -1, c.cfg.Endpoint)
-			out[i] = e.satRank
+			out[i] = e.rankAt(nowNs, c.cfg.Endpoint)
 			continue
 		}
-		out[i] = c.endpoints[j].satRank
+		out[i] = c.endpoints[j].rankAt(nowNs, c.cfg.Endpoint)
 	}
 }
 

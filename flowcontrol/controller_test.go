@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -916,31 +917,115 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 }
 
 // TestSaturations: the saturation schedulers rank by includes dispatches since the snapshot, except the request being
-// scheduled; unknown and stale endpoints read as saturated.
+// scheduled; unknown and stale endpoints read as +Inf, never preferred.
 func TestSaturations(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.MetricsStaleness = 10 * time.Second }))
 		h.scrape(ep("a", 0), ep("b", 1))
 		got := make([]float64, 3)
 		h.c.Saturations("", []string{"a", "b", "unknown"}, got)
-		if want := []float64{0, 0.2, 1}; !slices.Equal(got, want) {
+		inf := math.Inf(1)
+		if want := []float64{0, 0.2, inf}; !slices.Equal(got, want) {
 			t.Fatalf("after the scrape: %v, want %v", got, want)
 		}
 		cl := h.admit(0, "t", 1)
 		cl.wantOutcome(t, Dispatched, ReasonNone) // reserves the least saturated endpoint, a
 		h.c.Saturations("", []string{"a", "b", "unknown"}, got)
-		if want := []float64{0.2, 0.2, 1}; !slices.Equal(got, want) {
+		if want := []float64{0.2, 0.2, inf}; !slices.Equal(got, want) {
 			t.Fatalf("after a dispatch: %v, want %v", got, want)
 		}
 		// The request being scheduled does not see its own provisional reservation.
 		h.c.Saturations(cl.req.ID, []string{"a", "b", "unknown"}, got)
-		if want := []float64{0, 0.2, 1}; !slices.Equal(got, want) {
+		if want := []float64{0, 0.2, inf}; !slices.Equal(got, want) {
 			t.Fatalf("for the dispatched request itself: %v, want %v", got, want)
 		}
 		h.step(11 * time.Second)
 		h.c.Saturations("", []string{"a", "b", "unknown"}, got)
-		if want := []float64{1, 1, 1}; !slices.Equal(got, want) {
+		if want := []float64{inf, inf, inf}; !slices.Equal(got, want) {
 			t.Fatalf("with stale metrics: %v, want %v", got, want)
+		}
+	})
+}
+
+// TestSaturationsRankBusyEndpoints: an endpoint computing a prompt ranks above 1 by when a new prompt would begin
+// answering there (the wait for its pending prompts, on a finish clock of their expected times, plus one more),
+// in units of the pending time threshold; so among busy endpoints the one expected to free first ranks lowest, a
+// fast endpoint below a slow one, and a reservation moved away or being scheduled takes its time back.
+func TestSaturationsRankBusyEndpoints(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Pending time 400ms, nothing learned yet: each pending prompt is expected to take 400ms.
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.PendingTime = 400 * time.Millisecond }))
+		h.scrape(ep("a", 0), ep("b", 0))
+		names := []string{"a", "b"}
+		got := make([]float64, 2)
+		ranks := func(self string) []float64 {
+			h.c.Saturations(self, names, got)
+			return slices.Clone(got)
+		}
+		near := func(x, y []float64) bool {
+			return slices.EqualFunc(x, y, func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })
+		}
+		dispatch := func(id, to string) *call {
+			t.Helper()
+			cl := h.admitReq(Request{ID: id, Tenant: "t", Bytes: 100, EstimatedCost: 1, Streamed: true})
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+			if !h.c.Bind(id, to) {
+				t.Fatalf("Bind(%s, %s) found no reservation", id, to)
+			}
+			return cl
+		}
+
+		dispatch("r1", "a")
+		h.step(20 * time.Millisecond)
+		dispatch("r2", "b")
+		// a: 380ms left of r1, then 400ms for a new one: 1 + 780/400. b: 1 + 800/400.
+		if want := []float64{2.95, 3}; !near(ranks(""), want) {
+			t.Fatalf("two busy endpoints: %v, want %v", got, want)
+		}
+		h.step(50 * time.Millisecond)
+		if want := []float64{2.825, 2.875}; !near(ranks(""), want) {
+			t.Fatalf("50ms later: %v, want %v", got, want)
+		}
+
+		// r1's first chunk after 70ms: a learns 70ms per prompt and is free again (nothing waits there).
+		if !h.c.Started("r1") {
+			t.Fatal("Started found r1 not pending")
+		}
+		if r := ranks(""); r[0] != 0 {
+			t.Fatalf("a with nothing pending ranks %v, want 0", r[0])
+		}
+		// Prompts sent together queue on the finish clock: two pending on a, 1 + (70 + 70 + 70)/400 for a third,
+		// which the fast endpoint a still ranks below b.
+		dispatch("r3", "a")
+		dispatch("r4", "a")
+		if want := []float64{1.525, 2.875}; !near(ranks(""), want) {
+			t.Fatalf("two prompts pending on a: %v, want %v", got, want)
+		}
+		// The request being scheduled does not count its own reservation; moving it away takes its time back.
+		if want := []float64{1.35, 2.875}; !near(ranks("r4"), want) {
+			t.Fatalf("for r4 itself: %v, want %v", got, want)
+		}
+		if !h.c.Bind("r4", "b") {
+			t.Fatal("Bind found no reservation")
+		}
+		// b: r4 queues 400ms behind r2 (due at 420ms), a new prompt 400ms more: 1 + 1150/400.
+		if want := []float64{1.35, 3.875}; !near(ranks(""), want) {
+			t.Fatalf("after moving r4 to b: %v, want %v", got, want)
+		}
+		h.step(430 * time.Millisecond)
+		if want := []float64{1.175, 2.8}; !near(ranks(""), want) {
+			t.Fatalf("430ms later: %v, want %v (a's overdue prompt waits no less than zero)", got, want)
+		}
+		// Releasing the last pending prompts empties the clocks; the next prompt starts b's clock again now.
+		for _, id := range []string{"r2", "r3", "r4"} {
+			h.c.Release(id)
+		}
+		if want := []float64{0, 0}; !near(ranks(""), want) {
+			t.Fatalf("after every release: %v, want %v", got, want)
+		}
+		dispatch("r5", "b")
+		if want := []float64{0, 3}; !near(ranks(""), want) {
+			t.Fatalf("a fresh prompt on b: %v, want %v", got, want)
 		}
 	})
 }

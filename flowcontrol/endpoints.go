@@ -33,10 +33,16 @@ type endpointState struct {
 	// firstChunk is the learned time one prompt takes here from dispatch to its first response chunk (zero until a
 	// streamed request has started here); it outlives scrapes and is forgotten with the endpoint.
 	firstChunk time.Duration
+	// pendingDoneNs is when the pending prompts are expected to have all started, in Unix nanoseconds: each dispatch
+	// of a pending prompt moves it to max(itself, dispatch time) plus the prompt's expected time (a virtual finish
+	// clock, so prompts sent together queue behind one another), a pending prompt moved or released takes its time
+	// back, and it is zero while nothing is pending. Like firstChunk it outlives scrapes.
+	pendingDoneNs int64
 	// sat is the largest of Saturation(Endpoint, reserved, thresholds) and the pending prompts' learned first-chunk
 	// time over the pending time threshold; satReserve, what the Critical reserve judges by, is the larger of sat and
-	// pending over the pending threshold; satBurst is sat with the burst tier's thresholds; satRank, what schedulers
-	// rank by, is the larger of sat without the started requests and pending. Refresh them after changing any count.
+	// pending over the pending threshold; satBurst is sat with the burst tier's thresholds; satRank is Saturation
+	// without the started requests, which rankAt completes with the pending prompts for schedulers. Refresh them after
+	// changing any count.
 	sat, satReserve, satBurst, satRank float64
 	scrapedNs                          int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
@@ -85,9 +91,51 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 		}
 		e.satBurst = max(Saturation(e.Endpoint, e.reserved, burst), e.pendingTimeSaturation(bt))
 	}
-	// For ranking, one prompt the endpoint is computing already makes it as slow to start a new one as a saturated
-	// endpoint: a prompt sent there shares its first step.
-	e.satRank = max(Saturation(e.Endpoint, e.reserved-e.started, th), float64(e.pending))
+	e.satRank = Saturation(e.Endpoint, e.reserved-e.started, th)
+	if e.pending == 0 {
+		e.pendingDoneNs = 0
+	}
+}
+
+// promptTime is the expected time of one prompt here from dispatch to its first chunk: the learned one, or while
+// nothing is learned the pending time threshold (zero when that is disabled too).
+func (e *endpointState) promptTime(th EndpointThresholds) time.Duration {
+	if e.firstChunk > 0 {
+		return e.firstChunk
+	}
+	return th.PendingTime
+}
+
+// addPending counts r, a pending prompt just dispatched here, on the endpoint's finish clock and records its share
+// in r; the caller counts r and refreshes.
+func (e *endpointState) addPending(r *reservation, th EndpointThresholds) {
+	r.promptTime = e.promptTime(th)
+	e.pendingDoneNs = max(e.pendingDoneNs, r.at.UnixNano()) + int64(r.promptTime)
+}
+
+// withdrawPending takes r's share off the finish clock when r leaves the endpoint before starting (moved by Bind,
+// released, or left out of its own ranking); the caller uncounts r and refreshes.
+func (e *endpointState) withdrawPending(r reservation) {
+	if r.pending {
+		e.pendingDoneNs -= int64(r.promptTime)
+	}
+}
+
+// rankAt is what schedulers rank the endpoint by at nowNs: satRank, and once a prompt is pending here more than 1 (a
+// prompt sent here shares its first step with that one, as slow to start as on a saturated endpoint): 1 plus the
+// time a new prompt would take here to its first chunk, the wait until the pending prompts are expected to have
+// started and its own prompt time, over the pending time threshold. Among endpoints that are all computing a
+// prompt, the one where a new prompt is expected to start answering first thus ranks lowest, whatever their speeds;
+// with the time bound disabled the number of pending prompts stands in.
+func (e *endpointState) rankAt(nowNs int64, th EndpointThresholds) float64 {
+	if e.pending == 0 {
+		return e.satRank
+	}
+	if th.PendingTime <= 0 {
+		return max(e.satRank, float64(e.pending))
+	}
+	wait := time.Duration(max(0, e.pendingDoneNs-nowNs))
+	return max(e.satRank, 1+float64(wait+e.promptTime(th))/float64(th.PendingTime))
 }
 
 // pendingTimeSaturation is the learned first-chunk time of the endpoint's pending prompts over threshold (0 when
@@ -137,6 +185,8 @@ type reservation struct {
 	unscraped bool
 	pending   bool
 	started   bool
+	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.addPending).
+	promptTime time.Duration
 }
 
 // Saturation is an endpoint's load relative to its thresholds: the largest of

@@ -147,7 +147,9 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 //     stable one) a request goes to a server of its target model; a no-op otherwise.
 //   - sluice-saturation-scorer (weight 2): ranks endpoints by admission's saturation, which counts each dispatch at
 //     once, so requests between two scrapes do not all go to the endpoint that looked best at the last one, and each
-//     streamed prompt until its first token, so prompts spread over the endpoints that are not computing others.
+//     streamed prompt until its first token, so prompts spread over the endpoints that are not computing others;
+//     when all are, it prefers the one where a new prompt is expected to start answering first (round-robin's
+//     rotation does that by construction, which is why the uniform fleet's TTFT tail needs it).
 //   - sluice-lora-residency-extractor on the metrics source: which adapters are resident and which base model a
 //     server serves (vLLM's model_name label), so base-model requests are never scored by adapter state.
 //   - sluice-openai-parser: upstream's parser plus usage.prompt_tokens_details.cached_tokens, which the prefix-cache

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -21,6 +22,9 @@ var _ fwksched.Scorer = (*SaturationScorer)(nil)
 // begun answering, the request being scored excluded (flowcontrol.Controller.Saturations). Upstream's queue and KV
 // scorers see only the scrape, so every request between two scrapes goes to the same "best" endpoint, and two
 // prefills land in one server step where round-robin would have spread them; this scorer sees each dispatch at once.
+// When every candidate is saturated for ranking (each is computing a prompt, or is past a threshold), the scores
+// spread the candidates' loads over [0, 1] instead, 1 for the least loaded: the endpoint expected to begin a new
+// prompt first, where round-robin's rotation would have sent it, not whichever the other scorers happen to prefer.
 // It needs Sluice admission (FlowControl attaches it, as it does the headroom filter); without it every endpoint
 // scores 1 and the scorer changes nothing.
 //
@@ -77,8 +81,23 @@ func (s *SaturationScorer) Score(_ context.Context, _ *fwksched.CycleState, req 
 		self = req.RequestId
 	}
 	fc.ctrl.Saturations(self, buf.names, buf.sats)
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, sat := range buf.sats {
+		if !math.IsInf(sat, 1) {
+			lo, hi = min(lo, sat), max(hi, sat)
+		}
+	}
+	allSaturated := lo >= 1 && hi > lo
 	for i, ep := range endpoints {
-		result[ep] = 1 - min(buf.sats[i], 1)
+		sat := buf.sats[i]
+		switch {
+		case math.IsInf(sat, 1):
+			result[ep] = 0
+		case allSaturated:
+			result[ep] = (hi - sat) / (hi - lo)
+		default:
+			result[ep] = 1 - min(sat, 1)
+		}
 	}
 	return result
 }

@@ -19,7 +19,8 @@ func TestSaturationScorerFactory(t *testing.T) {
 }
 
 // TestSaturationScorer: with Sluice admission attached the scorer ranks endpoints by admission's saturation, which
-// counts a dispatch before any scrape shows it; without admission it is neutral.
+// counts a dispatch before any scrape shows it, and spreads the scores when every endpoint is saturated; without
+// admission it is neutral.
 func TestSaturationScorer(t *testing.T) {
 	p, err := SaturationScorerFactory("", nil, nil)
 	if err != nil {
@@ -53,5 +54,24 @@ func TestSaturationScorer(t *testing.T) {
 	}
 	if got := scores(); got[0] != 0.5 || got[1] != 0.5 {
 		t.Fatalf("after one dispatch: scores %v, want [0.5 0.5 0]", got)
+	}
+
+	// Every known endpoint saturated (waiting 3 plus the dispatch above, 6, then also 5, of a queue depth of 2): the
+	// scores spread their loads (2, 3, 2.5) over [0, 1] instead of all reading 0, so the least loaded is preferred;
+	// the unknown endpoint still scores 0.
+	pool.set(upstreamEndpoint("10.0.0.1", 3, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 6, 0, clk.Now()))
+	if err := fc.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	if got := scores(); got[0] != 1 || got[1] != 0 || got[2] != 0 {
+		t.Fatalf("all saturated: scores %v, want [1 0 0]", got)
+	}
+	pool.set(upstreamEndpoint("10.0.0.1", 3, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 6, 0, clk.Now()),
+		upstreamEndpoint("10.0.0.3", 5, 0, clk.Now()))
+	if err := fc.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	if got := scores(); got[0] != 1 || got[1] != 0 || got[2] != 0.5 {
+		t.Fatalf("all three saturated: scores %v, want [1 0 0.5]", got)
 	}
 }
