@@ -1,7 +1,9 @@
 package benchsuite
 
 import (
+	"cmp"
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -167,4 +169,38 @@ func ShedByClass(records []loadgen.Record) []ClassShed {
 	}
 	slices.SortFunc(out, func(a, b ClassShed) int { return strings.Compare(a.Class, b.Class) })
 	return out
+}
+
+// PromptOverlap is the share of successful streamed attempts that reached their endpoint while an earlier attempt
+// there had not had its first token yet, as the client saw them (sent before, first token after this one was sent):
+// prompts that shared their first steps with another. Round-robin on a uniform fleet shows the share that arrivals
+// alone cause; a router above it is putting prompts on endpoints that are computing one. ok is false without such
+// attempts or without the endpoint that served them.
+func PromptOverlap(records []loadgen.Record) (share float64, ok bool) {
+	type window struct{ start, firstToken time.Duration }
+	byEndpoint := map[string][]window{}
+	n := 0
+	for _, r := range records {
+		if !r.Stream || !r.OK() || r.TTFT <= 0 || r.Endpoint == "" {
+			continue
+		}
+		byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], window{r.Start, r.Start + r.TTFT})
+		n++
+	}
+	if n == 0 {
+		return 0, false
+	}
+	overlapped := 0
+	for _, ws := range byEndpoint {
+		slices.SortFunc(ws, func(a, b window) int { return cmp.Compare(a.start, b.start) })
+		// latest is the latest first token among the attempts sent before the current one.
+		latest := time.Duration(math.MinInt64)
+		for _, w := range ws {
+			if latest > w.start {
+				overlapped++
+			}
+			latest = max(latest, w.firstToken)
+		}
+	}
+	return float64(overlapped) / float64(n), true
 }

@@ -238,6 +238,7 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	}
 
 	writeEPPCost(b, s)
+	writePromptOverlap(b, s)
 	writeShedding(b, s)
 	writeAdmission(b, s)
 	writeClassLatency(b, s)
@@ -282,6 +283,23 @@ func writeEPPCost(b *bufio.Writer, s *ScenarioResult) {
 	}
 	if len(cpu) > 0 {
 		fmt.Fprintf(b, "\nCPU time per attempt while the load ran (user + system, this machine): %s.\n", strings.Join(cpu, "; "))
+	}
+}
+
+// writePromptOverlap lists each contender's PromptOverlap.
+func writePromptOverlap(b *bufio.Writer, s *ScenarioResult) {
+	var parts []string
+	for _, run := range s.Runs {
+		if run.Result == nil {
+			continue
+		}
+		if share, ok := PromptOverlap(run.Result.Records); ok {
+			parts = append(parts, fmt.Sprintf("%s %.1f%%", run.Contender.Name, 100*share))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(b, "\nPrompts sent to an endpoint still computing an earlier one (sent before, first token after, as the "+
+			"clients saw them): %s.\n", strings.Join(parts, ", "))
 	}
 }
 

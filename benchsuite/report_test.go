@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -28,7 +29,8 @@ func fakeRun(scenario, contender string, classes ...fakeRequests) *RunResult {
 	for _, c := range classes {
 		for _, d := range c.ttft {
 			recs = append(recs, loadgen.Record{Seq: seq, Attempt: 1, Final: true, Class: c.class, Status: http.StatusOK,
-				TTFT: d, E2E: d + time.Second, OutputTokens: 16, Start: time.Duration(seq) * 10 * time.Millisecond})
+				TTFT: d, E2E: d + time.Second, OutputTokens: 16, Start: time.Duration(seq) * 10 * time.Millisecond,
+				Stream: true, Endpoint: fmt.Sprintf("10.0.0.%d:8000", seq%2)})
 			seq++
 		}
 		for range c.shed {
@@ -165,6 +167,10 @@ func TestWriteReport(t *testing.T) {
 		"clients honour Retry-After, up to 2 attempts (wait at most 5s)",
 		"objectives objectives.yaml",
 		"| upstream-default | EPP, upstream v1.5.0 default profile, upstream admission | run failed: epp exited (exit status 1) bad flag |",
+		// Attempts alternate between two endpoints, 10 ms apart: round-robin's TTFTs (100 ms and more) overlap on
+		// both, upstream-default's (20, 40, 100, 400 ms) on one.
+		"Prompts sent to an endpoint still computing an earlier one (sent before, first token after, as the clients saw " +
+			"them): round-robin 50.0%, upstream-default 25.0%, epp-control 0.0%, sluice 0.0%.",
 		"CPU time per attempt while the load ran (user + system, this machine): round-robin: data plane 5.00 ms, fleet 10.00 ms; " +
 			"sluice: EPP 12.50 ms, data plane 11.00 ms, fleet 10.00 ms.",
 	} {
@@ -254,5 +260,41 @@ func TestShedByClass(t *testing.T) {
 	}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("ShedByClass = %+v, want %+v", got, want)
+	}
+}
+
+func TestPromptOverlap(t *testing.T) {
+	rec := func(endpoint string, start, ttft int, status int) loadgen.Record {
+		return loadgen.Record{Stream: true, Final: true, Status: status, Endpoint: endpoint,
+			Start: time.Duration(start) * time.Millisecond, TTFT: time.Duration(ttft) * time.Millisecond}
+	}
+	for _, tc := range []struct {
+		name    string
+		records []loadgen.Record
+		want    float64
+		ok      bool
+	}{
+		{name: "none", ok: false},
+		{name: "apart", records: []loadgen.Record{rec("a", 0, 30, 200), rec("a", 40, 30, 200), rec("b", 10, 30, 200)}, want: 0, ok: true},
+		// b's second prompt arrives while its first computes; a's third overlaps the first's window through the
+		// second (the latest first token so far counts, not only the previous attempt's).
+		{name: "overlaps", records: []loadgen.Record{
+			rec("a", 0, 100, 200), rec("a", 20, 10, 200), rec("a", 50, 10, 200),
+			rec("b", 0, 30, 200), rec("b", 29, 30, 200),
+		}, want: 3.0 / 5, ok: true},
+		// Failed attempts and attempts without an endpoint are not counted, on either side.
+		{name: "failures ignored", records: []loadgen.Record{
+			rec("a", 0, 100, 200), rec("a", 10, 100, 500), rec("", 20, 10, 200), rec("a", 200, 10, 200),
+		}, want: 0, ok: true},
+	} {
+		got, ok := PromptOverlap(tc.records)
+		if ok != tc.ok || math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+	unstreamed := rec("a", 0, 100, 200)
+	unstreamed.Stream = false
+	if _, ok := PromptOverlap([]loadgen.Record{unstreamed}); ok {
+		t.Error("a non-streamed attempt counted")
 	}
 }

@@ -121,12 +121,12 @@ func (e *endpointState) withdrawPending(r reservation) {
 	}
 }
 
-// rankAt is what schedulers rank the endpoint by at nowNs: satRank, and once a prompt is pending here more than 1 (a
-// prompt sent here shares its first step with that one, as slow to start as on a saturated endpoint): 1 plus the
-// time a new prompt would take here to its first chunk, the wait until the pending prompts are expected to have
-// started and its own prompt time, over the pending time threshold. Among endpoints that are all computing a
-// prompt, the one where a new prompt is expected to start answering first thus ranks lowest, whatever their speeds;
-// with the time bound disabled the number of pending prompts stands in.
+// rankAt is what schedulers rank the endpoint by at nowNs: satRank or, while a prompt is pending here and if larger,
+// 1 plus the time a new prompt would take here to its first chunk (the wait until the pending prompts are expected
+// to have started, then its own prompt time) over the pending time threshold. Above 1 because a new prompt would
+// share its first step with a pending one, as slow to start as on a saturated endpoint. Among endpoints that are all
+// computing a prompt, the one where a new prompt is expected to start answering first thus ranks lowest, whatever
+// their speeds; with the time bound disabled the number of pending prompts stands in.
 func (e *endpointState) rankAt(nowNs int64, th EndpointThresholds) float64 {
 	if e.pending == 0 {
 		return e.satRank
