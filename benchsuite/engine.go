@@ -174,8 +174,11 @@ func ShedByClass(records []loadgen.Record) []ClassShed {
 // PromptOverlap is the share of successful streamed attempts that reached their endpoint while an earlier attempt
 // there had not had its first token yet, as the client saw them (sent before, first token after this one was sent):
 // prompts that shared their first steps with another. Round-robin on a uniform fleet shows the share that arrivals
-// alone cause; a router above it is putting prompts on endpoints that are computing one. ok is false without such
-// attempts or without the endpoint that served them.
+// alone cause; a router above it is putting prompts on endpoints that are computing one. Client-side windows include
+// the route to the endpoint and back, so in real time every EPP contender's share is inflated by its own hop's
+// latency: compare EPP contenders with one another (a scenario's EPP round-robin control prices the hop), and with
+// round-robin in virtual time, where routing takes no time. ok is false without such attempts or without the
+// endpoint that served them.
 func PromptOverlap(records []loadgen.Record) (share float64, ok bool) {
 	type window struct{ start, firstToken time.Duration }
 	byEndpoint := map[string][]window{}
