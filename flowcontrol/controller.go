@@ -952,11 +952,12 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 // Saturations writes into out the current load of each named endpoint, for schedulers to rank endpoints by load
 // fresher than any scrape: its saturation from its latest snapshot plus the requests dispatched to it since that
 // have not had their first response chunk (a started one runs there, no longer waits), and, while it has streamed
-// prompts it has not begun answering, at least 1 plus the time until they are expected to have started, in that
-// endpoint's prompt times (one pending prompt is enough to delay a new prompt's first token there; among busy
-// endpoints the one expected to free first ranks lowest). The request being scheduled, self, does not count: the
-// controller provisionally reserved it on an endpoint, which must not make that endpoint look busier to its own
-// scheduling. An endpoint the controller does not know, or whose metrics are stale, reads as +Inf: never preferred.
+// prompts it has not begun answering, 1 plus the time a new prompt would take there to its first chunk over the
+// pending time threshold if that is more (one pending prompt is enough to delay a new prompt's first token there;
+// among busy endpoints the one where a new prompt would start first ranks lowest; endpointState.rankAt). The
+// request being scheduled, self, does not count: the controller provisionally reserved it on an endpoint, which must
+// not make that endpoint look busier to its own scheduling. An endpoint the controller does not know, or whose
+// metrics are stale, reads as +Inf: never preferred.
 func (c *Controller) Saturations(self string, names []string, out []float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
