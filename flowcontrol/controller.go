@@ -462,10 +462,7 @@ func (c *Controller) freshCountLocked(now time.Time) int {
 // started, or until it is released.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
 	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
-	if streamed {
-		c.endpoints[i].addPending(&r, c.cfg.Endpoint)
-	}
-	c.endpoints[i].count(r, +1, c.cfg.Endpoint)
+	c.endpoints[i].add(&r, c.cfg.Endpoint)
 	c.reservations[id] = r
 }
 
@@ -784,10 +781,7 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	r.endpoint, r.at, r.ahead, r.unscraped = endpoint, now, 0, true
 	if i, ok := c.endpointIndex[endpoint]; ok {
 		r.ahead = c.endpoints[i].pending
-		if r.pending {
-			c.endpoints[i].addPending(&r, c.cfg.Endpoint)
-		}
-		c.endpoints[i].count(r, +1, c.cfg.Endpoint)
+		c.endpoints[i].add(&r, c.cfg.Endpoint)
 	}
 	c.reservations[id] = r
 	c.afterFreedLocked(now) // unlocks
@@ -849,8 +843,7 @@ func (c *Controller) Release(id string) bool {
 
 func (c *Controller) unreserveLocked(r reservation) {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
-		c.endpoints[i].withdrawPending(r)
-		c.endpoints[i].count(r, -1, c.cfg.Endpoint)
+		c.endpoints[i].remove(r, c.cfg.Endpoint)
 	}
 }
 
@@ -973,8 +966,7 @@ func (c *Controller) Saturations(self string, names []string, out []float64) {
 		}
 		if hasOwn && own.endpoint == name {
 			e := c.endpoints[j]
-			e.withdrawPending(own)
-			e.count(own, -1, c.cfg.Endpoint)
+			e.remove(own, c.cfg.Endpoint)
 			out[i] = e.rankAt(nowNs, c.cfg.Endpoint)
 			continue
 		}

@@ -55,9 +55,25 @@ func newEndpointState(e Endpoint) endpointState {
 	return s
 }
 
-// count adds r's share (sign +1 or -1) to the endpoint's counts and refreshes the cached saturations.
-func (e *endpointState) count(r reservation, sign int, th EndpointThresholds) {
-	e.tally(r, sign)
+// add counts r, just dispatched here, and refreshes the cached saturations. A pending r goes on the endpoint's
+// finish clock: the clock moves to max(itself, r's dispatch) plus one prompt time, which r records as its share.
+func (e *endpointState) add(r *reservation, th EndpointThresholds) {
+	if r.pending {
+		r.promptTime = e.promptTime(th)
+		e.pendingDoneNs = max(e.pendingDoneNs, r.at.UnixNano()) + int64(r.promptTime)
+	}
+	e.tally(*r, +1)
+	e.refresh(th)
+}
+
+// remove uncounts r, which leaves the endpoint (released, moved by Bind, or left out of its own ranking), and
+// refreshes. A pending r takes its share back off the finish clock; a prompt that starts is not removed this way
+// (Controller.Started), as the time it took has passed.
+func (e *endpointState) remove(r reservation, th EndpointThresholds) {
+	if r.pending {
+		e.pendingDoneNs -= int64(r.promptTime)
+	}
+	e.tally(r, -1)
 	e.refresh(th)
 }
 
@@ -97,28 +113,19 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 	}
 }
 
-// promptTime is the expected time of one prompt here from dispatch to its first chunk: the learned one, or while
-// nothing is learned the pending time threshold (zero when that is disabled too).
-func (e *endpointState) promptTime(th EndpointThresholds) time.Duration {
+// firstChunkOr is the learned first-chunk time, or fallback while nothing is learned here yet (a new endpoint, or
+// one back from a gap): a threshold then stands in for one prompt until its first chunk teaches the endpoint's time.
+func (e *endpointState) firstChunkOr(fallback time.Duration) time.Duration {
 	if e.firstChunk > 0 {
 		return e.firstChunk
 	}
-	return th.PendingTime
+	return fallback
 }
 
-// addPending counts r, a pending prompt just dispatched here, on the endpoint's finish clock and records its share
-// in r; the caller counts r and refreshes.
-func (e *endpointState) addPending(r *reservation, th EndpointThresholds) {
-	r.promptTime = e.promptTime(th)
-	e.pendingDoneNs = max(e.pendingDoneNs, r.at.UnixNano()) + int64(r.promptTime)
-}
-
-// withdrawPending takes r's share off the finish clock when r leaves the endpoint before starting (moved by Bind,
-// released, or left out of its own ranking); the caller uncounts r and refreshes.
-func (e *endpointState) withdrawPending(r reservation) {
-	if r.pending {
-		e.pendingDoneNs -= int64(r.promptTime)
-	}
+// promptTime is the expected time of one prompt here from dispatch to its first chunk: the learned one, or while
+// nothing is learned the pending time threshold (zero when that is disabled too).
+func (e *endpointState) promptTime(th EndpointThresholds) time.Duration {
+	return e.firstChunkOr(th.PendingTime)
 }
 
 // rankAt is what schedulers rank the endpoint by at nowNs: satRank or, while a prompt is pending here and if larger,
@@ -144,13 +151,7 @@ func (e *endpointState) pendingTimeSaturation(threshold time.Duration) float64 {
 	if threshold <= 0 || e.pending == 0 {
 		return 0
 	}
-	per := e.firstChunk
-	if per == 0 {
-		// Nothing learned here yet (a new endpoint, or one back from a gap): one pending prompt takes the whole
-		// threshold until its first chunk teaches the endpoint's time.
-		per = threshold
-	}
-	return float64(e.pending) * float64(per) / float64(threshold)
+	return float64(e.pending) * float64(e.firstChunkOr(threshold)) / float64(threshold)
 }
 
 // firstChunkWeight is the weight of each new sample in the learned first-chunk time: about the last five prompts count.
@@ -185,7 +186,7 @@ type reservation struct {
 	unscraped bool
 	pending   bool
 	started   bool
-	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.addPending).
+	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.add).
 	promptTime time.Duration
 }
 
