@@ -26,7 +26,7 @@ help: ## List targets.
 
 build: ## Build every binary into bin/.
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./testbed/cmd/...
 
 envtest: $(ENVTEST_ASSETS)/kube-apiserver ## Build (once) a real kube-apiserver and etcd for envtest.
 
@@ -58,7 +58,7 @@ run: build ## Start a local simulated fleet, the EPP (static mode) and the data 
 
 .PHONY: bench
 bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some; ENGINE=virtual for virtual time, SCENARIO=scale for the scale study, ENGINE=virtual SEEDS=1,2,3 for a seed sweep); report in bench-results/<time>/.
-	$(BIN)/bench --bin=$(BIN) --scenarios=bench/scenarios $(if $(ENGINE),--engine=$(ENGINE)) $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT)) $(if $(SEEDS),--seeds=$(SEEDS))
+	$(BIN)/bench --bin=$(BIN) --scenarios=testbed/bench/scenarios $(if $(ENGINE),--engine=$(ENGINE)) $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT)) $(if $(SEEDS),--seeds=$(SEEDS))
 
 clean:
 	rm -rf $(BIN)

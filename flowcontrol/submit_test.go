@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-gw/sluice/eventclock"
+	"github.com/sluice-gw/sluice/testbed/eventclock"
 )
 
 // submitted collects Submit callbacks by request ID.

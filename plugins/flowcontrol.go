@@ -27,7 +27,6 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
-	"github.com/sluice-gw/sluice/immediateresponse"
 )
 
 // FlowControlType is the plugin type of the FlowControl adapter. FlowControl is not declared in an
@@ -446,11 +445,11 @@ func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string
 	}
 	d := sd.decision
 	if s := d.RetryAfterSeconds(); s > 0 {
-		immediateresponse.SetHeader(resp, "retry-after", strconv.FormatInt(s, 10))
+		SetImmediateHeader(resp, "retry-after", strconv.FormatInt(s, 10))
 	}
-	immediateresponse.SetHeader(resp, ShedReasonHeader, d.Reason.String())
-	immediateresponse.SetHeader(resp, "content-type", "application/json")
-	resp.Body = immediateresponse.OpenAIError(httpStatus(d), sd.message, d.Reason.String())
+	SetImmediateHeader(resp, ShedReasonHeader, d.Reason.String())
+	SetImmediateHeader(resp, "content-type", "application/json")
+	resp.Body = OpenAIError(httpStatus(d), sd.message, d.Reason.String())
 }
 
 // EndpointName names an endpoint the way the EPP routes to it: address:port (upstream's x-gateway-destination-endpoint).

@@ -138,7 +138,7 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 // asked: the prefix-skew scenario's hit rate fell to 85% from upstream's 88%, its TTFT p99 was 1.48 s, at 4 it is
 // 86% and 1.18 s), and Sluice adds LoRA affinity (3: at 2, the saturation scorer's penalty for an endpoint computing
 // a prompt outweighed adapter residency often enough that the lora-heavy scenario loaded adapters 205 times instead
-// of 147) and admission's fresh saturation. The choice is measured by the virtual-time suite (bench/scenarios)
+// of 147) and admission's fresh saturation. The choice is measured by the virtual-time suite (testbed/bench/scenarios)
 // against upstream's default: `make bench ENGINE=virtual`.
 //
 //   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled, and those that

@@ -15,7 +15,6 @@ import (
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
-	"github.com/sluice-gw/sluice/inflight"
 )
 
 // InFlightScorerType is the plugin type of InFlightScorer.
@@ -43,7 +42,7 @@ type inFlightAPIConfig struct {
 // Concurrency: safe for concurrent use.
 type InFlightScorer struct {
 	typedName fwkplugin.TypedName
-	tracker   *inflight.Tracker
+	tracker   *inflightTracker
 	clock     clock.PassiveClock
 	buffers   sync.Pool // *inFlightBuffers
 }
@@ -69,7 +68,7 @@ func InFlightScorerFactory(name string, raw json.RawMessage, _ fwkplugin.Handle)
 	}
 	return &InFlightScorer{
 		typedName: fwkplugin.TypedName{Type: InFlightScorerType, Name: name},
-		tracker:   inflight.NewTracker(ttl),
+		tracker:   newInflightTracker(ttl),
 		clock:     clock.RealClock{},
 	}, nil
 }
@@ -96,7 +95,7 @@ func (s *InFlightScorer) Score(_ context.Context, _ *fwksched.CycleState, _ *fwk
 		buf.names = append(buf.names, EndpointName(ep.GetMetadata()))
 	}
 	s.tracker.Counts(s.clock.Now(), buf.names, buf.counts)
-	inflight.Scores(buf.counts, buf.scores)
+	leastOutstandingScores(buf.counts, buf.scores)
 	for i, ep := range endpoints {
 		result[ep] = buf.scores[i]
 	}

@@ -10,10 +10,10 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/sluice-gw/sluice/eventclock"
 	"github.com/sluice-gw/sluice/flowcontrol"
-	"github.com/sluice-gw/sluice/simulator"
-	"github.com/sluice-gw/sluice/simulator/engine"
+	"github.com/sluice-gw/sluice/testbed/eventclock"
+	"github.com/sluice-gw/sluice/testbed/simulator"
+	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
 
 var ipT0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -19,6 +19,7 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
+	"github.com/sluice-gw/sluice/crds/rewritecontroller"
 	"github.com/sluice-gw/sluice/modelrewrite"
 )
 
@@ -326,7 +327,7 @@ func (w *rewritesFileWatcher) load() error {
 			errs = append(errs, fmt.Errorf("InferenceModelRewrite %s/%s: namespace must be the pool's, %q", obj.Namespace, obj.Name, pool.Namespace))
 			continue
 		}
-		rw, err := modelrewrite.FromAPI(obj)
+		rw, err := rewritecontroller.FromAPI(obj)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/utils/clock"
 
-	"github.com/sluice-gw/sluice/immediateresponse"
+	"github.com/sluice-gw/sluice/plugins"
 )
 
 // requestIDHeader is the header Envoy and upstream's EPP use to correlate a
@@ -171,6 +171,6 @@ func openAIErrorBody(_ context.Context, _ string, resp *extprocv3.ImmediateRespo
 	if message == "" {
 		message = http.StatusText(code)
 	}
-	resp.Body = immediateresponse.OpenAIError(code, message, "")
-	immediateresponse.SetHeader(resp, "content-type", "application/json")
+	resp.Body = plugins.OpenAIError(code, message, "")
+	plugins.SetImmediateHeader(resp, "content-type", "application/json")
 }

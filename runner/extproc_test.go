@@ -10,7 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 
-	"github.com/sluice-gw/sluice/immediateresponse"
+	"github.com/sluice-gw/sluice/plugins"
 )
 
 // fakeStream replays requests and records responses.
@@ -63,7 +63,7 @@ func TestShapingStreamPassesRequestIDToShapers(t *testing.T) {
 				ExternalProcessor_ProcessServer: &fakeStream{in: []*extprocv3.ProcessingRequest{tt.req}},
 				shapers: []ResponseShaper{ResponseShaperFunc(func(_ context.Context, id string, r *extprocv3.ImmediateResponse) {
 					gotID = id
-					immediateresponse.SetHeader(r, "retry-after", "3")
+					plugins.SetImmediateHeader(r, "retry-after", "3")
 				})},
 			}
 			req, err := s.Recv()

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
-	"github.com/sluice-gw/sluice/immediateresponse"
+	"github.com/sluice-gw/sluice/plugins"
 )
 
 // DefaultModelSelectionMaxBodyBytes bounds the request body the EPP holds to
@@ -207,11 +207,11 @@ func (s *shapingStream) sendBodyTooLarge() error {
 	limit := s.selection.maxBodyBytes
 	resp := &extprocv3.ImmediateResponse{
 		Status: &typev3.HttpStatus{Code: typev3.StatusCode_PayloadTooLarge},
-		Body: immediateresponse.OpenAIError(http.StatusRequestEntityTooLarge,
+		Body: plugins.OpenAIError(http.StatusRequestEntityTooLarge,
 			fmt.Sprintf("request body exceeds %d bytes, the most the gateway reads to choose the model "+
 				"(--model-selection-max-body-bytes)", limit), ""),
 	}
-	immediateresponse.SetHeader(resp, "content-type", "application/json")
+	plugins.SetImmediateHeader(resp, "content-type", "application/json")
 	return s.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: resp}})
 }
 

@@ -68,10 +68,10 @@ func decide(pool modelrewrite.PoolKey, objs []v1alpha2.InferenceModelRewrite, po
 		if obj.DeletionTimestamp != nil || !owns(pool, obj) {
 			continue
 		}
-		accepted, reason, message := modelrewrite.Validate(obj, poolExists)
+		accepted, reason, message := Validate(obj, poolExists)
 		status := metav1.ConditionFalse
 		if accepted {
-			rw, err := modelrewrite.FromAPI(obj)
+			rw, err := FromAPI(obj)
 			if err != nil { // Validate accepted it, so this is a bug: say so, keep the rest.
 				errs = append(errs, err)
 				accepted, reason, message = false, modelrewrite.ReasonPending, err.Error()

@@ -1,0 +1,420 @@
+package benchsuite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-gw/sluice/testbed/loadgen"
+)
+
+// Defaults of RealTime.
+const (
+	DefaultSampleEvery    = 500 * time.Millisecond
+	DefaultStartupTimeout = time.Minute
+	DefaultSettle         = time.Second
+)
+
+// RealTimeEngineName is RunResult.Engine of real-time runs.
+const RealTimeEngineName = "real-time"
+
+// Binaries RealTime runs from its Bin folder.
+const (
+	SimulatorBinary = "vllm-sim"
+	EPPBinary       = "epp"
+	DataPlaneBinary = "dataplane"
+)
+
+// RealTime runs a scenario with real processes on 127.0.0.1: a fresh
+// simulated fleet (vllm-sim), the EPP in static-endpoints mode unless the
+// contender is round-robin, the data plane, and the load generator
+// in-process. It samples queue depths while the load runs and reads the
+// fleet's and the EPP's counters at the end. Every process is stopped
+// before Run returns.
+type RealTime struct {
+	// Bin holds the vllm-sim, epp and dataplane binaries.
+	Bin string
+	// OutDir receives one folder per run, <scenario>/<contender>, with the
+	// processes' logs and the files given to the EPP.
+	OutDir string
+	// OnLoadStart, if set, is called when the processes are ready and the
+	// load begins; OnRecord sees every attempt as it completes, from many
+	// goroutines. Both are for progress display.
+	OnLoadStart func()
+	OnRecord    func(loadgen.Record)
+	// SampleEvery is the queue-depth sampling period (DefaultSampleEvery
+	// when zero).
+	SampleEvery time.Duration
+	// StartupTimeout bounds each process's readiness (DefaultStartupTimeout
+	// when zero).
+	StartupTimeout time.Duration
+	// Settle is the pause between readiness and load, for the EPP's first
+	// metrics scrapes (DefaultSettle when zero).
+	Settle time.Duration
+}
+
+var _ Engine = (*RealTime)(nil)
+
+// CheckBinaries reports the binaries missing from bin.
+func CheckBinaries(bin string) error {
+	var missing []string
+	for _, b := range []string{SimulatorBinary, EPPBinary, DataPlaneBinary} {
+		if st, err := os.Stat(filepath.Join(bin, b)); err != nil || st.IsDir() {
+			missing = append(missing, filepath.Join(bin, b))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing %s: run make build", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// realRun is the state of one RealTime.Run.
+type realRun struct {
+	e      *RealTime
+	sc     *Scenario
+	c      Contender
+	dir    string
+	client *http.Client
+	procs  []*process
+
+	fleetMetrics []string // the servers' /metrics URLs
+	eppMetrics   string   // the EPP's /metrics URL, "" for round-robin
+	target       string   // the data plane's base URL
+}
+
+// Run implements Engine.
+func (e *RealTime) Run(ctx context.Context, sc *Scenario, c Contender) (res *RunResult, err error) {
+	if err := CheckBinaries(e.Bin); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(e.OutDir, sc.Name, c.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	r := &realRun{e: e, sc: sc, c: c, dir: dir, client: &http.Client{Timeout: 2 * time.Second}}
+	defer r.client.CloseIdleConnections()
+	defer func() {
+		// Last started, first stopped: the data plane, the EPP, the fleet.
+		for i := len(r.procs) - 1; i >= 0; i-- {
+			r.procs[i].stop()
+		}
+	}()
+	if err := r.start(ctx); err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", sc.Name, c.Name, err)
+	}
+	res, err = r.load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", sc.Name, c.Name, err)
+	}
+	return res, nil
+}
+
+func (e *RealTime) startupTimeout() time.Duration {
+	if e.StartupTimeout > 0 {
+		return e.StartupTimeout
+	}
+	return DefaultStartupTimeout
+}
+
+// start brings up the fleet, the EPP and the data plane and waits until
+// each is ready.
+func (r *realRun) start(ctx context.Context) error {
+	timeout := r.e.startupTimeout()
+	// One block of ports: the fleet's, then the data plane's and the EPP's
+	// (ext_proc, health, metrics).
+	n := r.sc.FleetSize
+	base, err := freePortRange(n + 4)
+	if err != nil {
+		return err
+	}
+	endpoints := make([]string, r.sc.FleetSize)
+	for i := range endpoints {
+		endpoints[i] = "127.0.0.1:" + strconv.Itoa(base+i)
+		r.fleetMetrics = append(r.fleetMetrics, "http://"+endpoints[i]+"/metrics")
+	}
+	simArgs := []string{"--host=127.0.0.1", "--fleet=" + r.sc.Fleet, "--base-port=" + strconv.Itoa(base),
+		"--model=" + r.sc.Model, "--seed=1", "--shutdown-timeout=2s"}
+	if len(r.sc.Adapters) > 0 {
+		mods := make([]string, len(r.sc.Adapters))
+		for i, a := range r.sc.Adapters {
+			mods[i] = a + "=/adapters/" + a
+		}
+		simArgs = append(simArgs, "--lora-modules="+strings.Join(mods, ","))
+	}
+	if _, err := r.startProcess(SimulatorBinary, simArgs...); err != nil {
+		return err
+	}
+	for _, ep := range endpoints {
+		if err := waitReady(ctx, timeout, "simulated server "+ep, r.procs, httpOK(r.client, "http://"+ep+"/health")); err != nil {
+			return err
+		}
+	}
+
+	listen := "127.0.0.1:" + strconv.Itoa(base+n)
+	r.target = "http://" + listen
+	dpArgs := []string{"--listen=" + listen}
+	switch r.c.Router {
+	case RouterRoundRobin:
+		dpArgs = append(dpArgs, "--round-robin", "--endpoints="+strings.Join(endpoints, ","))
+	case RouterEPP:
+		grpc, health, metrics := base+n+1, base+n+2, base+n+3
+		eppArgs, err := r.eppArgs(endpoints, grpc, health, metrics)
+		if err != nil {
+			return err
+		}
+		if _, err := r.startProcess(EPPBinary, eppArgs...); err != nil {
+			return err
+		}
+		r.eppMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
+		if err := waitReady(ctx, timeout, "the EPP", r.procs, httpOK(r.client, r.eppMetrics)); err != nil {
+			return err
+		}
+		dpArgs = append(dpArgs, "--epp=127.0.0.1:"+strconv.Itoa(grpc))
+	default:
+		return fmt.Errorf("contender %s: unknown router %q", r.c.Name, r.c.Router)
+	}
+	if _, err := r.startProcess(DataPlaneBinary, dpArgs...); err != nil {
+		return err
+	}
+	if err := waitReady(ctx, timeout, "the data plane", r.procs, tcpAccepts(listen)); err != nil {
+		return err
+	}
+	settle := r.e.Settle
+	if settle == 0 {
+		settle = DefaultSettle
+	}
+	return loadgen.Sleep(ctx, settle)
+}
+
+// eppArgs writes the contender's files into the run folder and returns the
+// EPP's flags.
+func (r *realRun) eppArgs(endpoints []string, grpc, health, metrics int) ([]string, error) {
+	args := []string{
+		"--static-endpoints=" + strings.Join(endpoints, ","),
+		"--secure-serving=false", "--tracing=false",
+		"--grpc-port=" + strconv.Itoa(grpc),
+		"--grpc-health-port=" + strconv.Itoa(health),
+		"--metrics-port=" + strconv.Itoa(metrics),
+	}
+	files := []struct {
+		content []byte
+		name    string
+		flag    string
+	}{
+		{r.c.EndpointPickerConfig, "epp-config.yaml", "--config-file"},
+		{r.c.FlowControlPolicy, "flow-control-policy.yaml", "--flow-control-config"},
+		{r.sc.Objectives, "objectives.yaml", "--inference-objectives-file"},
+	}
+	for _, f := range files {
+		if f.content == nil {
+			continue
+		}
+		path := filepath.Join(r.dir, f.name)
+		if err := os.WriteFile(path, f.content, 0o644); err != nil {
+			return nil, err
+		}
+		args = append(args, f.flag+"="+path)
+	}
+	if r.c.SluiceAdmission {
+		args = append(args, "--sluice-admission")
+	}
+	return args, nil
+}
+
+func (r *realRun) startProcess(bin string, args ...string) (*process, error) {
+	p, err := startProcess(bin, filepath.Join(r.dir, bin+".log"), filepath.Join(r.e.Bin, bin), args...)
+	if err != nil {
+		return nil, err
+	}
+	r.procs = append(r.procs, p)
+	return p, nil
+}
+
+// load runs the load generator while sampling queue depths, then reads the
+// counters.
+func (r *realRun) load(ctx context.Context) (*RunResult, error) {
+	cfg := loadgen.RunConfig{
+		Target:   r.target,
+		Mix:      r.sc.Mix,
+		Seed:     r.sc.Seed,
+		Mode:     loadgen.ModeOpen,
+		Arrival:  r.sc.Arrival,
+		Duration: r.sc.Duration,
+		Drain:    r.sc.Drain,
+		Retry:    r.sc.Retry,
+		SLO:      r.sc.SLO,
+		OnRecord: r.e.OnRecord,
+	}
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	if r.e.OnLoadStart != nil {
+		r.e.OnLoadStart()
+	}
+	began := time.Now()
+	cpuBefore, cpuErr := r.cpu()
+	var samples []QueueSample
+	var wg sync.WaitGroup
+	wg.Go(func() { samples = r.sample(sampleCtx, began) })
+	lg, err := loadgen.Run(ctx, cfg)
+	stopSampling()
+	wg.Wait()
+	cpuAfter, cpuAfterErr := r.cpu()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, p := range r.procs {
+		if p.exited() {
+			return nil, fmt.Errorf("during the load: %w", p.exitError())
+		}
+	}
+	res := &RunResult{
+		Scenario: r.sc.Name, Contender: r.c.Name, Describe: r.c.Describe(), Engine: RealTimeEngineName,
+		Started: lg.Started, Wall: time.Since(began), Summary: lg.Summary, Records: lg.Records,
+		Samples: samples, LogDir: r.dir,
+	}
+	if cpuErr == nil && cpuAfterErr == nil {
+		res.CPU = &ProcessCPU{}
+		for _, p := range r.procs {
+			used := cpuAfter[p] - cpuBefore[p]
+			switch p.name {
+			case SimulatorBinary:
+				res.CPU.Fleet += used
+			case EPPBinary:
+				res.CPU.EPP += used
+			case DataPlaneBinary:
+				res.CPU.DataPlane += used
+			}
+		}
+	}
+	if res.Fleet, err = r.fleetCounters(ctx); err != nil {
+		return nil, err
+	}
+	if r.eppMetrics != "" {
+		page, err := scrape(ctx, r.client, r.eppMetrics)
+		if err != nil {
+			return nil, fmt.Errorf("reading the EPP's counters: %w", err)
+		}
+		res.Admission = admissionCounters(page)
+	}
+	return res, nil
+}
+
+// cpu reads the CPU time each process has used so far.
+func (r *realRun) cpu() (map[*process]time.Duration, error) {
+	used := make(map[*process]time.Duration, len(r.procs))
+	for _, p := range r.procs {
+		d, err := p.cpu()
+		if err != nil {
+			return nil, err
+		}
+		used[p] = d
+	}
+	return used, nil
+}
+
+// sample reads queue depths every SampleEvery until ctx ends. A failed
+// scrape skips that instant: a loaded machine may answer late.
+func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
+	every := r.e.SampleEvery
+	if every <= 0 {
+		every = DefaultSampleEvery
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var out []QueueSample
+	for {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-tick.C:
+		}
+		s := QueueSample{At: time.Since(began)}
+		ok := true
+		for _, u := range r.fleetMetrics {
+			page, err := scrape(ctx, r.client, u)
+			if err != nil {
+				ok = false
+				break
+			}
+			s.ServerWaiting += page.sum(metricServerWaiting)
+			s.ServerRunning += page.sum(metricServerRunning)
+		}
+		if ok && r.eppMetrics != "" {
+			page, err := scrape(ctx, r.client, r.eppMetrics)
+			if err != nil {
+				ok = false
+			} else {
+				s.EPPQueued = eppQueued(page)
+				s.EPPStaleEndpoints = eppStaleEndpoints(page)
+			}
+		}
+		if ok {
+			out = append(out, s)
+		}
+	}
+}
+
+func (r *realRun) fleetCounters(ctx context.Context) (FleetCounters, error) {
+	var f FleetCounters
+	for _, u := range r.fleetMetrics {
+		page, err := scrape(ctx, r.client, u)
+		if err != nil {
+			return f, fmt.Errorf("reading the fleet's counters: %w", err)
+		}
+		f.PrefixHitTokens += page.sum(metricPrefixHits)
+		f.PrefixQueryTokens += page.sum(metricPrefixQueries)
+		f.AdapterLoads += page.sum(metricAdapterLoads)
+		f.Preemptions += page.sum(metricPreemptions)
+	}
+	return f, nil
+}
+
+// Where freePortRange looks: above the usual service ports, below Linux's
+// default ephemeral range (32768-60999), so the load's own connections do
+// not take a port between the check and the bind.
+const (
+	portRangeLow  = 20000
+	portRangeHigh = 32000
+)
+
+// freePortRange returns the first of n consecutive ports that were free on
+// 127.0.0.1 a moment ago (vllm-sim --fleet numbers its servers from a base
+// port).
+func freePortRange(n int) (int, error) {
+	for range 100 {
+		base := portRangeLow + rand.IntN(portRangeHigh-portRangeLow-n)
+		if portsFree(base, n) {
+			return base, nil
+		}
+	}
+	return 0, errors.New("no block of free ports found")
+}
+
+func portsFree(base, n int) bool {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for p := base; p < base+n; p++ {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return false
+		}
+		ls = append(ls, l)
+	}
+	return true
+}

@@ -1,0 +1,676 @@
+package benchsuite
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-gw/sluice/testbed/loadgen"
+	"github.com/sluice-gw/sluice/testbed/simulator/engine"
+)
+
+// ScenarioFileName is the name of a scenario file inside its folder.
+const ScenarioFileName = "scenario.yaml"
+
+// Defaults of a scenario file.
+const (
+	DefaultDuration = 30 * time.Second
+	DefaultDrain    = 15 * time.Second
+	DefaultSeed     = 11
+)
+
+// Limits that keep a mistyped scenario from running for hours.
+const (
+	maxDuration = 10 * time.Minute
+	maxAdapters = 1000
+)
+
+// The contenders every scenario runs. Their names are reserved.
+const (
+	// RoundRobin is the data plane rotating over the fleet, with no EPP.
+	RoundRobin = "round-robin"
+	// UpstreamDefault is upstream v1.5.0's default scheduling profile and
+	// admission, run in the Sluice EPP binary with no configuration.
+	UpstreamDefault = "upstream-default"
+	// Sluice is Sluice admission with Sluice's default profile, or the
+	// profile and policy the scenario names.
+	Sluice = "sluice"
+)
+
+// ScenarioFile is the schema of a scenario file (YAML or JSON; unknown
+// fields are rejected). Paths are relative to the file's folder.
+//
+//	name: mixed-gpu                  # default: the folder's name; [a-z0-9-]
+//	order: 1                         # position in the report (then by name)
+//	title: Mixed GPU generations
+//	description: What it shows and why its parameters are what they are.
+//	fleet: h100:2,a10g:2             # vllm-sim --fleet: profile:count,...
+//	mix: mix.yaml                    # a loadgen mix file, or the mix inline
+//	adapters:                        # optional LoRA adapters, see AdaptersFile
+//	  {count: 40, zipf_s: 1.0, share: 0.7}
+//	arrival: {kind: poisson, rate: 40}   # or constant, or bursty with burst_on/burst_off
+//	duration: 30s                    # issuing window (default 30s)
+//	drain: 15s                       # then requests still running get this long (default 15s)
+//	seed: 11                         # request sequence and arrival times (default 11)
+//	retry: {max_attempts: 3, max_wait: 10s}  # clients honouring Retry-After
+//	slo: {ttft: 1s}                  # goodput bound for classes without their own
+//	objectives: objectives.yaml      # InferenceObjectives for the EPP (static mode)
+//	sluice:                          # overrides of the sluice contender
+//	  epp_config: sluice.yaml        # an EndpointPickerConfig
+//	  flow_control_policy: policy.yaml
+//	extra_contenders:                # measured and reported, never targets
+//	  - {name: upstream-flow-control, router: epp, epp_config: upstream-fc.yaml}
+//	targets:                         # Sluice's ratio against a baseline
+//	  - {figure: ttft_p99, vs: round-robin, at_most: 0.05}
+//	  - {figure: throughput, vs: round-robin, at_least: 1.08}
+//	  - {figure: every, vs: round-robin, within: 0.05}
+//
+// Every scenario also gets the target "no worse than upstream-default on
+// every figure" (see NoWorseTolerance).
+type ScenarioFile struct {
+	Name        string `json:"name,omitempty"`
+	Order       int    `json:"order,omitempty"`
+	Title       string `json:"title,omitempty"`
+	Description string `json:"description,omitempty"`
+	Fleet       string `json:"fleet"`
+	// Mix is a path (a YAML string) or an inline mix (a YAML mapping).
+	Mix      json.RawMessage `json:"mix"`
+	Adapters *AdaptersFile   `json:"adapters,omitempty"`
+	Arrival  ArrivalFile     `json:"arrival"`
+	Duration string          `json:"duration,omitempty"`
+	Drain    string          `json:"drain,omitempty"`
+	Seed     *uint64         `json:"seed,omitempty"`
+	Retry    *RetryFile      `json:"retry,omitempty"`
+	SLO      SLOFile         `json:"slo,omitempty"`
+	// Objectives is the path of an InferenceObjectives file given to every
+	// EPP contender (--inference-objectives-file).
+	Objectives      string               `json:"objectives,omitempty"`
+	Sluice          *SluiceFile          `json:"sluice,omitempty"`
+	ExtraContenders []ExtraContenderFile `json:"extra_contenders,omitempty"`
+	Targets         []TargetFile         `json:"targets,omitempty"`
+}
+
+// AdaptersFile registers Count LoRA adapters, adapter-00 ... on every
+// simulated server and turns a Share of the template class's requests into
+// requests for them, adapter k (1-based) with probability proportional to
+// 1/k^ZipfS. The rest of that class stays on the base model.
+type AdaptersFile struct {
+	Count int     `json:"count"`
+	ZipfS float64 `json:"zipf_s"`
+	Share float64 `json:"share"`
+	// Class is the mix class that becomes adapter traffic; optional when the
+	// mix has one class.
+	Class string `json:"class,omitempty"`
+}
+
+// Durations in scenario files are Go duration strings: "250ms", "30s".
+
+// ArrivalFile is loadgen.ArrivalConfig as written in a scenario file.
+type ArrivalFile struct {
+	Kind     string  `json:"kind"`
+	Rate     float64 `json:"rate"`
+	BurstOn  string  `json:"burst_on,omitempty"`
+	BurstOff string  `json:"burst_off,omitempty"`
+}
+
+// RetryFile is loadgen.RetryPolicy as written in a scenario file.
+type RetryFile struct {
+	MaxAttempts int    `json:"max_attempts"`
+	MaxWait     string `json:"max_wait,omitempty"`
+}
+
+// SLOFile is loadgen.SLO as written in a scenario file.
+type SLOFile struct {
+	TTFT string `json:"ttft,omitempty"`
+	ITL  string `json:"itl,omitempty"`
+	E2E  string `json:"e2e,omitempty"`
+}
+
+// SluiceFile overrides the sluice contender's EPP configuration; each path
+// left empty keeps Sluice's default.
+type SluiceFile struct {
+	EPPConfig         string `json:"epp_config,omitempty"`
+	FlowControlPolicy string `json:"flow_control_policy,omitempty"`
+}
+
+// ExtraContenderFile declares a contender beyond the three every scenario
+// runs, e.g. an upstream feature that is not in its default profile.
+type ExtraContenderFile struct {
+	Name   string `json:"name"`
+	Router Router `json:"router"`
+	// SluiceAdmission turns Sluice admission on; a FlowControlPolicy does
+	// too.
+	SluiceAdmission   bool   `json:"sluice_admission,omitempty"`
+	EPPConfig         string `json:"epp_config,omitempty"`
+	FlowControlPolicy string `json:"flow_control_policy,omitempty"`
+}
+
+// TargetFile is one target: exactly one of AtMost, AtLeast and Within.
+type TargetFile struct {
+	Figure  string   `json:"figure"`
+	Vs      string   `json:"vs"`
+	AtMost  *float64 `json:"at_most,omitempty"`
+	AtLeast *float64 `json:"at_least,omitempty"`
+	Within  *float64 `json:"within,omitempty"`
+}
+
+// Router is how a contender routes requests.
+type Router string
+
+const (
+	// RouterRoundRobin is the data plane rotating over the fleet, no EPP.
+	RouterRoundRobin Router = "round-robin"
+	// RouterEPP is the data plane asking the Sluice EPP binary.
+	RouterEPP Router = "epp"
+)
+
+// Scenario is a validated scenario: plain inputs any engine can run.
+type Scenario struct {
+	Name        string `json:"name"`
+	Order       int    `json:"order"`
+	Title       string `json:"title"`
+	Description string `json:"description"`
+	// Dir is the folder of the scenario file ("" for scenarios built in
+	// code).
+	Dir string `json:"dir,omitempty"`
+	// Fleet is the simulated fleet in vllm-sim --fleet syntax; FleetSize is
+	// its number of servers.
+	Fleet     string `json:"fleet"`
+	FleetSize int    `json:"fleet_size"`
+	// Model is the base model every server serves (the mix's).
+	Model string `json:"model"`
+	// Adapters are the LoRA adapters registered on every server.
+	Adapters []string `json:"adapters,omitempty"`
+	// Mix is the parsed request mix, adapter classes included; MixSource is
+	// the file it came from or "inline".
+	Mix       *loadgen.Mix          `json:"mix"`
+	MixSource string                `json:"mix_source"`
+	Arrival   loadgen.ArrivalConfig `json:"arrival"`
+	Duration  time.Duration         `json:"duration_ns"`
+	Drain     time.Duration         `json:"drain_ns"`
+	Seed      uint64                `json:"seed"`
+	Retry     loadgen.RetryPolicy   `json:"retry"`
+	SLO       loadgen.SLO           `json:"slo"`
+	// Objectives is an InferenceObjectives YAML file's content, nil for
+	// none; ObjectivesSource is its path.
+	Objectives       []byte `json:"objectives,omitempty"`
+	ObjectivesSource string `json:"objectives_source,omitempty"`
+	// Contenders in run order: round-robin, upstream-default, the extras,
+	// sluice.
+	Contenders []Contender `json:"contenders"`
+	// Targets are the declared targets followed by the implicit one against
+	// upstream-default.
+	Targets []Target `json:"targets"`
+}
+
+// Contender is one system under comparison.
+type Contender struct {
+	Name   string `json:"name"`
+	Router Router `json:"router"`
+	// EndpointPickerConfig is the EPP's --config-file content; nil runs the
+	// binary's default (upstream's default profile, or Sluice's when Sluice
+	// admission is on). EndpointPickerConfigSource is its path.
+	EndpointPickerConfig       []byte `json:"endpoint_picker_config,omitempty"`
+	EndpointPickerConfigSource string `json:"endpoint_picker_config_source,omitempty"`
+	// SluiceAdmission turns on Sluice admission; FlowControlPolicy is the
+	// --flow-control-config content, nil for Sluice's default policy.
+	SluiceAdmission         bool   `json:"sluice_admission"`
+	FlowControlPolicy       []byte `json:"flow_control_policy,omitempty"`
+	FlowControlPolicySource string `json:"flow_control_policy_source,omitempty"`
+	// Extra marks a contender the scenario added; it is reported but no
+	// target refers to it.
+	Extra bool `json:"extra,omitempty"`
+}
+
+// Describe says in a few words what the contender runs.
+func (c Contender) Describe() string {
+	if c.Router == RouterRoundRobin {
+		return "data plane, round-robin, no EPP"
+	}
+	profile := "upstream v1.5.0 default profile"
+	if c.SluiceAdmission {
+		profile = "Sluice default profile"
+	}
+	if c.EndpointPickerConfigSource != "" {
+		profile = "profile " + c.EndpointPickerConfigSource
+	}
+	switch {
+	case !c.SluiceAdmission:
+		return "EPP, " + profile + ", upstream admission"
+	case c.FlowControlPolicySource != "":
+		return "EPP, " + profile + ", Sluice admission with " + c.FlowControlPolicySource
+	default:
+		return "EPP, " + profile + ", Sluice admission (default policy)"
+	}
+}
+
+// Contender returns the named contender.
+func (s *Scenario) Contender(name string) (Contender, bool) {
+	i := slices.IndexFunc(s.Contenders, func(c Contender) bool { return c.Name == name })
+	if i < 0 {
+		return Contender{}, false
+	}
+	return s.Contenders[i], true
+}
+
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// LoadScenario reads and validates a scenario file, reporting every problem
+// at once, each naming its field.
+func LoadScenario(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := ParseScenario(data, filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return sc, nil
+}
+
+// LoadScenarios loads every <dir>/*/scenario.yaml, sorted by order then
+// name. It fails on the first invalid file and when two share a name.
+func LoadScenarios(dir string) ([]*Scenario, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*", ScenarioFileName))
+	if err != nil {
+		return nil, err
+	}
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("no scenarios: no %s in the folders of %s", ScenarioFileName, dir)
+	}
+	var out []*Scenario
+	seen := map[string]string{}
+	for _, p := range paths {
+		sc, err := LoadScenario(p)
+		if err != nil {
+			return nil, err
+		}
+		if prev, ok := seen[sc.Name]; ok {
+			return nil, fmt.Errorf("scenario name %q is used by %s and %s", sc.Name, prev, p)
+		}
+		seen[sc.Name] = p
+		out = append(out, sc)
+	}
+	slices.SortStableFunc(out, func(a, b *Scenario) int {
+		if a.Order != b.Order {
+			return a.Order - b.Order
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out, nil
+}
+
+// ParseScenario parses a scenario file's content; dir is where its relative
+// paths point (and its default name).
+func ParseScenario(data []byte, dir string) (*Scenario, error) {
+	var f ScenarioFile
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		return nil, fmt.Errorf("parsing scenario: %w", err)
+	}
+	sc, err := f.build(dir)
+	if err != nil {
+		return nil, fmt.Errorf("invalid scenario: %w", err)
+	}
+	return sc, nil
+}
+
+// fieldErrors collects problems, each prefixed with the field it is about.
+type fieldErrors []error
+
+func (e *fieldErrors) add(field string, err error) {
+	*e = append(*e, fmt.Errorf("%s: %w", field, err))
+}
+
+func (e *fieldErrors) addf(field, format string, args ...any) {
+	e.add(field, fmt.Errorf(format, args...))
+}
+
+// duration parses an optional non-negative duration string ("" is 0).
+func (e *fieldErrors) duration(field, s string) time.Duration {
+	if s == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		e.addf(field, "want a duration such as \"30s\", got %q", s)
+	case d < 0:
+		e.addf(field, "must not be negative, got %q", s)
+	}
+	return d
+}
+
+// build applies defaults, reads the files f names and validates everything.
+func (f *ScenarioFile) build(dir string) (*Scenario, error) {
+	var errs fieldErrors
+	sc := &Scenario{
+		Name: f.Name, Order: f.Order, Title: f.Title, Description: f.Description, Dir: dir,
+		Fleet: f.Fleet, Duration: errs.duration("duration", f.Duration), Drain: errs.duration("drain", f.Drain),
+		SLO: loadgen.SLO{
+			TTFT: loadgen.Duration(errs.duration("slo.ttft", f.SLO.TTFT)),
+			ITL:  loadgen.Duration(errs.duration("slo.itl", f.SLO.ITL)),
+			E2E:  loadgen.Duration(errs.duration("slo.e2e", f.SLO.E2E)),
+		},
+		Seed: DefaultSeed,
+	}
+	if sc.Name == "" && dir != "" {
+		sc.Name = filepath.Base(dir)
+	}
+	if !namePattern.MatchString(sc.Name) {
+		errs.addf("name", "%q must be 1-63 lowercase letters, digits or dashes, starting with a letter or digit", sc.Name)
+	}
+	if sc.Title == "" {
+		sc.Title = sc.Name
+	}
+	if f.Seed != nil {
+		sc.Seed = *f.Seed
+	}
+
+	if f.Fleet == "" {
+		errs.add("fleet", errors.New("required, e.g. h100:2,a10g:2"))
+	} else if entries, err := engine.ParseFleet(f.Fleet); err != nil {
+		errs.add("fleet", err)
+	} else {
+		for _, e := range entries {
+			sc.FleetSize += e.Count
+		}
+	}
+
+	f.buildMix(sc, dir, &errs)
+	f.buildArrival(sc, &errs)
+
+	if sc.Duration == 0 {
+		sc.Duration = DefaultDuration
+	}
+	if sc.Duration > maxDuration {
+		errs.addf("duration", "%v exceeds the limit of %v", sc.Duration, maxDuration)
+	}
+	if sc.Drain == 0 {
+		sc.Drain = DefaultDrain
+	}
+	if sc.Drain > maxDuration {
+		errs.addf("drain", "%v exceeds the limit of %v", sc.Drain, maxDuration)
+	}
+	if f.Retry != nil {
+		sc.Retry = loadgen.RetryPolicy{MaxAttempts: f.Retry.MaxAttempts, MaxWait: errs.duration("retry.max_wait", f.Retry.MaxWait)}
+		if f.Retry.MaxAttempts < 1 {
+			errs.addf("retry.max_attempts", "must be at least 1 (1 = never retry), got %d", f.Retry.MaxAttempts)
+		}
+	}
+	if f.Objectives != "" {
+		sc.ObjectivesSource = f.Objectives
+		b, err := readRelative(dir, f.Objectives)
+		if err != nil {
+			errs.add("objectives", err)
+		}
+		sc.Objectives = b
+	}
+
+	f.buildContenders(sc, dir, &errs)
+	f.buildTargets(sc, &errs)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return sc, nil
+}
+
+func (f *ScenarioFile) buildMix(sc *Scenario, dir string, errs *fieldErrors) {
+	raw := bytes.TrimSpace(f.Mix)
+	var data []byte
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		errs.add("mix", errors.New("required: a mix file path or an inline mix"))
+		return
+	case raw[0] == '"':
+		var path string
+		if err := json.Unmarshal(raw, &path); err != nil {
+			errs.add("mix", err)
+			return
+		}
+		b, err := readRelative(dir, path)
+		if err != nil {
+			errs.add("mix", err)
+			return
+		}
+		data, sc.MixSource = b, path
+	case raw[0] == '{':
+		data, sc.MixSource = raw, "inline"
+	default:
+		errs.add("mix", errors.New("want a file path or an inline mix"))
+		return
+	}
+	mix, err := loadgen.ParseMix(data)
+	if err != nil {
+		errs.add("mix", err)
+		return
+	}
+	if f.Adapters != nil {
+		adapters, ok := f.Adapters.expand(mix, errs)
+		if !ok {
+			return
+		}
+		sc.Adapters = adapters
+	}
+	// vllm-sim serves one base model per fleet: every class must ask for it.
+	models := map[string]bool{}
+	for _, c := range mix.Classes {
+		models[c.Model] = true
+	}
+	if len(models) != 1 {
+		errs.addf("mix", "the classes use %d base models; a simulated fleet serves exactly one", len(models))
+		return
+	}
+	sc.Model = mix.Classes[0].Model
+	sc.Mix = mix
+}
+
+func (f *ScenarioFile) buildArrival(sc *Scenario, errs *fieldErrors) {
+	a := f.Arrival
+	sc.Arrival = loadgen.ArrivalConfig{
+		Kind: loadgen.ArrivalKind(a.Kind), Rate: a.Rate,
+		BurstOn: errs.duration("arrival.burst_on", a.BurstOn), BurstOff: errs.duration("arrival.burst_off", a.BurstOff),
+	}
+	switch sc.Arrival.Kind {
+	case loadgen.ArrivalPoisson, loadgen.ArrivalConstant:
+		if a.BurstOn != "" || a.BurstOff != "" {
+			errs.addf("arrival", "burst_on and burst_off apply to bursty arrivals only, not %q", a.Kind)
+		}
+	case loadgen.ArrivalBursty:
+		if sc.Arrival.BurstOn <= 0 {
+			errs.add("arrival.burst_on", errors.New("bursty arrivals need a positive ON window, e.g. 4s"))
+		}
+	case "":
+		errs.add("arrival.kind", errors.New("required: poisson, constant or bursty"))
+	default:
+		errs.addf("arrival.kind", "%q is not poisson, constant or bursty", a.Kind)
+	}
+	if math.IsNaN(a.Rate) || math.IsInf(a.Rate, 0) || a.Rate <= 0 {
+		errs.addf("arrival.rate", "must be a positive number of requests per second, got %v", a.Rate)
+	}
+}
+
+func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErrors) {
+	sc.Contenders = []Contender{
+		{Name: RoundRobin, Router: RouterRoundRobin},
+		{Name: UpstreamDefault, Router: RouterEPP},
+	}
+	reserved := map[string]bool{RoundRobin: true, UpstreamDefault: true, Sluice: true}
+	for i, x := range f.ExtraContenders {
+		field := fmt.Sprintf("extra_contenders[%d]", i)
+		switch {
+		case !namePattern.MatchString(x.Name):
+			errs.addf(field+".name", "%q must be 1-63 lowercase letters, digits or dashes", x.Name)
+		case reserved[x.Name]:
+			errs.addf(field+".name", "%q is taken (by a built-in contender or an earlier extra)", x.Name)
+		}
+		reserved[x.Name] = true
+		c := Contender{Name: x.Name, Router: x.Router, SluiceAdmission: x.SluiceAdmission, Extra: true}
+		switch x.Router {
+		case RouterEPP:
+			loadEPPFiles(&c, dir, x.EPPConfig, x.FlowControlPolicy, field, errs)
+		case RouterRoundRobin:
+			if x.EPPConfig != "" || x.FlowControlPolicy != "" || x.SluiceAdmission {
+				errs.add(field, errors.New("a round-robin contender has no EPP: drop epp_config, flow_control_policy and sluice_admission"))
+			}
+		default:
+			errs.addf(field+".router", "%q is not epp or round-robin", x.Router)
+		}
+		sc.Contenders = append(sc.Contenders, c)
+	}
+	sluice := Contender{Name: Sluice, Router: RouterEPP, SluiceAdmission: true}
+	if f.Sluice != nil {
+		loadEPPFiles(&sluice, dir, f.Sluice.EPPConfig, f.Sluice.FlowControlPolicy, "sluice", errs)
+	}
+	sc.Contenders = append(sc.Contenders, sluice)
+}
+
+// loadEPPFiles reads a contender's EPP configuration and policy files.
+func loadEPPFiles(c *Contender, dir, config, policy, field string, errs *fieldErrors) {
+	if config != "" {
+		b, err := readRelative(dir, config)
+		if err != nil {
+			errs.add(field+".epp_config", err)
+		}
+		c.EndpointPickerConfig, c.EndpointPickerConfigSource = b, config
+	}
+	if policy != "" {
+		b, err := readRelative(dir, policy)
+		if err != nil {
+			errs.add(field+".flow_control_policy", err)
+		}
+		c.FlowControlPolicy, c.FlowControlPolicySource = b, policy
+		c.SluiceAdmission = true // as --flow-control-config does
+	}
+}
+
+func (f *ScenarioFile) buildTargets(sc *Scenario, errs *fieldErrors) {
+	for i, t := range f.Targets {
+		field := fmt.Sprintf("targets[%d]", i)
+		if target, ok := t.build(errs, field); ok {
+			sc.Targets = append(sc.Targets, target)
+		}
+	}
+	sc.Targets = append(sc.Targets, Target{
+		Figure: FigureEvery, Versus: UpstreamDefault, Kind: Within, Bound: NoWorseTolerance, Implicit: true,
+	})
+}
+
+// build validates the target, reporting problems under field; ok is false
+// when there were any.
+func (t TargetFile) build(errs *fieldErrors, field string) (target Target, ok bool) {
+	before := len(*errs)
+	fig := Figure(t.Figure)
+	if fig != FigureEvery && !slices.Contains(Figures, fig) {
+		errs.addf(field+".figure", "%q is not one of %v or %q", t.Figure, Figures, FigureEvery)
+	}
+	if t.Vs != RoundRobin && t.Vs != UpstreamDefault {
+		errs.addf(field+".vs", "%q is not %s or %s", t.Vs, RoundRobin, UpstreamDefault)
+	}
+	target = Target{Figure: fig, Versus: t.Vs}
+	n := 0
+	for _, b := range []struct {
+		kind  TargetKind
+		bound *float64
+	}{{AtMost, t.AtMost}, {AtLeast, t.AtLeast}, {Within, t.Within}} {
+		if b.bound == nil {
+			continue
+		}
+		n++
+		target.Kind, target.Bound = b.kind, *b.bound
+		if math.IsNaN(*b.bound) || math.IsInf(*b.bound, 0) || *b.bound < 0 {
+			errs.addf(field+"."+string(b.kind), "must be a finite number >= 0, got %v", *b.bound)
+		}
+	}
+	if n != 1 {
+		errs.addf(field, "give exactly one of %s, %s and %s", AtMost, AtLeast, Within)
+	}
+	if fig == FigureEvery && n == 1 && target.Kind != Within {
+		errs.addf(field, "figure %q takes %s (the figures point different ways)", FigureEvery, Within)
+	}
+	return target, len(*errs) == before
+}
+
+// expand turns the template class into base and adapter classes and returns
+// the adapter names; ok is false when it reported problems.
+func (a *AdaptersFile) expand(mix *loadgen.Mix, errs *fieldErrors) (names []string, ok bool) {
+	before := len(*errs)
+	if a.Count < 1 || a.Count > maxAdapters {
+		errs.addf("adapters.count", "must be 1..%d, got %d", maxAdapters, a.Count)
+	}
+	if math.IsNaN(a.ZipfS) || math.IsInf(a.ZipfS, 0) || a.ZipfS < 0 {
+		errs.addf("adapters.zipf_s", "must be a finite number >= 0, got %v", a.ZipfS)
+	}
+	if math.IsNaN(a.Share) || a.Share <= 0 || a.Share > 1 {
+		errs.addf("adapters.share", "must be in (0, 1], got %v", a.Share)
+	}
+	ti := -1
+	switch {
+	case a.Class != "":
+		ti = slices.IndexFunc(mix.Classes, func(c loadgen.Class) bool { return c.Name == a.Class })
+		if ti < 0 {
+			errs.addf("adapters.class", "the mix has no class %q", a.Class)
+		}
+	case len(mix.Classes) == 1:
+		ti = 0
+	default:
+		errs.addf("adapters.class", "required when the mix has %d classes", len(mix.Classes))
+	}
+	if ti >= 0 && mix.Classes[ti].LoRA != "" {
+		errs.addf("adapters.class", "%q already names LoRA %q", mix.Classes[ti].Name, mix.Classes[ti].LoRA)
+	}
+	if len(*errs) > before {
+		return nil, false
+	}
+
+	template := mix.Classes[ti]
+	weight := *template.Weight
+	var norm float64
+	for k := 1; k <= a.Count; k++ {
+		norm += math.Pow(float64(k), -a.ZipfS)
+	}
+	names = make([]string, a.Count)
+	classes := slices.Clone(mix.Classes[:ti])
+	if a.Share < 1 {
+		base := template
+		base.Weight = ptr(weight * (1 - a.Share))
+		classes = append(classes, base)
+	}
+	width := len(fmt.Sprint(a.Count - 1))
+	width = max(width, 2)
+	for k := 1; k <= a.Count; k++ {
+		c := template
+		names[k-1] = fmt.Sprintf("adapter-%0*d", width, k-1)
+		c.Name = template.Name + "/" + names[k-1]
+		c.LoRA = names[k-1]
+		c.Weight = ptr(weight * a.Share * math.Pow(float64(k), -a.ZipfS) / norm)
+		classes = append(classes, c)
+	}
+	classes = append(classes, mix.Classes[ti+1:]...)
+	mix.Classes = classes
+	if err := mix.Validate(); err != nil {
+		errs.add("adapters", err)
+		return nil, false
+	}
+	return names, true
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// readRelative reads path, relative to dir unless absolute.
+func readRelative(dir, path string) ([]byte, error) {
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(dir, path)
+	}
+	return os.ReadFile(path)
+}

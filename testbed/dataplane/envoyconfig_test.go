@@ -1,0 +1,100 @@
+package dataplane
+
+import (
+	"os"
+	"slices"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // resolves the router's @type
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3" // resolves UpstreamTlsContext
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"        // resolves HttpProtocolOptions
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+	"sigs.k8s.io/yaml"
+)
+
+// TestEnvoyExample validates examples/envoy/envoy.yaml as far as possible
+// without an Envoy binary: it must decode into Envoy's bootstrap proto with
+// every typed_config resolved, pass go-control-plane's generated validation,
+// and configure ext_proc and routing the way this package emulates them.
+func TestEnvoyExample(t *testing.T) {
+	raw, err := os.ReadFile("../../examples/envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		t.Fatalf("not a valid Envoy bootstrap: %v", err)
+	}
+	if err := bs.ValidateAll(); err != nil {
+		t.Fatalf("bootstrap fails Envoy's proto validation: %v", err)
+	}
+
+	listeners := bs.GetStaticResources().GetListeners()
+	if len(listeners) != 1 {
+		t.Fatalf("%d listeners, want 1", len(listeners))
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	filters := hcm.GetHttpFilters()
+	if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.ext_proc" || filters[1].GetName() != "envoy.filters.http.router" {
+		t.Fatalf("http filters %v, want ext_proc then router", filters)
+	}
+	var ep extprocfilterv3.ExternalProcessor
+	if err := filters[0].GetTypedConfig().UnmarshalTo(&ep); err != nil {
+		t.Fatal(err)
+	}
+	pm := ep.GetProcessingMode()
+	if pm.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SEND ||
+		pm.GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SEND ||
+		pm.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED ||
+		pm.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		t.Errorf("processing mode %v, want GIE's headers SEND / bodies FULL_DUPLEX_STREAMED", pm)
+	}
+	if got := ep.GetMessageTimeout().AsDuration(); got != DefaultMessageTimeout {
+		t.Errorf("message_timeout %v, want %v like the data plane", got, DefaultMessageTimeout)
+	}
+	if ep.GetFailureModeAllow() {
+		t.Errorf("example should fail closed, GIE's default")
+	}
+	fwd := ep.GetMetadataOptions().GetForwardingNamespaces().GetUntyped()
+	if !slices.Contains(fwd, metadata.DestinationEndpointNamespace) || !slices.Contains(fwd, metadata.SubsetFilterNamespace) {
+		t.Errorf("forwarding namespaces %v lack %s or %s", fwd, metadata.DestinationEndpointNamespace, metadata.SubsetFilterNamespace)
+	}
+	extProcCluster := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName()
+
+	route := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute()
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		clusters[c.GetName()] = c
+	}
+	dst, ok := clusters[route.GetCluster()]
+	if !ok {
+		t.Fatalf("route targets unknown cluster %q", route.GetCluster())
+	}
+	if dst.GetType() != clusterv3.Cluster_ORIGINAL_DST || dst.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED ||
+		!dst.GetOriginalDstLbConfig().GetUseHttpHeader() ||
+		dst.GetOriginalDstLbConfig().GetHttpHeaderName() != metadata.DestinationEndpointKey {
+		t.Errorf("destination cluster %v, want ORIGINAL_DST on header %s", dst, metadata.DestinationEndpointKey)
+	}
+	epp, ok := clusters[extProcCluster]
+	if !ok {
+		t.Fatalf("ext_proc names unknown cluster %q", extProcCluster)
+	}
+	if epp.GetTransportSocket().GetName() != "envoy.transport_sockets.tls" {
+		t.Errorf("EPP cluster does not use TLS")
+	}
+	if _, ok := epp.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]; !ok {
+		t.Errorf("EPP cluster lacks HTTP/2 protocol options (gRPC needs HTTP/2)")
+	}
+}
