@@ -16,6 +16,9 @@ ETCD_VERSION ?= 3.6.16
 ENVTEST_ASSETS = $(CACHE_DIR)/envtest/k8s-$(K8S_VERSION)_etcd-$(ETCD_VERSION)
 
 BINARIES := epp
+# Upstream's EPP, unmodified, at the version go.mod pins: the tests and
+# benchmarks that compare Sluice with upstream run it side by side.
+UPSTREAM_EPP := sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 
 .PHONY: all build test lint vet staticcheck envtest run clean help
 
@@ -27,6 +30,7 @@ help: ## List targets.
 build: ## Build every binary into bin/.
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/... ./testbed/cmd/...
+	$(GO) build -trimpath -o $(BIN)/upstream-epp $(UPSTREAM_EPP)
 
 envtest: $(ENVTEST_ASSETS)/kube-apiserver ## Build (once) a real kube-apiserver and etcd for envtest.
 
@@ -36,7 +40,7 @@ $(ENVTEST_ASSETS)/kube-apiserver:
 # The whole suite. The process tests run bin/epp as a real process against a
 # real API server (envtest); hack/image's test inspects the image tarball.
 test: lint verify-generate envtest build image ## The whole suite: lint, unit, integration (real API server), image and race tests.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp \
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp SLUICE_UPSTREAM_EPP_BINARY=$(BIN)/upstream-epp \
 	SLUICE_IMAGE_TARBALL=$(IMAGE_TARBALL) SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
 		$(GO) test -race -count=1 -timeout 30m ./...
 
