@@ -15,7 +15,7 @@ import (
 func (c *Controller) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		c.mu.Lock()
-		band, capped, _ := c.bandOf(req)
+		band, capped, _ := c.bandOfLocked(req)
 		c.mu.Unlock()
 		d := Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: band, Capped: capped}
 		c.recorder.RecordDecision(req.Tenant, d)
@@ -85,7 +85,7 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 // admitLocked decides an arrival. It returns either a final decision, or the queued item to wait on. changed reports
 // whether queues changed (an enqueue or a displacement); the fast path changes none.
 func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *item, changed bool, cause error) {
-	band, capped, weight := c.bandOf(req)
+	band, capped, weight := c.bandOfLocked(req)
 	d = Decision{Band: band, Capped: capped}
 	if band == Critical {
 		c.lastCritical = now
@@ -108,7 +108,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		return d, nil, false, nil
 	}
 	cost := costOf(req)
-	if best >= 0 && c.queuedAtOrAbove(band) == 0 {
+	if best >= 0 && c.queuedAtOrAboveLocked(band) == 0 {
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst
 		d.Endpoints = c.endpointsWithHeadroomLocked(band, burst, now)
@@ -168,8 +168,8 @@ func (c *Controller) validateLocked(req Request) error {
 	return nil
 }
 
-// bandOf (called with the lock held) maps the request's priority to a band, applies its tenant's cap and returns the tenant's weight.
-func (c *Controller) bandOf(req Request) (band Band, capped bool, weight float64) {
+// bandOfLocked maps the request's priority to a band, applies its tenant's cap and returns the tenant's weight.
+func (c *Controller) bandOfLocked(req Request) (band Band, capped bool, weight float64) {
 	band = c.cfg.BandFor(req.Priority)
 	pol := c.cfg.tenantPolicy(req.Tenant)
 	if band.higherThan(pol.MaxBand) {
@@ -185,7 +185,7 @@ func costOf(req Request) float64 {
 	return float64(req.EstimatedCost)
 }
 
-func (c *Controller) queuedAtOrAbove(band Band) int {
+func (c *Controller) queuedAtOrAboveLocked(band Band) int {
 	n := 0
 	for b := Critical; b <= band; b++ {
 		n += c.bands[b].count

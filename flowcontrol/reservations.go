@@ -90,7 +90,7 @@ func (c *Controller) Bind(id, endpoint string) bool {
 		c.endpoints[i].add(&r, c.cfg.Endpoint)
 	}
 	c.reservations[id] = r
-	c.afterFreedLocked(now) // unlocks
+	c.dispatchFreedAndUnlock(now)
 	return true
 }
 
@@ -122,7 +122,7 @@ func (c *Controller) Started(id string) bool {
 		delete(c.reservations, id)
 	}
 	c.drain.advance(now)
-	c.afterFreedLocked(now) // unlocks
+	c.dispatchFreedAndUnlock(now)
 	return true
 }
 
@@ -143,7 +143,7 @@ func (c *Controller) Release(id string) bool {
 	}
 	now := c.clock.Now()
 	c.drain.advance(now)
-	c.afterFreedLocked(now) // unlocks
+	c.dispatchFreedAndUnlock(now)
 	return true
 }
 
@@ -153,8 +153,9 @@ func (c *Controller) unreserveLocked(r reservation) {
 	}
 }
 
-// afterFreedLocked dispatches onto headroom a reservation change may have freed, then unlocks and reports metrics.
-func (c *Controller) afterFreedLocked(now time.Time) {
+// dispatchFreedAndUnlock dispatches onto headroom a reservation change may have freed, then releases the lock (held
+// by the caller) and reports metrics.
+func (c *Controller) dispatchFreedAndUnlock(now time.Time) {
 	n := c.dispatchLocked(now)
 	var sample QueueSample
 	if n > 0 {

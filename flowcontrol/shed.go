@@ -52,7 +52,7 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 // snapshot's dispatches.
 func (c *Controller) trackBlockedLocked(now time.Time) {
 	for _, b := range allBands {
-		if _, best, _ := c.headroomLocked(b, now); best >= 0 && c.queuedAtOrAbove(b) == 0 {
+		if _, best, _ := c.headroomLocked(b, now); best >= 0 && c.queuedAtOrAboveLocked(b) == 0 {
 			c.blockedSince[b] = time.Time{}
 		} else if c.blockedSince[b].IsZero() {
 			c.blockedSince[b] = now
