@@ -87,16 +87,17 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *item, changed bool, cause error) {
 	band, capped, weight := c.bandOfLocked(req)
 	d = Decision{Band: band, Capped: capped}
+	if cause = c.validateLocked(req); cause != nil {
+		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
+		return d, nil, false, cause
+	}
 	if band == Critical {
+		// A valid Critical arrival is Critical traffic, whatever its outcome: the reserve is on (or extended).
 		c.lastCritical = now
 		if c.totalCount > 0 {
 			// The reserve now ends later; its end may dispatch what waits, so a timer must be there to see it.
 			c.armTTLTimerLocked(now)
 		}
-	}
-	if cause = c.validateLocked(req); cause != nil {
-		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
-		return d, nil, false, cause
 	}
 	if c.shuttingDown {
 		c.unavailableLocked(&d, ReasonShuttingDown)

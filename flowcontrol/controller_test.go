@@ -463,6 +463,37 @@ func TestMayExceedHeadroom(t *testing.T) {
 	})
 }
 
+// TestInvalidCriticalLeavesReserveOff: a Critical request rejected as invalid is not Critical traffic, so it does not
+// switch the Critical reserve on (which would hold the burst tier and prefix-affinity overflow from lower bands).
+func TestInvalidCriticalLeavesReserveOff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  Request
+	}{
+		{"empty ID", Request{ID: "", Priority: 1}},
+		{"negative size", Request{ID: "neg", Priority: 1, Bytes: -1}},
+		{"ID already dispatched", Request{ID: "dispatched", Priority: 1}},
+		{"ID already waiting", Request{ID: "waiting", Priority: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth = 1 }))
+				h.scrape(ep("a", 0), ep("full", 1))
+				h.admitReq(Request{ID: "dispatched", Tenant: "t"}).wantOutcome(t, Dispatched, ReasonNone)
+				h.admitReq(Request{ID: "waiting", Tenant: "t"}).wantWaiting(t)
+				h.admitReq(tc.req).wantOutcome(t, Rejected, ReasonInvalidRequest)
+				if !h.c.MayExceedHeadroom(Standard, "full") {
+					t.Fatal("a rejected Critical request switched the Critical reserve on")
+				}
+				h.admit(1, "t", 1) // a valid one does
+				if h.c.MayExceedHeadroom(Standard, "full") {
+					t.Fatal("a valid Critical request left the Critical reserve off")
+				}
+			})
+		})
+	}
+}
+
 // TestTenantFairnessController: a light tenant arriving behind a heavy tenant's backlog is served next, not after it.
 func TestTenantFairnessController(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
