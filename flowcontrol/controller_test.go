@@ -184,6 +184,36 @@ func TestReservations(t *testing.T) {
 	})
 }
 
+// TestBindCountsOnceAfterAnEarlierScrape: the caller sends a request after Bind, so a scrape taken between its
+// dispatch and its Bind cannot show it, even though that scrape covered its provisional reservation. Bind counts it
+// on its endpoint again until a scrape taken after Bind does; then only that scrape counts it. Counting it once each
+// time, the endpoint is full for the next request throughout.
+func TestBindCountsOnceAfterAnEarlierScrape(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.QueueDepth = 1
+			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0 // count waiting requests only
+		}))
+		h.scrape(ep("a", 0))
+		sent := h.admitReq(Request{ID: "sent", Tenant: "t", Streamed: true}) // stays reserved while pending
+		sent.wantOutcome(t, Dispatched, ReasonNone)
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 0)) // after the dispatch, before the request is sent
+		h.step(time.Millisecond)
+		if !h.c.Bind("sent", "a") {
+			t.Fatal("Bind found no reservation for a pending request")
+		}
+		synctest.Wait()
+		next := h.admit(0, "t", 1)
+		next.wantWaiting(t) // a holds "sent", which no scrape has shown yet
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 1)) // taken after Bind: shows "sent" waiting there
+		next.wantWaiting(t)
+		h.scrape(ep("a", 0))
+		next.wantOutcome(t, Dispatched, ReasonNone) // counted by the scrape only, not twice
+	})
+}
+
 // TestCriticalReserve: while Critical requests arrive, a streamed request counts against its endpoint until its first
 // response chunk (Started), not only until a scrape covers it: the scrape shows it running, yet its prompt still
 // lengthens the endpoint's next steps, which a Critical prompt would share. Critical goes first to the next place

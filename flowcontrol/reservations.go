@@ -74,6 +74,8 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 
 // Bind moves a dispatched request's reservation to the endpoint the scheduler picked (the controller provisionally
 // reserved its least saturated endpoint with headroom). It reports whether the request still held a reservation.
+// The request counts there as unscraped until a scrape taken after Bind, even if a scrape since its dispatch covered
+// the provisional reservation: the caller sends the request after Bind, so no earlier scrape can show it.
 func (c *Controller) Bind(id, endpoint string) bool {
 	c.mu.Lock()
 	r, ok := c.reservations[id]
