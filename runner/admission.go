@@ -46,6 +46,13 @@ type AdmissionDeps struct {
 // PreRequest, ResponseHeader and ResponseBody hooks run for every request, so
 // it can follow what it admitted to the end without being declared in the
 // EndpointPickerConfig.
+//
+// An admission controller that is also a controller-runtime
+// manager.Runnable runs beside the EPP's gRPC servers, on every replica, from
+// when they start until the EPP is told to stop, and the EPP waits for its
+// Start to return before it exits (in Kubernetes mode, within the manager's
+// graceful shutdown period): it can answer the requests still waiting in it
+// while the servers drain.
 type AdmissionFactory func(ctx context.Context, deps AdmissionDeps) (requestcontrol.AdmissionController, error)
 
 // UpstreamAdmission chooses admission exactly as upstream's runner does: the

@@ -185,9 +185,10 @@ func (r *Runner) startDataLayer(ctx context.Context, opts *Options, p *process, 
 // scheduling, request-control plugins) behind the parser and the model
 // selector (nil when none is installed).
 type requestPath struct {
-	director *requestcontrol.Director
-	parser   fwkrh.Parser
-	selector ModelSelector
+	admission requestcontrol.AdmissionController
+	director  *requestcontrol.Director
+	parser    fwkrh.Parser
+	selector  ModelSelector
 }
 
 // newRequestPath builds the admission controller (a plugin one joins the
@@ -215,7 +216,7 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if p, ok := admission.(fwkplugin.Plugin); ok {
 		rcConfig.AddPlugins(p)
 	}
-	path := &requestPath{parser: parser}
+	path := &requestPath{admission: admission, parser: parser}
 	if r.modelSelector != nil {
 		if path.selector, err = r.modelSelector(ctx, ModelSelectorDeps{Options: opts, Pool: gknn, Logger: ctrl.Log.WithName("model-selector")}); err != nil {
 			return nil, err
@@ -247,8 +248,8 @@ func (r *Runner) extendManager(mgr manager.Manager, gknn common.GKNN, ds datasto
 	return nil
 }
 
-// servers returns the health and ext_proc gRPC servers and upstream's
-// periodic pool metrics summary.
+// servers returns the health and ext_proc gRPC servers, upstream's periodic
+// pool metrics summary and, if it is a runnable, the admission controller.
 func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datastore, req *requestPath, isLeader *atomic.Bool, useNewMetrics bool) ([]manager.Runnable, error) {
 	extProc, err := r.extProcServer(ctx, opts, ds, req)
 	if err != nil {
@@ -261,7 +262,7 @@ func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datast
 		isLeader:              isLeader,
 		leaderElectionEnabled: opts.EnableLeaderElection,
 	})
-	return []manager.Runnable{
+	servers := []manager.Runnable{
 		&grpcServer{name: "health", server: healthSrv, port: opts.GRPCHealthPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("health")},
 		&grpcServer{name: "ext-proc", server: extProc, port: opts.GRPCPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("ext-proc")},
 		manager.RunnableFunc(func(ctx context.Context) error {
@@ -270,8 +271,20 @@ func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datast
 			<-ctx.Done()
 			return nil
 		}),
-	}, nil
+	}
+	if admission, ok := req.admission.(manager.Runnable); ok {
+		// Joined like the servers: the process does not exit before it has answered what waits in it.
+		servers = append(servers, everyReplica{admission})
+	}
+	return servers, nil
 }
+
+// everyReplica runs a runnable on every replica, as the gRPC servers run,
+// not only on the elected leader.
+type everyReplica struct{ manager.Runnable }
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable.
+func (everyReplica) NeedLeaderElection() bool { return false }
 
 // extProcServer builds the ext_proc gRPC server: upstream's streaming server
 // behind Sluice's model selector (may be nil) and response shapers, with
