@@ -52,18 +52,6 @@ func (c *Controller) arrive(req Request, prepare func(*item)) (Decision, *item, 
 	return d, it, cause
 }
 
-// withdrawLocked answers the waiting request it Cancelled with cause, and returns the queue sample to record once the
-// lock is released.
-func (c *Controller) withdrawLocked(it *item, cause error) QueueSample {
-	now := c.clock.Now()
-	c.drain.advance(now)
-	c.removeQueuedLocked(it)
-	c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band, Capped: it.capped,
-		Waited: now.Sub(it.enqueuedAt)}, cause)
-	c.endOpLocked(now)
-	return c.queueSampleLocked(now)
-}
-
 // wait blocks until it is finalized, removing it from its queue if ctx ends first.
 func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 	select {
@@ -80,6 +68,18 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 		<-it.done
 	}
 	return it.decision, it.cause
+}
+
+// withdrawLocked answers the waiting request it Cancelled with cause, and returns the queue sample to record once the
+// lock is released.
+func (c *Controller) withdrawLocked(it *item, cause error) QueueSample {
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.removeQueuedLocked(it)
+	c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band, Capped: it.capped,
+		Waited: now.Sub(it.enqueuedAt)}, cause)
+	c.endOpLocked(now)
+	return c.queueSampleLocked(now)
 }
 
 // admitLocked decides an arrival. It returns either a final decision, or the queued item to wait on. changed reports

@@ -16,8 +16,9 @@ func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Tim
 
 // UpdateEndpoints replaces the pool snapshot after a scrape. Requests dispatched to an endpoint before its scrape stop
 // counting as unscraped, since the scrape counts them itself (they stay pending until Started); reservations on
-// endpoints no longer in the pool are dropped. Waiting requests are then dispatched onto any endpoint with headroom. Invalid entries (empty or duplicate names, negative counts,
-// KV usage outside [0, 1]) are left out, and reported in the returned error; the rest of the snapshot applies.
+// endpoints no longer in the pool are dropped. Waiting requests are then dispatched onto any endpoint with headroom.
+// Invalid entries (empty or duplicate names, negative counts, KV usage outside [0, 1]) are left out, and reported in
+// the returned error; the rest of the snapshot applies.
 func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	var errs []error
 	states := make([]endpointState, 0, len(eps))
