@@ -102,7 +102,7 @@ type APIBandConfig struct {
 	// Defaults: Critical 1.0, Standard 0.8, Sheddable 0.6 (the holdback). With the default endpoint thresholds
 	// (queue depth 2, KV 0.8) every band may dispatch to an endpoint with at most one request waiting, but Standard
 	// only below 64% KV use and Sheddable below 48%: lower bands leave each endpoint's last KV headroom to Critical, so
-	// under overload a Critical request finds a batch it can join (bench/scenarios/priority-overload measures it).
+	// under overload a Critical request finds a batch it can join (testbed/bench/scenarios/priority-overload measures it).
 	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
 	// RejectWhenSaturated rejects an arrival at once (reason "saturated") when no endpoint is below the ceiling,
 	// instead of queueing it. Defaults: true for Sheddable, false otherwise.

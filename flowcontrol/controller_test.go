@@ -184,6 +184,36 @@ func TestReservations(t *testing.T) {
 	})
 }
 
+// TestBindCountsOnceAfterAnEarlierScrape: the caller sends a request after Bind, so a scrape taken between its
+// dispatch and its Bind cannot show it, even though that scrape covered its provisional reservation. Bind counts it
+// on its endpoint again until a scrape taken after Bind does; then only that scrape counts it. Counting it once each
+// time, the endpoint is full for the next request throughout.
+func TestBindCountsOnceAfterAnEarlierScrape(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.QueueDepth = 1
+			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0 // count waiting requests only
+		}))
+		h.scrape(ep("a", 0))
+		sent := h.admitReq(Request{ID: "sent", Tenant: "t", Streamed: true}) // stays reserved while pending
+		sent.wantOutcome(t, Dispatched, ReasonNone)
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 0)) // after the dispatch, before the request is sent
+		h.step(time.Millisecond)
+		if !h.c.Bind("sent", "a") {
+			t.Fatal("Bind found no reservation for a pending request")
+		}
+		synctest.Wait()
+		next := h.admit(0, "t", 1)
+		next.wantWaiting(t) // a holds "sent", which no scrape has shown yet
+		h.step(10 * time.Millisecond)
+		h.scrape(ep("a", 1)) // taken after Bind: shows "sent" waiting there
+		next.wantWaiting(t)
+		h.scrape(ep("a", 0))
+		next.wantOutcome(t, Dispatched, ReasonNone) // counted by the scrape only, not twice
+	})
+}
+
 // TestCriticalReserve: while Critical requests arrive, a streamed request counts against its endpoint until its first
 // response chunk (Started), not only until a scrape covers it: the scrape shows it running, yet its prompt still
 // lengthens the endpoint's next steps, which a Critical prompt would share. Critical goes first to the next place
@@ -461,6 +491,37 @@ func TestMayExceedHeadroom(t *testing.T) {
 		check("Standard under the reserve", Standard, "fresh", false)
 		check("Critical under the reserve", Critical, "fresh", true)
 	})
+}
+
+// TestInvalidCriticalLeavesReserveOff: a Critical request rejected as invalid is not Critical traffic, so it does not
+// switch the Critical reserve on (which would hold the burst tier and prefix-affinity overflow from lower bands).
+func TestInvalidCriticalLeavesReserveOff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  Request
+	}{
+		{"empty ID", Request{ID: "", Priority: 1}},
+		{"negative size", Request{ID: "neg", Priority: 1, Bytes: -1}},
+		{"ID already dispatched", Request{ID: "dispatched", Priority: 1}},
+		{"ID already waiting", Request{ID: "waiting", Priority: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth = 1 }))
+				h.scrape(ep("a", 0), ep("full", 1))
+				h.admitReq(Request{ID: "dispatched", Tenant: "t"}).wantOutcome(t, Dispatched, ReasonNone)
+				h.admitReq(Request{ID: "waiting", Tenant: "t"}).wantWaiting(t)
+				h.admitReq(tc.req).wantOutcome(t, Rejected, ReasonInvalidRequest)
+				if !h.c.MayExceedHeadroom(Standard, "full") {
+					t.Fatal("a rejected Critical request switched the Critical reserve on")
+				}
+				h.admit(1, "t", 1) // a valid one does
+				if h.c.MayExceedHeadroom(Standard, "full") {
+					t.Fatal("a valid Critical request left the Critical reserve off")
+				}
+			})
+		})
+	}
 }
 
 // TestTenantFairnessController: a light tenant arriving behind a heavy tenant's backlog is served next, not after it.

@@ -75,8 +75,10 @@
 //
 // # Concurrency
 //
-// A Controller is safe for concurrent use. One mutex guards all state; methods whose names end in "Locked" expect it
-// held. Admit blocks its caller on a per-request channel, never while holding the lock. Clock callbacks only start a
+// A Controller is safe for concurrent use. One mutex guards all state; a method whose name ends in "Locked" expects it
+// held and returns with it held; the Controller's other methods take it themselves, except dispatchFreedAndUnlock,
+// which is entered with it held and releases it. The types it guards (bandQueue, endpointState, drainEstimator) own no
+// lock. Admit blocks its caller on a per-request channel, never while holding the lock. Clock callbacks only start a
 // goroutine (fake clocks run callbacks under their own lock), unless Deps.SynchronousTimers asks for them to run
 // inline. The Recorder is called outside the lock, except for the decision of a request that waited after Submit.
 //

@@ -1,6 +1,9 @@
 package flowcontrol
 
-import "time"
+import (
+	"container/heap"
+	"time"
+)
 
 // item is one queued request. Its links put it in two intrusive lists at once: its tenant's FIFO and its band's
 // arrival order (the latter finds the oldest item for TTL and the newest for displacement in O(1)).
@@ -52,8 +55,8 @@ type tenantQueue struct {
 // proportion to its weight; an idle tenant re-enters at V, so it can neither hoard credit nor starve.
 type bandQueue struct {
 	tenants map[string]*tenantQueue
-	// active is a binary min-heap of tenants with queued items, keyed by (headStart, head.seq).
-	active       []*tenantQueue
+	// active holds the tenants with queued items; active[0] is served next.
+	active       activeTenants
 	activeWeight float64
 	vtime        float64
 
@@ -97,7 +100,7 @@ func (q *bandQueue) push(it *item, weight float64) {
 	tq.cost += it.cost
 	if tq.n == 1 {
 		tq.headStart = max(q.vtime, tq.lastFinish)
-		q.heapPush(tq)
+		heap.Push(&q.active, tq)
 		q.activeWeight += tq.weight
 	}
 
@@ -146,11 +149,11 @@ func (q *bandQueue) unlink(it *item) {
 	switch {
 	case tq.n == 0:
 		tq.cost = 0 // no float drift carried into the tenant's next busy period
-		q.heapRemove(tq.heapIdx)
+		heap.Remove(&q.active, tq.heapIdx)
 		q.activeWeight -= tq.weight
 	case wasHead:
 		tq.headStart = max(q.vtime, tq.lastFinish)
-		q.heapFix(tq.heapIdx)
+		heap.Fix(&q.active, tq.heapIdx)
 	}
 
 	if it.bPrev != nil {
@@ -202,75 +205,39 @@ func (q *bandQueue) costAhead(tenant string, weight float64) float64 {
 	return min(q.cost, (start-q.vtime)*q.activeWeight)
 }
 
-// --- heap of active tenants ---
+// activeTenants is a min-heap (container/heap) of the tenants with queued items, keyed by (headStart, head.seq): a
+// strict order, since arrival sequences are unique, so the tenant served next never depends on the heap's layout.
+type activeTenants []*tenantQueue
 
-func (q *bandQueue) less(i, j int) bool {
-	a, b := q.active[i], q.active[j]
+func (h activeTenants) Len() int { return len(h) }
+
+func (h activeTenants) Less(i, j int) bool {
+	a, b := h[i], h[j]
 	if a.headStart != b.headStart {
 		return a.headStart < b.headStart
 	}
 	return a.head.seq < b.head.seq
 }
 
-func (q *bandQueue) swap(i, j int) {
-	q.active[i], q.active[j] = q.active[j], q.active[i]
-	q.active[i].heapIdx = i
-	q.active[j].heapIdx = j
+func (h activeTenants) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx = i
+	h[j].heapIdx = j
 }
 
-func (q *bandQueue) heapPush(tq *tenantQueue) {
-	tq.heapIdx = len(q.active)
-	q.active = append(q.active, tq)
-	q.up(tq.heapIdx)
+// Push and Pop are for container/heap only.
+func (h *activeTenants) Push(x any) {
+	tq := x.(*tenantQueue)
+	tq.heapIdx = len(*h)
+	*h = append(*h, tq)
 }
 
-func (q *bandQueue) heapRemove(i int) {
-	last := len(q.active) - 1
-	removed := q.active[i]
-	if i != last {
-		q.swap(i, last)
-	}
-	q.active[last] = nil
-	q.active = q.active[:last]
-	removed.heapIdx = -1
-	if i != last {
-		q.heapFix(i)
-	}
-}
-
-func (q *bandQueue) heapFix(i int) {
-	if !q.down(i) {
-		q.up(i)
-	}
-}
-
-func (q *bandQueue) up(i int) {
-	for i > 0 {
-		parent := (i - 1) / 2
-		if !q.less(i, parent) {
-			return
-		}
-		q.swap(i, parent)
-		i = parent
-	}
-}
-
-func (q *bandQueue) down(i int) bool {
-	start, n := i, len(q.active)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		j := l
-		if r := l + 1; r < n && q.less(r, l) {
-			j = r
-		}
-		if !q.less(j, i) {
-			break
-		}
-		q.swap(i, j)
-		i = j
-	}
-	return i > start
+func (h *activeTenants) Pop() any {
+	old := *h
+	last := len(old) - 1
+	tq := old[last]
+	old[last] = nil
+	tq.heapIdx = -1
+	*h = old[:last]
+	return tq
 }

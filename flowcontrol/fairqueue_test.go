@@ -162,7 +162,7 @@ func checkBandQueue(t *testing.T, q *bandQueue, want int) {
 		if tq.heapIdx != i || tq.n == 0 {
 			t.Fatalf("heap slot %d holds tenant %s with index %d and %d items", i, tq.name, tq.heapIdx, tq.n)
 		}
-		if i > 0 && q.less(i, (i-1)/2) {
+		if i > 0 && q.active.Less(i, (i-1)/2) {
 			t.Fatalf("heap order violated at %d", i)
 		}
 		inHeap += tq.n

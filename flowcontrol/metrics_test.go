@@ -1,42 +1,24 @@
 package flowcontrol
 
 import (
-	"maps"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// gathered flattens a registry into "name{k=v,...}" -> value (counter, gauge, or histogram sample count).
-func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+// observations is the sample count of one histogram series.
+func observations(t *testing.T, h *prometheus.HistogramVec, labels ...string) uint64 {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
+	var m dto.Metric
+	if err := h.WithLabelValues(labels...).(prometheus.Histogram).Write(&m); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]float64{}
-	for _, mf := range families {
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, lp := range m.GetLabel() {
-				labels = append(labels, lp.GetName()+"="+lp.GetValue())
-			}
-			key := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
-			switch {
-			case m.Counter != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				out[key] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
+	return m.GetHistogram().GetSampleCount()
 }
 
 func TestPrometheusRecorder(t *testing.T) {
@@ -53,40 +35,68 @@ func TestPrometheusRecorder(t *testing.T) {
 	r.RecordDecision("bob", Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: Standard})
 	r.RecordQueue(QueueSample{Queued: [NumBands]int{1, 2, 3}, PoolSaturation: 0.75, DrainRate: 1234, StaleEndpoints: 2})
 
-	want := map[string]float64{
-		"sluice_flowcontrol_dispatched_total{band=Critical,tenant=alice}":                                   1,
-		"sluice_flowcontrol_dispatched_total{band=Standard,tenant=bob}":                                     1,
-		"sluice_flowcontrol_dispatched_total{band=Standard,tenant=other}":                                   1,
-		"sluice_flowcontrol_burst_dispatched_total{band=Standard}":                                          1,
-		"sluice_flowcontrol_shed_total{band=Critical,outcome=unavailable,reason=no_endpoints,tenant=alice}": 1,
-		"sluice_flowcontrol_shed_total{band=Sheddable,outcome=rejected,reason=queue_full,tenant=other}":     1,
-		"sluice_flowcontrol_cancelled_total{band=Standard}":                                                 1,
-		"sluice_flowcontrol_capped_total{band=Standard}":                                                    1,
-		"sluice_flowcontrol_retry_after_seconds{band=Sheddable,reason=queue_full}":                          1,
-		"sluice_flowcontrol_retry_after_seconds{band=Critical,reason=no_endpoints}":                         1,
-		"sluice_flowcontrol_queue_wait_seconds{band=Critical,outcome=dispatched}":                           1,
-		"sluice_flowcontrol_queue_wait_seconds{band=Standard,outcome=dispatched}":                           2,
-		"sluice_flowcontrol_queue_wait_seconds{band=Sheddable,outcome=rejected}":                            1,
-		"sluice_flowcontrol_queue_wait_seconds{band=Critical,outcome=unavailable}":                          1,
-		"sluice_flowcontrol_queue_wait_seconds{band=Standard,outcome=cancelled}":                            1,
-		"sluice_flowcontrol_queue_length{band=Critical}":                                                    1,
-		"sluice_flowcontrol_queue_length{band=Standard}":                                                    2,
-		"sluice_flowcontrol_queue_length{band=Sheddable}":                                                   3,
-		"sluice_flowcontrol_pool_saturation{}":                                                              0.75,
-		"sluice_flowcontrol_drain_rate{}":                                                                   1234,
-		"sluice_flowcontrol_stale_endpoints{}":                                                              2,
+	const want = `
+# HELP sluice_flowcontrol_burst_dispatched_total Requests dispatched in the burst tier (no endpoint had headroom under the normal thresholds), per band.
+# TYPE sluice_flowcontrol_burst_dispatched_total counter
+sluice_flowcontrol_burst_dispatched_total{band="Standard"} 1
+# HELP sluice_flowcontrol_cancelled_total Requests whose client went away while waiting.
+# TYPE sluice_flowcontrol_cancelled_total counter
+sluice_flowcontrol_cancelled_total{band="Standard"} 1
+# HELP sluice_flowcontrol_capped_total Requests served in a lower band than asked because of their tenant's cap.
+# TYPE sluice_flowcontrol_capped_total counter
+sluice_flowcontrol_capped_total{band="Standard"} 1
+# HELP sluice_flowcontrol_dispatched_total Requests dispatched to the scheduler.
+# TYPE sluice_flowcontrol_dispatched_total counter
+sluice_flowcontrol_dispatched_total{band="Critical",tenant="alice"} 1
+sluice_flowcontrol_dispatched_total{band="Standard",tenant="bob"} 1
+sluice_flowcontrol_dispatched_total{band="Standard",tenant="other"} 1
+# HELP sluice_flowcontrol_drain_rate Estimated pool drain rate while backlogged, in cost units (tokens) per second.
+# TYPE sluice_flowcontrol_drain_rate gauge
+sluice_flowcontrol_drain_rate 1234
+# HELP sluice_flowcontrol_pool_saturation Mean saturation of endpoints with fresh metrics (informational).
+# TYPE sluice_flowcontrol_pool_saturation gauge
+sluice_flowcontrol_pool_saturation 0.75
+# HELP sluice_flowcontrol_queue_length Requests waiting in the EPP, per band.
+# TYPE sluice_flowcontrol_queue_length gauge
+sluice_flowcontrol_queue_length{band="Critical"} 1
+sluice_flowcontrol_queue_length{band="Sheddable"} 3
+sluice_flowcontrol_queue_length{band="Standard"} 2
+# HELP sluice_flowcontrol_shed_total Requests answered rejected (429/400) or unavailable (503), by reason.
+# TYPE sluice_flowcontrol_shed_total counter
+sluice_flowcontrol_shed_total{band="Critical",outcome="unavailable",reason="no_endpoints",tenant="alice"} 1
+sluice_flowcontrol_shed_total{band="Sheddable",outcome="rejected",reason="queue_full",tenant="other"} 1
+# HELP sluice_flowcontrol_stale_endpoints Endpoints whose metrics are older than the staleness threshold: admission sends them nothing.
+# TYPE sluice_flowcontrol_stale_endpoints gauge
+sluice_flowcontrol_stale_endpoints 2
+`
+	// Every series but the histograms', whose buckets are checked by their sample counts below.
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"sluice_flowcontrol_burst_dispatched_total", "sluice_flowcontrol_cancelled_total", "sluice_flowcontrol_capped_total",
+		"sluice_flowcontrol_dispatched_total", "sluice_flowcontrol_drain_rate", "sluice_flowcontrol_pool_saturation",
+		"sluice_flowcontrol_queue_length", "sluice_flowcontrol_shed_total", "sluice_flowcontrol_stale_endpoints"); err != nil {
+		t.Error(err)
 	}
-	got := gathered(t, reg)
-	if !maps.Equal(got, want) {
-		for _, k := range slices.Sorted(maps.Keys(got)) {
-			if want[k] != got[k] {
-				t.Errorf("got %s = %v, want %v", k, got[k], want[k])
-			}
-		}
-		for _, k := range slices.Sorted(maps.Keys(want)) {
-			if _, ok := got[k]; !ok {
-				t.Errorf("missing %s", k)
-			}
+	if n := testutil.CollectAndCount(r.queueWait); n != 5 {
+		t.Errorf("queue_wait_seconds has %d series, want 5", n)
+	}
+	if n := testutil.CollectAndCount(r.retryAfter); n != 2 {
+		t.Errorf("retry_after_seconds has %d series, want 2", n)
+	}
+	for _, h := range []struct {
+		vec    *prometheus.HistogramVec
+		labels []string
+		want   uint64
+	}{
+		{r.queueWait, []string{"Critical", "dispatched"}, 1},
+		{r.queueWait, []string{"Standard", "dispatched"}, 2},
+		{r.queueWait, []string{"Sheddable", "rejected"}, 1},
+		{r.queueWait, []string{"Critical", "unavailable"}, 1},
+		{r.queueWait, []string{"Standard", "cancelled"}, 1},
+		{r.retryAfter, []string{"Sheddable", "queue_full"}, 1},
+		{r.retryAfter, []string{"Critical", "no_endpoints"}, 1},
+	} {
+		if got := observations(t, h.vec, h.labels...); got != h.want {
+			t.Errorf("%v: %d observations, want %d", h.labels, got, h.want)
 		}
 	}
 	if _, err := NewPrometheusRecorder(reg, 2); err == nil {
@@ -96,8 +106,7 @@ func TestPrometheusRecorder(t *testing.T) {
 
 // TestControllerFeedsRecorder: the controller reports each request's decision exactly once and its queue lengths.
 func TestControllerFeedsRecorder(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	r, err := NewPrometheusRecorder(reg, 10)
+	r, err := NewPrometheusRecorder(prometheus.NewRegistry(), 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,9 +121,13 @@ func TestControllerFeedsRecorder(t *testing.T) {
 	if _, err := c.Admit(t.Context(), Request{ID: "1", Tenant: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	got := gathered(t, reg)
-	if got["sluice_flowcontrol_dispatched_total{band=Standard,tenant=x}"] != 1 ||
-		got["sluice_flowcontrol_queue_length{band=Standard}"] != 0 {
-		t.Fatalf("metrics after one dispatch: %v", got)
+	if got := testutil.ToFloat64(r.dispatched.WithLabelValues("Standard", "x")); got != 1 {
+		t.Errorf("dispatched_total{Standard,x} = %v after one dispatch, want 1", got)
+	}
+	if got := testutil.ToFloat64(r.queueLength.WithLabelValues("Standard")); got != 0 {
+		t.Errorf("queue_length{Standard} = %v after one dispatch, want 0", got)
+	}
+	if got := observations(t, r.queueWait, "Standard", "dispatched"); got != 1 {
+		t.Errorf("%d decisions observed, want exactly 1", got)
 	}
 }

@@ -1,12 +1,11 @@
 package lora
 
 import (
-	"fmt"
-	"maps"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestPrometheusRecorder(t *testing.T) {
@@ -28,42 +27,24 @@ func TestPrometheusRecorder(t *testing.T) {
 	s.Record("a", "p2", t0)
 	s.Record("b", "p1", t0) // capacity 1: forgets (a, p2)
 
-	want := map[string]float64{
-		`sluice_lora_memory_evictions_total{reason="capacity"}`:      1,
-		`sluice_lora_memory_evictions_total{reason="expired"}`:       0,
-		`sluice_lora_score_outcomes_total{outcome="base_model"}`:     1,
-		`sluice_lora_score_outcomes_total{outcome="cold_placement"}`: 1,
-		`sluice_lora_score_outcomes_total{outcome="no_lora_info"}`:   0,
-		`sluice_lora_score_outcomes_total{outcome="no_slot"}`:        0,
-		`sluice_lora_score_outcomes_total{outcome="resident"}`:       1,
-		`sluice_lora_score_outcomes_total{outcome="spill"}`:          0,
-	}
-	got := gatherCounters(t, reg)
-	if !maps.Equal(got, want) {
-		t.Fatalf("counters = %v, want %v", got, want)
+	const want = `
+# HELP sluice_lora_memory_evictions_total (adapter, pod) sends forgotten by the LoRA affinity memory, by reason.
+# TYPE sluice_lora_memory_evictions_total counter
+sluice_lora_memory_evictions_total{reason="capacity"} 1
+sluice_lora_memory_evictions_total{reason="expired"} 0
+# HELP sluice_lora_score_outcomes_total LoRA affinity scoring calls, by the rule that decided them.
+# TYPE sluice_lora_score_outcomes_total counter
+sluice_lora_score_outcomes_total{outcome="base_model"} 1
+sluice_lora_score_outcomes_total{outcome="cold_placement"} 1
+sluice_lora_score_outcomes_total{outcome="no_lora_info"} 0
+sluice_lora_score_outcomes_total{outcome="no_slot"} 0
+sluice_lora_score_outcomes_total{outcome="resident"} 1
+sluice_lora_score_outcomes_total{outcome="spill"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := NewPrometheusRecorder(reg); err == nil {
 		t.Fatal("registering the metrics twice succeeded")
 	}
-}
-
-// gatherCounters returns every counter in reg as `name{label="value",...}`.
-// (client_golang's testutil would need a go.sum entry the module lacks.)
-func gatherCounters(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			out[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetCounter().GetValue()
-		}
-	}
-	return out
 }

@@ -522,3 +522,11 @@ func (f *FlowControl) Run(ctx context.Context) {
 		}
 	}
 }
+
+// Start implements controller-runtime's manager.Runnable with Run: the runner runs an admission controller that is a
+// Runnable beside the EPP's servers and waits for it on shutdown, so the requests still waiting are answered before
+// the process exits.
+func (f *FlowControl) Start(ctx context.Context) error {
+	f.Run(ctx)
+	return nil
+}

@@ -218,9 +218,10 @@ type FlowControlEnv struct {
 	Logger     logr.Logger
 }
 
-// Start builds the FlowControl from the completed flags and env, attaches the configured HeadroomFilters and runs the
-// endpoint snapshots until ctx ends (then shuts the controller down). It may be called once.
-func (c *FlowControlCommand) Start(ctx context.Context, env FlowControlEnv) (*FlowControl, error) {
+// Start builds the FlowControl from the completed flags and env and attaches the configured HeadroomFilters. It may be
+// called once. The caller runs the FlowControl (its Start, or Run) until the EPP stops: the runner does, and waits
+// for it, when it is the admission controller.
+func (c *FlowControlCommand) Start(_ context.Context, env FlowControlEnv) (*FlowControl, error) {
 	if !c.Enabled() {
 		return nil, errors.New("sluice admission is not enabled")
 	}
@@ -257,7 +258,6 @@ func (c *FlowControlCommand) Start(ctx context.Context, env FlowControlEnv) (*Fl
 			"on endpoints without headroom for their band; add it to the scheduling profiles")
 	}
 	c.started.Store(fc)
-	go fc.Run(ctx)
 	fc.logger.Info("Sluice admission enabled", "policyFile", c.configFile, "policySource", source,
 		"snapshotInterval", opts.SnapshotInterval)
 	return fc, nil

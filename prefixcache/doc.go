@@ -69,9 +69,8 @@
 // bytes per entry, allocated for the pod's capacity); a holder record is one
 // 16-byte map slot per (group of 64 pods, block) (~18–37 bytes with the Go
 // map's load factor), shared by all holders in the group. A block held by one
-// pod costs at most ~60 bytes; BenchmarkScore measures 57.6 bytes per
-// (pod, block) entry for a full 1M-entry index over 64 pods (upstream's
-// indexer: ~535).
+// pod costs at most ~60 bytes; BenchmarkScore reports the measured heap per
+// entry (testbed/bench/scenarios/README.md records it beside upstream's).
 // Memory is bounded by MaxPods × MaxBlocksPerPod entries (Config.Bounds),
 // routed-request bookkeeping by MaxPending entries of age at most PendingTTL.
 // Prompts are hashed up to MaxPrefixTokens. Scoring allocates nothing;

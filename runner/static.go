@@ -19,9 +19,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datalayer"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
 )
 
 // Endpoint is one static model-server endpoint.
@@ -279,4 +282,42 @@ func (w *fileWatcher) Start(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// startStatic loads the static endpoints into the datastore and returns the
+// runnable that keeps a static endpoints file in force (a no-op runnable for
+// --static-endpoints, which cannot change).
+func (r *Runner) startStatic(ctx context.Context, opts *Options, ds datastore.Datastore, namespace string) (manager.Runnable, error) {
+	pool := &staticPool{namespace: namespace}
+	logger := ctrl.Log.WithName("static-endpoints")
+	if opts.ObjectivesFile != "" {
+		n, err := loadObjectivesFile(opts.ObjectivesFile, namespace, ds)
+		if err != nil {
+			return nil, err
+		}
+		logger.Info("Inference objectives loaded", "file", opts.ObjectivesFile, "objectives", n)
+	}
+	if opts.StaticEndpointsFile == "" {
+		eps, err := ParseEndpoints(opts.StaticEndpoints)
+		if err != nil {
+			return nil, fmt.Errorf("--static-endpoints: %w", err)
+		}
+		if err := pool.apply(ctx, ds, eps); err != nil {
+			return nil, err
+		}
+		logger.Info("Static endpoints loaded", "endpoints", len(eps))
+		return manager.RunnableFunc(func(ctx context.Context) error { <-ctx.Done(); return nil }), nil
+	}
+	w := &fileWatcher{
+		path:     opts.StaticEndpointsFile,
+		interval: opts.StaticEndpointsReloadInterval,
+		clock:    r.clock,
+		pool:     pool,
+		store:    ds,
+		logger:   logger,
+	}
+	if err := w.load(ctx); err != nil {
+		return nil, err
+	}
+	return w, nil
 }

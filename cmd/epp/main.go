@@ -45,6 +45,10 @@ import (
 	"github.com/sluice-gw/sluice/runner"
 )
 
+// Sluice admission is a runnable: the runner runs it beside the EPP's servers and waits for it on shutdown, so the
+// requests still waiting in it are answered before the process exits.
+var _ manager.Runnable = (*plugins.FlowControl)(nil)
+
 func main() {
 	admission := plugins.NewFlowControlCommand()
 	rewrites := &modelRewrites{cmd: plugins.NewModelRewriteCommand()}

@@ -73,6 +73,9 @@ func FreePort(t *testing.T) int {
 // Process is a running EPP binary.
 type Process struct {
 	cmd *exec.Cmd
+	// exited closes when the process has ended; waitErr is its exit status.
+	exited  chan struct{}
+	waitErr error
 	// GRPCPort serves ext_proc; HealthPort serves gRPC health.
 	GRPCPort, HealthPort, MetricsPort int
 	// Output collects the process's stdout and stderr.
@@ -143,21 +146,14 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// exited closes when the process has ended; waitErr is its exit status.
-	exited := make(chan struct{})
-	var waitErr error
+	p.exited = make(chan struct{})
 	go func() {
-		waitErr = p.cmd.Wait()
-		close(exited)
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
 	}()
 	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-exited
-			t.Errorf("EPP did not stop on SIGINT within 20s")
+		if _, err := p.Interrupt(20 * time.Second); err != nil {
+			t.Error(err)
 		}
 		if t.Failed() {
 			t.Logf("EPP output:\n%s", p.Output.String())
@@ -166,8 +162,8 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
-		case <-exited:
-			t.Fatalf("EPP exited early: %v\n%s", waitErr, p.Output.String())
+		case <-p.exited:
+			t.Fatalf("EPP exited early: %v\n%s", p.waitErr, p.Output.String())
 		default:
 		}
 		if Serving(t, p, waitFor) {
@@ -177,6 +173,27 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 			t.Fatalf("EPP %s check not serving after 60s\n%s", waitFor, p.Output.String())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Interrupt sends the EPP SIGINT, as Kubernetes stops a pod, and waits up to
+// limit for it to exit. It returns the EPP's exit status (nil for 0), or err
+// if the EPP did not exit in time and was killed. Once the EPP has exited it
+// returns the same status without signalling again.
+func (p *Process) Interrupt(limit time.Duration) (exit, err error) {
+	select {
+	case <-p.exited:
+		return p.waitErr, nil
+	default:
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.exited:
+		return p.waitErr, nil
+	case <-time.After(limit):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return p.waitErr, fmt.Errorf("EPP did not stop on SIGINT within %s", limit)
 	}
 }
 

@@ -1,0 +1,142 @@
+package flowcontrol
+
+import (
+	"math"
+	"time"
+)
+
+// headroomLocked returns the number of endpoints with fresh metrics and the index of the least saturated one with
+// headroom for band (-1 if none): in the normal tier or, when no endpoint has headroom there, in the burst tier (then
+// burst is true).
+func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, burst bool) {
+	ceiling := c.cfg.Bands[band].SaturationCeiling
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	reserve := c.criticalReserveLocked(now)
+	tier := c.burstTierLocked(band, reserve)
+	best, bestBurst := -1, -1
+	var bestSat, burstSat float64
+	for i := range c.endpoints {
+		e := &c.endpoints[i]
+		if e.scrapedNs < cutoff {
+			continue
+		}
+		fresh++
+		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
+			best, bestSat = i, sat
+		}
+		if sat := e.satBurst; tier && sat < ceiling && (bestBurst < 0 || sat < burstSat) {
+			bestBurst, burstSat = i, sat
+		}
+	}
+	if best < 0 && bestBurst >= 0 {
+		return fresh, bestBurst, true
+	}
+	return fresh, best, false
+}
+
+// criticalReserveLocked reports whether the Critical reserve is on: while Critical traffic is active (a Critical
+// request arrived within the drain-rate window) there is no burst tier, the pending count cap applies, and only
+// Critical may exceed headroom for prefix affinity (see APIEndpointThresholds).
+func (c *Controller) criticalReserveLocked(now time.Time) bool {
+	return !c.lastCritical.IsZero() && now.Sub(c.lastCritical) < c.cfg.DrainRateWindow
+}
+
+// burstTierLocked reports whether band may use the burst tier: it is configured, the Critical reserve is off, and the
+// band queues when saturated (a band that is shed when saturated, Sheddable by default, must not fill the batches the
+// bands above it drain into).
+func (c *Controller) burstTierLocked(band Band, reserve bool) bool {
+	return !reserve && c.cfg.Endpoint.BurstQueueDepth > 0 && !c.cfg.Bands[band].RejectWhenSaturated
+}
+
+// endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling in the tier headroomLocked picked (burst
+// as it reported), in snapshot order.
+func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time.Time) []string {
+	ceiling := c.cfg.Bands[band].SaturationCeiling
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	reserve := c.criticalReserveLocked(now)
+	has := func(e *endpointState) bool {
+		sat := e.saturationFor(reserve)
+		if burst {
+			sat = e.satBurst
+		}
+		return e.scrapedNs >= cutoff && sat < ceiling
+	}
+	n := 0
+	for i := range c.endpoints {
+		if has(&c.endpoints[i]) {
+			n++
+		}
+	}
+	names := make([]string, 0, n)
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; has(e) {
+			names = append(names, e.Name)
+		}
+	}
+	return names
+}
+
+func (c *Controller) freshCountLocked(now time.Time) int {
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	n := 0
+	for i := range c.endpoints {
+		if c.endpoints[i].scrapedNs >= cutoff {
+			n++
+		}
+	}
+	return n
+}
+
+// MayExceedHeadroom reports whether a request dispatched in band may still be placed on the named endpoint, which had
+// no headroom for the band, when the endpoint holds much of its prompt (the headroom filter's prefix-affinity
+// exception): the endpoint's metrics must be fresh, the band must queue when saturated (a holdback band, which
+// rejects instead, keeps to its ceiling), and while the Critical reserve is active (any Critical request within the
+// drain-rate window, whatever the thresholds) only Critical may exceed it, so the reserve keeps its places.
+func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
+	if band >= NumBands {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	i, ok := c.endpointIndex[name]
+	if !ok || c.endpoints[i].scrapedNs < freshCutoff(now, c.cfg.Endpoint.MetricsStaleness) {
+		return false
+	}
+	if c.cfg.Bands[band].RejectWhenSaturated {
+		return false
+	}
+	return band == Critical || !c.criticalReserveLocked(now)
+}
+
+// Saturations writes into out the current load of each named endpoint, for schedulers to rank endpoints by load
+// fresher than any scrape: its saturation from its latest snapshot plus the requests dispatched to it since that
+// have not had their first response chunk (a started one runs there, no longer waits), and, while it has streamed
+// prompts it has not begun answering, 1 plus the time a new prompt would take there to its first chunk over the
+// pending time threshold if that is more (one pending prompt is enough to delay a new prompt's first token there;
+// among busy endpoints the one where a new prompt would start first ranks lowest; endpointState.rankAt). The
+// request being scheduled, self, does not count: the controller provisionally reserved it on an endpoint, which must
+// not make that endpoint look busier to its own scheduling. An endpoint the controller does not know, or whose
+// metrics are stale, reads as +Inf: never preferred.
+func (c *Controller) Saturations(self string, names []string, out []float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	nowNs := now.UnixNano()
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	own, hasOwn := c.reservations[self]
+	for i, name := range names {
+		out[i] = math.Inf(1)
+		j, ok := c.endpointIndex[name]
+		if !ok || c.endpoints[j].scrapedNs < cutoff {
+			continue
+		}
+		if hasOwn && own.endpoint == name {
+			e := c.endpoints[j]
+			e.remove(own, c.cfg.Endpoint)
+			out[i] = e.rankAt(nowNs, c.cfg.Endpoint)
+			continue
+		}
+		out[i] = c.endpoints[j].rankAt(nowNs, c.cfg.Endpoint)
+	}
+}

@@ -1,0 +1,172 @@
+package flowcontrol
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// reserveLocked counts a dispatched request against endpoint i until a scrape covers it and, if streamed, it has
+// started, or until it is released.
+func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
+	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
+	c.endpoints[i].add(&r, c.cfg.Endpoint)
+	c.reservations[id] = r
+}
+
+// UpdateEndpoints replaces the pool snapshot after a scrape. Requests dispatched to an endpoint before its scrape stop
+// counting as unscraped, since the scrape counts them itself (they stay pending until Started); reservations on
+// endpoints no longer in the pool are dropped. Waiting requests are then dispatched onto any endpoint with headroom.
+// Invalid entries (empty or duplicate names, negative counts, KV usage outside [0, 1]) are left out, and reported in
+// the returned error; the rest of the snapshot applies.
+func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
+	var errs []error
+	states := make([]endpointState, 0, len(eps))
+	index := make(map[string]int, len(eps))
+	for i, e := range eps {
+		switch {
+		case e.Name == "":
+			errs = append(errs, fmt.Errorf("endpoints[%d]: name must not be empty", i))
+		case e.WaitingQueue < 0 || e.Running < 0:
+			errs = append(errs, fmt.Errorf("endpoint %q: negative queue (%d) or running (%d)", e.Name, e.WaitingQueue, e.Running))
+		case !(e.KVCacheUsage >= 0 && e.KVCacheUsage <= 1):
+			errs = append(errs, fmt.Errorf("endpoint %q: KV cache usage %v is outside [0, 1]", e.Name, e.KVCacheUsage))
+		default:
+			if _, dup := index[e.Name]; dup {
+				errs = append(errs, fmt.Errorf("endpoint %q appears twice; keeping the first", e.Name))
+				continue
+			}
+			index[e.Name] = len(states)
+			states = append(states, newEndpointState(e))
+		}
+	}
+
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.drain.advance(now)
+	for id, r := range c.reservations {
+		i, ok := index[r.endpoint]
+		if ok && r.at.Before(states[i].ScrapedAt) {
+			r.unscraped = false
+			c.reservations[id] = r
+		}
+		if !ok || !r.unscraped && !r.pending {
+			delete(c.reservations, id)
+			continue
+		}
+		states[i].tally(r, +1)
+	}
+	for i := range states {
+		if j, ok := c.endpointIndex[states[i].Name]; ok {
+			states[i].firstChunk = c.endpoints[j].firstChunk
+			states[i].pendingDoneNs = c.endpoints[j].pendingDoneNs
+		}
+		states[i].refresh(c.cfg.Endpoint)
+	}
+	c.endpoints, c.endpointIndex = states, index
+	c.dispatchLocked(now)
+	c.trackBlockedLocked(now)
+	c.endOpLocked(now)
+	sample := c.queueSampleLocked(now)
+	c.mu.Unlock()
+	c.recorder.RecordQueue(sample)
+	return errors.Join(errs...)
+}
+
+// Bind moves a dispatched request's reservation to the endpoint the scheduler picked (the controller provisionally
+// reserved its least saturated endpoint with headroom). It reports whether the request still held a reservation.
+// The request counts there as unscraped until a scrape taken after Bind, even if a scrape since its dispatch covered
+// the provisional reservation: the caller sends the request after Bind, so no earlier scrape can show it.
+func (c *Controller) Bind(id, endpoint string) bool {
+	c.mu.Lock()
+	r, ok := c.reservations[id]
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.unreserveLocked(r)
+	r.endpoint, r.at, r.ahead, r.unscraped = endpoint, now, 0, true
+	if i, ok := c.endpointIndex[endpoint]; ok {
+		r.ahead = c.endpoints[i].pending
+		c.endpoints[i].add(&r, c.cfg.Endpoint)
+	}
+	c.reservations[id] = r
+	c.dispatchFreedAndUnlock(now)
+	return true
+}
+
+// Started reports a streamed request's first response chunk: its endpoint has begun answering it, so it no longer
+// counts there as pending. It reports whether the request was pending; a request that was not (not Streamed,
+// already started or released) is left alone.
+func (c *Controller) Started(id string) bool {
+	c.mu.Lock()
+	r, ok := c.reservations[id]
+	if !ok || !r.pending {
+		c.mu.Unlock()
+		return false
+	}
+	now := c.clock.Now()
+	started := r
+	started.pending, started.started = false, true
+	if i, ok := c.endpointIndex[r.endpoint]; ok {
+		e := &c.endpoints[i]
+		e.tally(r, -1)
+		if started.unscraped {
+			e.tally(started, +1)
+		}
+		e.learnFirstChunk(now.Sub(r.at) / time.Duration(r.ahead+1))
+		e.refresh(c.cfg.Endpoint)
+	}
+	if started.unscraped {
+		c.reservations[id] = started
+	} else {
+		delete(c.reservations, id)
+	}
+	c.drain.advance(now)
+	c.dispatchFreedAndUnlock(now)
+	return true
+}
+
+// Release ends a dispatched request's reservation (the request finished or failed before reaching its endpoint).
+// It reports whether the request still held one; after a covering scrape it does not, and that is not an error.
+func (c *Controller) Release(id string) bool {
+	c.mu.Lock()
+	r, ok := c.reservations[id]
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	delete(c.reservations, id)
+	c.unreserveLocked(r)
+	if c.totalCount == 0 {
+		c.mu.Unlock()
+		return true
+	}
+	now := c.clock.Now()
+	c.drain.advance(now)
+	c.dispatchFreedAndUnlock(now)
+	return true
+}
+
+func (c *Controller) unreserveLocked(r reservation) {
+	if i, ok := c.endpointIndex[r.endpoint]; ok {
+		c.endpoints[i].remove(r, c.cfg.Endpoint)
+	}
+}
+
+// dispatchFreedAndUnlock dispatches onto headroom a reservation change may have freed, then releases the lock (held
+// by the caller) and reports metrics.
+func (c *Controller) dispatchFreedAndUnlock(now time.Time) {
+	n := c.dispatchLocked(now)
+	var sample QueueSample
+	if n > 0 {
+		c.endOpLocked(now)
+		sample = c.queueSampleLocked(now)
+	}
+	c.mu.Unlock()
+	if n > 0 {
+		c.recorder.RecordQueue(sample)
+	}
+}
