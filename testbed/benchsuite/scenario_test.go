@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +111,7 @@ targets:
 		t.Fatal(err)
 	}
 	want := loadgen.ArrivalConfig{Kind: loadgen.ArrivalBursty, Rate: 50, BurstOn: 2 * time.Second, BurstOff: 3 * time.Second}
-	if sc.Arrival != want {
+	if !reflect.DeepEqual(sc.Arrival, want) {
 		t.Errorf("arrival %+v, want %+v", sc.Arrival, want)
 	}
 	if sc.Order != 5 || sc.Duration != 20*time.Second || sc.Drain != 5*time.Second || sc.Seed != 7 ||

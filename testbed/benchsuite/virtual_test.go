@@ -53,7 +53,7 @@ func TestVirtualConfigMapsTheScenario(t *testing.T) {
 	if want := map[string]int{"critical": 10, "standard": 0, "sheddable": -1}; !reflect.DeepEqual(cfg.Objectives, want) {
 		t.Errorf("objectives %v, want %v", cfg.Objectives, want)
 	}
-	if cfg.Fleet != prio.Fleet || cfg.Mix != prio.Mix || cfg.Arrival != prio.Arrival || cfg.Duration != prio.Duration ||
+	if cfg.Fleet != prio.Fleet || cfg.Mix != prio.Mix || !reflect.DeepEqual(cfg.Arrival, prio.Arrival) || cfg.Duration != prio.Duration ||
 		cfg.Drain != prio.Drain || cfg.Seed != prio.Seed || cfg.Retry != prio.Retry || cfg.SLO != prio.SLO ||
 		cfg.ServerSeed != 1 {
 		t.Errorf("config %+v does not carry the scenario's load", cfg)
