@@ -15,8 +15,9 @@ import (
 // when capacity for the shed request's class actually returned, and whether the clients' first retries were served.
 //
 // Capacity returned, for an attempt answered 429/503 at time t, at the start of the first attempt of the same class
-// sent at or after t that the gateway did not turn away: what a client could have done instead of the wait it was
-// told. Its resolution is the class's arrival gap; a class the gateway turned away until the end has no return.
+// sent at or after t that was served: what a client could have done instead of the wait it was told. Its resolution
+// is the class's arrival gap (and, for a band that queues, that attempt's wait in the gateway's queue); a class not
+// served again until the end has no return.
 type RetryAfterStats struct {
 	// Shed counts attempts answered 429 or 503; WithoutRetryAfter those without a Retry-After.
 	Shed              int `json:"shed"`
@@ -64,11 +65,11 @@ func ComputeRetryAfterStats(records []loadgen.Record, class string, arrival load
 	}
 	for _, recs := range byClass {
 		slices.SortStableFunc(recs, func(a, b loadgen.Record) int { return cmp.Compare(a.Start, b.Start) })
-		// admitted are the start times of the class's attempts the gateway did not turn away, ascending.
-		var admitted []time.Duration
+		// served are the start times of the class's successful attempts, ascending.
+		var served []time.Duration
 		for _, r := range recs {
-			if !isShed(r) {
-				admitted = append(admitted, r.Start)
+			if r.OK() {
+				served = append(served, r.Start)
 			}
 		}
 		for _, r := range recs {
@@ -82,12 +83,12 @@ func ComputeRetryAfterStats(records []loadgen.Record, class string, arrival load
 				st.WithoutRetryAfter++
 			}
 			answered := r.Start + r.E2E
-			i, _ := slices.BinarySearch(admitted, answered)
-			if i == len(admitted) {
+			i, _ := slices.BinarySearch(served, answered)
+			if i == len(served) {
 				st.Never++
 				continue
 			}
-			returned := admitted[i] - answered
+			returned := served[i] - answered
 			st.Returned = append(st.Returned, returned)
 			if r.RetryAfterSet {
 				st.Slack = append(st.Slack, r.RetryAfter-returned)
@@ -150,8 +151,8 @@ func writeRetryAfter(b *bufio.Writer, s *ScenarioResult) {
 		}
 		if !header {
 			header = true
-			p("\nRetry-After against when capacity returned (for a 429/503 answer: the first later attempt of its class " +
-				"that was not turned away). Durations as P10 / P50 / P90; told − needed is Retry-After minus the time " +
+			p("\nRetry-After against when capacity returned (for a 429/503 answer: the start of the first later attempt " +
+				"of its class that was served). Durations as P10 / P50 / P90; told − needed is Retry-After minus the time " +
 				"capacity took to return (negative: the client was sent back too early).\n\n")
 			p("| Contender | Answered 429/503 | without Retry-After | Retry-After | capacity returned after | never returned " +
 				"| told − needed | sent back too early | first retries served | … sent below capacity, served |\n")

@@ -301,9 +301,9 @@ func TestShippedScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]*Scenario{}
+	byFamily := map[string][]*Scenario{}
 	for _, sc := range scs {
-		byName[sc.Name] = sc
+		byFamily[sc.Family] = append(byFamily[sc.Family], sc)
 	}
 	want := map[string][]Target{
 		"mixed-gpu": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.05},
@@ -311,29 +311,48 @@ func TestShippedScenarios(t *testing.T) {
 		"bursty": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.1}},
 		"shared-prefix": {{Figure: FigureTTFTP95, Versus: RoundRobin, Kind: AtMost, Bound: 0.6},
 			{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.5}},
-		"uniform-steady":    {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
-		"priority-overload": nil,
-		"lora-heavy":        nil,
-		"prefix-skew":       nil,
+		"uniform-steady": {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
+		// Issue 17's, on every server shape.
+		"priority-overload": {{Figure: FigureTTFTP99, Class: "critical", Versus: Unloaded, Kind: AtMost, Bound: 2},
+			{Figure: FigureShed, Class: "critical", Kind: AtMost, Bound: 0},
+			{Figure: FigureThroughput, Versus: UpstreamDefault, Kind: AtLeast, Bound: 0.95},
+			{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}},
+		"tenant-fairness": {{Figure: FigureTTFTP99, Class: "light", Versus: Unloaded, Kind: AtMost, Bound: 2},
+			{Figure: FigureUnanswered, Class: "heavy", Kind: AtMost, Bound: 0},
+			{Figure: FigureShedWithoutRetryAfter, Class: "heavy", Kind: AtMost, Bound: 0}},
+		"overload-recovery": {{Figure: FigureFirstRetryServedBelowCapacity, Kind: AtLeast, Bound: 0.9},
+			{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}},
+		"lora-heavy":  nil,
+		"prefix-skew": nil,
 	}
-	if len(scs) != len(want) {
-		t.Errorf("%d scenarios, want %d", len(scs), len(want))
+	if len(byFamily) != len(want) {
+		t.Errorf("%d scenario files, want %d", len(byFamily), len(want))
 	}
-	for name, targets := range want {
-		sc := byName[name]
-		if sc == nil {
-			t.Errorf("scenario %s missing", name)
-			continue
+	for family, targets := range want {
+		if len(byFamily[family]) == 0 {
+			t.Errorf("scenario %s missing", family)
 		}
-		declared := sc.Targets[:len(sc.Targets)-1]
-		if len(declared) != len(targets) {
-			t.Errorf("%s: targets %+v, want %+v", name, declared, targets)
-			continue
-		}
-		for i := range targets {
-			if declared[i] != targets[i] {
-				t.Errorf("%s: target %d is %+v, want %+v", name, i, declared[i], targets[i])
+		for _, sc := range byFamily[family] {
+			declared := sc.Targets[:len(sc.Targets)-1]
+			if len(declared) != len(targets) {
+				t.Errorf("%s: targets %+v, want %+v", sc.Name, declared, targets)
+				continue
 			}
+			for i := range targets {
+				if declared[i] != targets[i] {
+					t.Errorf("%s: target %d is %+v, want %+v", sc.Name, i, declared[i], targets[i])
+				}
+			}
+		}
+	}
+	// Issue 17: the priority, fairness and mixed-fleet scenarios run on at least three server shapes.
+	for _, family := range []string{"priority-overload", "tenant-fairness", "mixed-gpu"} {
+		fleets := map[string]bool{}
+		for _, sc := range byFamily[family] {
+			fleets[sc.Fleet] = true
+		}
+		if len(fleets) < 3 {
+			t.Errorf("%s runs on %d fleets, want at least 3 server shapes", family, len(fleets))
 		}
 	}
 }

@@ -304,6 +304,29 @@ func TestVirtualRegression(t *testing.T) {
 		t.Errorf("priority-overload: Sluice's Critical TTFT P99 %v, want at most 0.3x round-robin's %v", crit.TTFT.P99, rrCrit.TTFT.P99)
 	}
 
+	// Every server shape of priority-overload: no Critical request shed, and Critical far faster than under
+	// upstream's default, though not yet near its unloaded value on slot-limited and KV-bound servers (issue 17).
+	// Measured at 10 s of load, Critical TTFT P99 over upstream-default's: large-batch 0.17, large-batch-2x 0.08,
+	// slot-limited 0.37, kv-bound 0.14, mixed 0.36. (Not guarded, as not better everywhere today: tenant-fairness's
+	// light tenant, 0.81x upstream's on slot-limited servers, 0.33x large-batch, 1.56x kv-bound, 0.49x mixed.)
+	for i := range res.Scenarios {
+		s := &res.Scenarios[i]
+		if s.Scenario.Family != "priority-overload" {
+			continue
+		}
+		sluice, _ := s.ClassFigures(Sluice, "critical")
+		upstream, _ := s.ClassFigures(UpstreamDefault, "critical")
+		r, ok := Ratio(sluice, upstream, FigureTTFTP99)
+		switch {
+		case !ok:
+			t.Errorf("%s: no Critical TTFT P99 for Sluice or upstream-default", s.Scenario.Name)
+		case sluice[FigureShed] != 0:
+			t.Errorf("%s: Sluice shed %v Critical attempts, want none", s.Scenario.Name, sluice[FigureShed])
+		case r > 0.6:
+			t.Errorf("%s: Sluice's Critical TTFT P99 is %.2fx upstream-default's, want at most 0.6", s.Scenario.Name, r)
+		}
+	}
+
 	// Determinism: a second run of the contenders with the most moving parts gives the same records, samples and
 	// counters.
 	for _, name := range []string{"priority-overload", "shared-prefix"} {
