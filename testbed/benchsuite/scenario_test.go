@@ -193,6 +193,27 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"adapter count", minimalScenario + "adapters: {count: 0, zipf_s: 1, share: 0.5}\n", []string{"adapters.count:", "1..1000"}},
 		{"adapter share", minimalScenario + "adapters: {count: 2, zipf_s: 1, share: 0}\n", []string{"adapters.share:", "(0, 1]"}},
 		{"adapter class", minimalScenario + "adapters: {count: 2, zipf_s: 1, share: 0.5, class: nope}\n", []string{"adapters.class:", `no class "nope"`}},
+		{"shapes without shape", minimalScenario + "shapes: [{name: b, fleet: h100:1}]\n", []string{"shape: required with shapes"}},
+		{"shape name", minimalScenario + "shape: a\nshapes: [{name: B_2, fleet: h100:1}]\n", []string{"shapes[0].name:"}},
+		{"duplicate shape", minimalScenario + "shape: a\nshapes: [{name: a, fleet: h100:1}]\n", []string{"shapes[0].name:", "unique"}},
+		{"shape fleet", minimalScenario + "shape: a\nshapes: [{name: b, fleet: tpu:1}]\n", []string{"shapes[0] (b):", "fleet:"}},
+		{"shape without unloaded rate", minimalScenario + "unloaded: {class: chat, rate: 1}\nshape: a\nshapes: [{name: b, fleet: h100:1}]\n",
+			[]string{"shapes[0] (b):", "unloaded.rate:"}},
+		{"unloaded class", minimalScenario + "unloaded: {class: nope, rate: 1}\n", []string{"unloaded.class:", `"nope"`}},
+		{"capacity", minimalScenario + "capacity: -3\n", []string{"capacity:", "non-negative"}},
+		{"vs unloaded without reference", minimalScenario + "targets: [{figure: ttft_p99, vs: unloaded, at_most: 2}]\n",
+			[]string{"targets[0].vs:", "unloaded reference"}},
+		{"vs unloaded other class", minimalScenario + "unloaded: {class: chat, rate: 1}\n" +
+			"targets: [{figure: ttft_p99, class: other, vs: unloaded, at_most: 2}]\n", []string{"targets[0].class:", "unloaded reference's class"}},
+		{"count with vs", minimalScenario + "targets: [{figure: shed, vs: round-robin, at_most: 0}]\n", []string{"targets[0].vs:", "judge its value"}},
+		{"within a value", minimalScenario + "targets: [{figure: ttft_p99, within: 0.1}]\n", []string{"targets[0]:", "compare Sluice with a contender"}},
+		{"unknown class", minimalScenario + "targets: [{figure: shed, class: nope, at_most: 0}]\n", []string{"targets[0].class:", `no class "nope"`}},
+		{"phases on poisson", strings.Replace(minimalScenario, "rate: 10}", "rate: 10, phases: [{rate: 1, duration: 1s}]}", 1),
+			[]string{"arrival.phases:", "phased arrivals only"}},
+		{"phased without phases", strings.Replace(minimalScenario, "{kind: poisson, rate: 10}", "{kind: phased}", 1),
+			[]string{"arrival.phases:", "at least one phase"}},
+		{"phase duration", strings.Replace(minimalScenario, "{kind: poisson, rate: 10}", "{kind: phased, phases: [{rate: 1, duration: x}]}", 1),
+			[]string{"arrival.phases[0].duration:"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

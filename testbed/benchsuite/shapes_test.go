@@ -90,47 +90,6 @@ func TestShapesExpandIntoScenarios(t *testing.T) {
 	}
 }
 
-func TestShapeAndTargetErrors(t *testing.T) {
-	withTargets := func(targets string) string { return minimalScenario + "targets: [" + targets + "]\n" }
-	for _, tc := range []struct {
-		name, file string
-		want       []string
-	}{
-		{"shapes without shape", minimalScenario + "shapes: [{name: b, fleet: h100:1}]\n", []string{"shape: required with shapes"}},
-		{"shape name", minimalScenario + "shape: a\nshapes: [{name: B_2, fleet: h100:1}]\n", []string{"shapes[0].name:"}},
-		{"duplicate shape", minimalScenario + "shape: a\nshapes: [{name: a, fleet: h100:1}]\n", []string{"shapes[0].name:", "unique"}},
-		{"shape fleet", minimalScenario + "shape: a\nshapes: [{name: b, fleet: tpu:1}]\n", []string{"shapes[0] (b):", "fleet:"}},
-		{"shape without unloaded rate", minimalScenario + "unloaded: {class: chat, rate: 1}\nshape: a\nshapes: [{name: b, fleet: h100:1}]\n",
-			[]string{"shapes[0] (b):", "unloaded.rate:"}},
-		{"unloaded class", minimalScenario + "unloaded: {class: nope, rate: 1}\n", []string{"unloaded.class:", `"nope"`}},
-		{"capacity", minimalScenario + "capacity: -3\n", []string{"capacity:", "non-negative"}},
-		{"vs unloaded without reference", withTargets("{figure: ttft_p99, vs: unloaded, at_most: 2}"), []string{"targets[0].vs:", "unloaded reference"}},
-		{"vs unloaded other class", minimalScenario + "unloaded: {class: chat, rate: 1}\n" +
-			"targets: [{figure: ttft_p99, class: other, vs: unloaded, at_most: 2}]\n", []string{"targets[0].class:", "unloaded reference's class"}},
-		{"count with vs", withTargets("{figure: shed, vs: round-robin, at_most: 0}"), []string{"targets[0].vs:", "judge its value"}},
-		{"within a value", withTargets("{figure: ttft_p99, within: 0.1}"), []string{"targets[0]:", "compare Sluice with a contender"}},
-		{"unknown class", withTargets("{figure: shed, class: nope, at_most: 0}"), []string{"targets[0].class:", `no class "nope"`}},
-		{"phases on poisson", strings.Replace(minimalScenario, "rate: 10}", "rate: 10, phases: [{rate: 1, duration: 1s}]}", 1),
-			[]string{"arrival.phases:", "phased arrivals only"}},
-		{"phased without phases", strings.Replace(minimalScenario, "{kind: poisson, rate: 10}", "{kind: phased}", 1),
-			[]string{"arrival.phases:", "at least one phase"}},
-		{"phase duration", strings.Replace(minimalScenario, "{kind: poisson, rate: 10}", "{kind: phased, phases: [{rate: 1, duration: x}]}", 1),
-			[]string{"arrival.phases[0].duration:"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseScenario([]byte(tc.file), t.TempDir())
-			if err == nil {
-				t.Fatal("no error")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
-	}
-}
-
 func TestTargetsOnClassesAndValues(t *testing.T) {
 	for _, tc := range []struct {
 		target          Target
