@@ -86,7 +86,7 @@ func (s *ScenarioResult) Figures(contender string) (FigureValues, bool) {
 }
 
 // ClassFigures returns the named contender's figures over class's requests ("" for all), the ratio figures and
-// the CountFigures; ok is false when its run did not succeed or served no request of the class.
+// the CountFigures; ok is false when its run did not succeed or had no request of the class.
 func (s *ScenarioResult) ClassFigures(contender, class string) (FigureValues, bool) {
 	r := s.Result(contender)
 	if r == nil {
