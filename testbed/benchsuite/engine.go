@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"math"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -152,7 +151,7 @@ func ShedByClass(records []loadgen.Record) []ClassShed {
 			out = append(out, ClassShed{Class: r.Class})
 		}
 		c := &out[i]
-		shed := r.Status == http.StatusTooManyRequests || r.Status == http.StatusServiceUnavailable
+		shed := isShed(r)
 		if shed {
 			c.ShedAttempts++
 		}

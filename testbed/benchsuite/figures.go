@@ -3,6 +3,7 @@ package benchsuite
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -28,9 +29,38 @@ const (
 // Figures are the figures of a run, in report order.
 var Figures = []Figure{FigureTTFTP50, FigureTTFTP95, FigureTTFTP99, FigureThroughput, FigureGoodput}
 
-// HigherIsBetter reports the direction of a figure: rates go up, latencies
-// down.
-func (f Figure) HigherIsBetter() bool { return f == FigureThroughput || f == FigureGoodput }
+// Counts and shares, judged by their value (a target without vs), over a
+// run's attempt records (see RecordFigures).
+const (
+	// FigureShed counts attempts the gateway answered 429 or 503.
+	FigureShed Figure = "shed"
+	// FigureShedWithoutRetryAfter counts those without a Retry-After.
+	FigureShedWithoutRetryAfter Figure = "shed_without_retry_after"
+	// FigureUnanswered counts requests whose last attempt got no answer:
+	// timed out, or cancelled at the end of the drain.
+	FigureUnanswered Figure = "unanswered"
+	// FigureFirstRetryServed is the share of requests retried after a
+	// 429/503 whose first retry succeeded.
+	FigureFirstRetryServed Figure = "first_retry_served"
+	// FigureFirstRetryServedBelowCapacity is that share over first retries
+	// sent while the arrival rate was below the scenario's capacity (the
+	// load had dropped); missing without a capacity or such retries.
+	FigureFirstRetryServedBelowCapacity Figure = "first_retry_served_below_capacity"
+)
+
+// CountFigures are the figures of RecordFigures.
+var CountFigures = []Figure{FigureShed, FigureShedWithoutRetryAfter, FigureUnanswered, FigureFirstRetryServed,
+	FigureFirstRetryServedBelowCapacity}
+
+// HigherIsBetter reports the direction of a figure: rates and served shares
+// go up, latencies and counts down.
+func (f Figure) HigherIsBetter() bool {
+	return f == FigureThroughput || f == FigureGoodput || f.isShare()
+}
+
+func (f Figure) isShare() bool {
+	return f == FigureFirstRetryServed || f == FigureFirstRetryServedBelowCapacity
+}
 
 // Label is the figure's name for people.
 func (f Figure) Label() string {
@@ -47,13 +77,28 @@ func (f Figure) Label() string {
 		return "Goodput"
 	case FigureEvery:
 		return "every figure"
+	case FigureShed:
+		return "attempts answered 429/503"
+	case FigureShedWithoutRetryAfter:
+		return "429/503 answers without Retry-After"
+	case FigureUnanswered:
+		return "requests unanswered (timed out or cut at the drain)"
+	case FigureFirstRetryServed:
+		return "share of first retries served"
+	case FigureFirstRetryServedBelowCapacity:
+		return "share of first retries served once load is below capacity"
 	}
 	return string(f)
 }
 
 // Format renders a value of the figure with its unit.
 func (f Figure) Format(v float64) string {
-	if f.HigherIsBetter() {
+	switch {
+	case f.isShare():
+		return fmt.Sprintf("%.1f%%", 100*v)
+	case slices.Contains(CountFigures, f):
+		return fmt.Sprintf("%.0f", v)
+	case f.HigherIsBetter():
 		return fmt.Sprintf("%.2f req/s", v)
 	}
 	return formatSeconds(v)
@@ -139,10 +184,13 @@ const (
 // a shared machine (the same tolerance the uniform control is held to).
 const NoWorseTolerance = 0.05
 
-// Target bounds Sluice's ratio against a baseline contender.
+// Target bounds Sluice's figure: its ratio against a baseline (a contender,
+// or Unloaded, the unloaded reference), or, with Versus empty, its value.
+// Class, when set, takes the figure over that class's requests.
 type Target struct {
 	Figure Figure     `json:"figure"`
-	Versus string     `json:"vs"`
+	Class  string     `json:"class,omitempty"`
+	Versus string     `json:"vs,omitempty"`
 	Kind   TargetKind `json:"kind"`
 	Bound  float64    `json:"bound"`
 	// Implicit marks the target every scenario gets (no worse than
@@ -153,17 +201,33 @@ type Target struct {
 // String renders the target for people: "TTFT P99 vs round-robin at most
 // 0.05x".
 func (t Target) String() string {
+	what := t.Figure.Label()
+	if t.Class != "" {
+		what = t.Class + " " + what
+	}
+	vs := " vs " + t.Versus
+	switch t.Versus {
+	case "":
+		bound := t.Figure.Format(t.Bound)
+		if t.Kind == AtLeast {
+			return fmt.Sprintf("%s at least %s", what, bound)
+		}
+		return fmt.Sprintf("%s at most %s", what, bound)
+	case Unloaded:
+		vs = " vs its unloaded value"
+	}
 	switch t.Kind {
 	case AtMost:
-		return fmt.Sprintf("%s vs %s at most %gx", t.Figure.Label(), t.Versus, t.Bound)
+		return fmt.Sprintf("%s%s at most %gx", what, vs, t.Bound)
 	case AtLeast:
-		return fmt.Sprintf("%s vs %s at least %gx", t.Figure.Label(), t.Versus, t.Bound)
+		return fmt.Sprintf("%s%s at least %gx", what, vs, t.Bound)
 	default:
-		return fmt.Sprintf("%s vs %s no worse by more than %g%%", t.Figure.Label(), t.Versus, 100*t.Bound)
+		return fmt.Sprintf("%s%s no worse by more than %g%%", what, vs, 100*t.Bound)
 	}
 }
 
-// Check is one figure's ratio held against a target.
+// Check is one figure's ratio (its value, for a target without a
+// baseline) held against a target.
 type Check struct {
 	Figure Figure  `json:"figure"`
 	Ratio  float64 `json:"ratio"`
@@ -180,7 +244,8 @@ type TargetResult struct {
 	Met    bool    `json:"met"`
 }
 
-// Evaluate holds Sluice's figures against the baseline's. A FigureEvery
+// Evaluate holds Sluice's figures against the baseline's (its values alone
+// for a target without Versus; baseline is then unused). A FigureEvery
 // target is met when every figure is.
 func (t Target) Evaluate(sluice, baseline FigureValues) TargetResult {
 	figs := []Figure{t.Figure}
@@ -190,7 +255,11 @@ func (t Target) Evaluate(sluice, baseline FigureValues) TargetResult {
 	res := TargetResult{Target: t, Met: true}
 	for _, f := range figs {
 		c := Check{Figure: f}
-		c.Ratio, c.Measured = Ratio(sluice, baseline, f)
+		if t.Versus == "" {
+			c.Ratio, c.Measured = sluice[f]
+		} else {
+			c.Ratio, c.Measured = Ratio(sluice, baseline, f)
+		}
 		c.Met = c.Measured && t.holds(f, c.Ratio)
 		res.Met = res.Met && c.Met
 		res.Checks = append(res.Checks, c)
@@ -217,10 +286,14 @@ func (t Target) holds(f Figure, r float64) bool {
 // one-figure target; for FigureEvery the failing figures (or "all").
 func (r TargetResult) Measured() string {
 	if len(r.Checks) == 1 {
-		if !r.Checks[0].Measured {
+		switch c := r.Checks[0]; {
+		case !c.Measured:
 			return "not measurable (no successful requests or a zero baseline)"
+		case r.Target.Versus == "":
+			return c.Figure.Format(c.Ratio)
+		default:
+			return trimRatio(c.Ratio) + "x"
 		}
-		return trimRatio(r.Checks[0].Ratio) + "x"
 	}
 	var failed []string
 	for _, c := range r.Checks {

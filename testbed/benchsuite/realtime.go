@@ -243,12 +243,13 @@ func (r *realRun) startProcess(bin string, args ...string) (*process, error) {
 // load runs the load generator while sampling queue depths, then reads the
 // counters.
 func (r *realRun) load(ctx context.Context) (*RunResult, error) {
+	mix, arrival := r.sc.Load(r.c)
 	cfg := loadgen.RunConfig{
 		Target:   r.target,
-		Mix:      r.sc.Mix,
+		Mix:      mix,
 		Seed:     r.sc.Seed,
 		Mode:     loadgen.ModeOpen,
-		Arrival:  r.sc.Arrival,
+		Arrival:  arrival,
 		Duration: r.sc.Duration,
 		Drain:    r.sc.Drain,
 		Retry:    r.sc.Retry,

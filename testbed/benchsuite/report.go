@@ -120,11 +120,15 @@ func writeHeadline(b *bufio.Writer, res *SuiteResult) {
 			p("| %s | %s | %s | %s |\n", s.Scenario.Name, t.Target, measured(s, t), mark)
 		}
 	}
+	writeShapes(b, res)
 }
 
 // measured is TargetResult.Measured, or why there is nothing to measure.
 func measured(s *ScenarioResult, t TargetResult) string {
 	for _, name := range []string{Sluice, t.Target.Versus} {
+		if name == "" {
+			continue
+		}
 		if why := s.missing(name); why != "" {
 			return "no figures: " + why
 		}
@@ -171,9 +175,15 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	if d := strings.TrimSpace(sc.Description); d != "" {
 		p("%s\n\n", d)
 	}
-	p("Fleet `%s` (%d servers) · %s · %v of load, drain at most %v · seed %d · mix %s (%s)",
-		sc.Fleet, sc.FleetSize, describeArrival(sc.Arrival), sc.Duration, sc.Drain, sc.Seed, sc.MixSource,
-		plural(len(sc.Mix.Classes), "class", "classes"))
+	p("Fleet `%s` (%d servers", sc.Fleet, sc.FleetSize)
+	if sc.Shape != "" {
+		p(", shape %s", sc.Shape)
+	}
+	p(") · %s · %v of load, drain at most %v · seed %d · mix %s (%s)",
+		describeLoad(sc), sc.Duration, sc.Drain, sc.Seed, sc.MixSource, plural(len(sc.Mix.Classes), "class", "classes"))
+	if u := sc.Unloaded; u != nil {
+		p(" · unloaded reference: %s alone, Poisson %g req/s", u.Class, u.Rate)
+	}
 	if len(sc.Adapters) > 0 {
 		p(" · %d LoRA adapters", len(sc.Adapters))
 	}
@@ -215,7 +225,7 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	// first, then the scenario's extra contenders (controls and variants).
 	versus := []string{RoundRobin, UpstreamDefault}
 	for _, run := range s.Runs {
-		if n := run.Contender.Name; n != Sluice && !slices.Contains(versus, n) {
+		if n := run.Contender.Name; n != Sluice && !run.Contender.Unloaded && !slices.Contains(versus, n) {
 			versus = append(versus, n)
 		}
 	}
@@ -242,6 +252,8 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	writeShedding(b, s)
 	writeAdmission(b, s)
 	writeClassLatency(b, s)
+	writeStartBreakdown(b, s)
+	writeRetryAfter(b, s)
 
 	p("\n")
 	for _, pl := range plots {
@@ -427,8 +439,34 @@ func describeArrival(a loadgen.ArrivalConfig) string {
 			a.Rate, a.BurstOn, a.BurstOn+a.BurstOff, a.MeanRate())
 	case loadgen.ArrivalConstant:
 		return fmt.Sprintf("constant %g req/s", a.Rate)
+	case loadgen.ArrivalPhased:
+		parts := make([]string, len(a.Phases))
+		for i, ph := range a.Phases {
+			parts[i] = fmt.Sprintf("%g req/s for %v", ph.Rate, ph.Duration)
+		}
+		return "Poisson " + strings.Join(parts, ", then ")
 	default:
 		return fmt.Sprintf("Poisson %g req/s", a.Rate)
+	}
+}
+
+// describeLoad is describeArrival with each rate's multiple of the fleet's
+// measured capacity, when the scenario gives one.
+func describeLoad(sc *Scenario) string {
+	d := describeArrival(sc.Arrival)
+	if sc.Capacity <= 0 {
+		return d
+	}
+	a := sc.Arrival
+	switch a.Kind {
+	case loadgen.ArrivalPhased:
+		parts := make([]string, len(a.Phases))
+		for i, ph := range a.Phases {
+			parts[i] = fmt.Sprintf("%.2gx", ph.Rate/sc.Capacity)
+		}
+		return fmt.Sprintf("%s (%s the %g req/s the fleet serves)", d, strings.Join(parts, ", "), sc.Capacity)
+	default:
+		return fmt.Sprintf("%s (%.2gx the %g req/s the fleet serves)", d, a.MeanRate()/sc.Capacity, sc.Capacity)
 	}
 }
 

@@ -45,6 +45,9 @@ const (
 	// Sluice is Sluice admission with Sluice's default profile, or the
 	// profile and policy the scenario names.
 	Sluice = "sluice"
+	// Unloaded is the reference run of a scenario with an unloaded class:
+	// that class alone at a low rate, through the sluice contender's EPP.
+	Unloaded = "unloaded"
 )
 
 // ScenarioFile is the schema of a scenario file (YAML or JSON; unknown
@@ -70,13 +73,26 @@ const (
 //	  flow_control_policy: policy.yaml
 //	extra_contenders:                # measured and reported, never targets
 //	  - {name: upstream-flow-control, router: epp, epp_config: upstream-fc.yaml}
-//	targets:                         # Sluice's ratio against a baseline
+//	capacity: 60                     # req/s the fleet was measured to serve of this mix
+//	unloaded: {class: critical, rate: 6}  # reference run: the class alone at a low rate
+//	targets:                         # Sluice's figures: a ratio against a baseline, or a value
 //	  - {figure: ttft_p99, vs: round-robin, at_most: 0.05}
 //	  - {figure: throughput, vs: round-robin, at_least: 1.08}
 //	  - {figure: every, vs: round-robin, within: 0.05}
+//	  - {figure: ttft_p99, class: critical, vs: unloaded, at_most: 2}
+//	  - {figure: shed, class: critical, at_most: 0}
+//	shape: large-batch               # the server shape of fleet, for the report
+//	shapes:                          # the same scenario on other fleets, one scenario each
+//	  - {name: slot-limited, fleet: "slot4:12", arrival: {kind: poisson, rate: 19}, capacity: 9.6, unloaded_rate: 1}
 //
 // Every scenario also gets the target "no worse than upstream-default on
 // every figure" (see NoWorseTolerance).
+//
+// A shape becomes the scenario <name>-<shape> (of family <name>): the same
+// mix, objectives, Sluice overrides and targets on the shape's fleet, with
+// its own arrival (default: the scenario's), capacity and unloaded rate. The
+// scenario's extra contenders stay with its own fleet (they are often sized
+// to it); a shape lists its own.
 type ScenarioFile struct {
 	Name        string `json:"name,omitempty"`
 	Order       int    `json:"order,omitempty"`
@@ -98,6 +114,39 @@ type ScenarioFile struct {
 	Sluice          *SluiceFile          `json:"sluice,omitempty"`
 	ExtraContenders []ExtraContenderFile `json:"extra_contenders,omitempty"`
 	Targets         []TargetFile         `json:"targets,omitempty"`
+	// Capacity is what Fleet was measured to serve of Mix, in requests per
+	// second: the report gives the offered load as its multiple, and
+	// Retry-After figures count retries sent while the arrival rate was
+	// below it.
+	Capacity float64 `json:"capacity,omitempty"`
+	// Unloaded adds the reference run Unloaded, which targets "vs: unloaded"
+	// compare with.
+	Unloaded *UnloadedFile `json:"unloaded,omitempty"`
+	// Shape names Fleet's server shape; Shapes runs the scenario on others.
+	Shape  string      `json:"shape,omitempty"`
+	Shapes []ShapeFile `json:"shapes,omitempty"`
+}
+
+// UnloadedFile is the unloaded reference: Class alone, Poisson at Rate
+// (low, so the class meets no contention), with the sluice contender's EPP.
+type UnloadedFile struct {
+	Class string  `json:"class"`
+	Rate  float64 `json:"rate"`
+}
+
+// ShapeFile is the scenario on another fleet (see ScenarioFile).
+type ShapeFile struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	Fleet       string `json:"fleet"`
+	// Arrival replaces the scenario's (the load is usually a multiple of
+	// the shape's capacity).
+	Arrival  *ArrivalFile `json:"arrival,omitempty"`
+	Capacity float64      `json:"capacity,omitempty"`
+	// UnloadedRate is the unloaded reference's rate on this fleet; required
+	// when the scenario has an unloaded reference.
+	UnloadedRate    float64              `json:"unloaded_rate,omitempty"`
+	ExtraContenders []ExtraContenderFile `json:"extra_contenders,omitempty"`
 }
 
 // AdaptersFile registers Count LoRA adapters, adapter-00 ... on every
@@ -117,10 +166,17 @@ type AdaptersFile struct {
 
 // ArrivalFile is loadgen.ArrivalConfig as written in a scenario file.
 type ArrivalFile struct {
-	Kind     string  `json:"kind"`
+	Kind     string      `json:"kind"`
+	Rate     float64     `json:"rate,omitempty"`
+	BurstOn  string      `json:"burst_on,omitempty"`
+	BurstOff string      `json:"burst_off,omitempty"`
+	Phases   []PhaseFile `json:"phases,omitempty"`
+}
+
+// PhaseFile is one phase of phased arrivals: {rate: 80, duration: 20s}.
+type PhaseFile struct {
 	Rate     float64 `json:"rate"`
-	BurstOn  string  `json:"burst_on,omitempty"`
-	BurstOff string  `json:"burst_off,omitempty"`
+	Duration string  `json:"duration"`
 }
 
 // RetryFile is loadgen.RetryPolicy as written in a scenario file.
@@ -156,9 +212,15 @@ type ExtraContenderFile struct {
 }
 
 // TargetFile is one target: exactly one of AtMost, AtLeast and Within.
+// Vs is round-robin or upstream-default (Sluice's figure over that
+// contender's), unloaded (Sluice's figure for Class over the unloaded
+// reference's) or empty (Sluice's figure itself, at most or at least the
+// bound; the counts of CountFigures are only judged so). Class takes the
+// figure over that class's requests instead of all.
 type TargetFile struct {
 	Figure  string   `json:"figure"`
-	Vs      string   `json:"vs"`
+	Class   string   `json:"class,omitempty"`
+	Vs      string   `json:"vs,omitempty"`
 	AtMost  *float64 `json:"at_most,omitempty"`
 	AtLeast *float64 `json:"at_least,omitempty"`
 	Within  *float64 `json:"within,omitempty"`
@@ -205,12 +267,43 @@ type Scenario struct {
 	// none; ObjectivesSource is its path.
 	Objectives       []byte `json:"objectives,omitempty"`
 	ObjectivesSource string `json:"objectives_source,omitempty"`
+	// Family is the scenario file's name, Shape the server shape of this
+	// scenario's fleet ("" when the file names none); a shape of the file
+	// is the scenario <Family>-<Shape>. Shapes holds them (LoadScenarios
+	// lists them after this one).
+	Family string      `json:"family"`
+	Shape  string      `json:"shape,omitempty"`
+	Shapes []*Scenario `json:"-"`
+	// Capacity is what the fleet was measured to serve of the mix (req/s),
+	// 0 when unknown.
+	Capacity float64 `json:"capacity,omitempty"`
+	// Unloaded is the unloaded reference, nil for none.
+	Unloaded *UnloadedReference `json:"unloaded,omitempty"`
 	// Contenders in run order: round-robin, upstream-default, the extras,
-	// sluice.
+	// sluice, and the unloaded reference when there is one.
 	Contenders []Contender `json:"contenders"`
 	// Targets are the declared targets followed by the implicit one against
 	// upstream-default.
 	Targets []Target `json:"targets"`
+}
+
+// UnloadedReference is a class's run alone at a low rate: what "its
+// unloaded value" means in a target.
+type UnloadedReference struct {
+	Class string  `json:"class"`
+	Rate  float64 `json:"rate"`
+}
+
+// Load is the mix and arrival process contender c runs: the scenario's,
+// or for the unloaded reference its class alone at its rate.
+func (s *Scenario) Load(c Contender) (*loadgen.Mix, loadgen.ArrivalConfig) {
+	if !c.Unloaded || s.Unloaded == nil {
+		return s.Mix, s.Arrival
+	}
+	mix := *s.Mix
+	i := slices.IndexFunc(mix.Classes, func(cl loadgen.Class) bool { return cl.Name == s.Unloaded.Class })
+	mix.Classes = mix.Classes[i : i+1 : i+1]
+	return &mix, loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: s.Unloaded.Rate}
 }
 
 // Contender is one system under comparison.
@@ -230,10 +323,18 @@ type Contender struct {
 	// Extra marks a contender the scenario added; it is reported but no
 	// target refers to it.
 	Extra bool `json:"extra,omitempty"`
+	// Unloaded marks the unloaded reference (Scenario.Load): the sluice
+	// contender's EPP with one class at a low rate.
+	Unloaded bool `json:"unloaded,omitempty"`
 }
 
 // Describe says in a few words what the contender runs.
 func (c Contender) Describe() string {
+	if c.Unloaded {
+		sluice := c
+		sluice.Unloaded = false
+		return "reference: one class alone at a low rate; " + sluice.Describe()
+	}
 	if c.Router == RouterRoundRobin {
 		return "data plane, round-robin, no EPP"
 	}
@@ -280,7 +381,8 @@ func LoadScenario(path string) (*Scenario, error) {
 }
 
 // LoadScenarios loads every <dir>/*/scenario.yaml, sorted by order then
-// name. It fails on the first invalid file and when two share a name.
+// name, each followed by its shapes. It fails on the first invalid file and
+// when two scenarios share a name.
 func LoadScenarios(dir string) ([]*Scenario, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*", ScenarioFileName))
 	if err != nil {
@@ -296,17 +398,20 @@ func LoadScenarios(dir string) ([]*Scenario, error) {
 		if err != nil {
 			return nil, err
 		}
-		if prev, ok := seen[sc.Name]; ok {
-			return nil, fmt.Errorf("scenario name %q is used by %s and %s", sc.Name, prev, p)
+		for _, x := range append([]*Scenario{sc}, sc.Shapes...) {
+			if prev, ok := seen[x.Name]; ok {
+				return nil, fmt.Errorf("scenario name %q is used by %s and %s", x.Name, prev, p)
+			}
+			seen[x.Name] = p
+			out = append(out, x)
 		}
-		seen[sc.Name] = p
-		out = append(out, sc)
 	}
+	// A file's shapes stay together, in the file's order.
 	slices.SortStableFunc(out, func(a, b *Scenario) int {
 		if a.Order != b.Order {
 			return a.Order - b.Order
 		}
-		return strings.Compare(a.Name, b.Name)
+		return strings.Compare(a.Family, b.Family)
 	})
 	return out, nil
 }
@@ -322,7 +427,38 @@ func ParseScenario(data []byte, dir string) (*Scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid scenario: %w", err)
 	}
+	var errs []error
+	for i, shape := range f.Shapes {
+		x, err := f.shape(shape, sc).build(dir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shapes[%d] (%s): %w", i, shape.Name, err))
+			continue
+		}
+		x.Family = sc.Name
+		sc.Shapes = append(sc.Shapes, x)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid scenario: %w", errors.Join(errs...))
+	}
 	return sc, nil
+}
+
+// shape is the scenario file of one of f's shapes; base is f's scenario.
+func (f *ScenarioFile) shape(shape ShapeFile, base *Scenario) *ScenarioFile {
+	g := *f
+	g.Name, g.Shape, g.Shapes = base.Name+"-"+shape.Name, shape.Name, nil
+	g.Title = base.Title + " · " + shape.Name
+	if shape.Description != "" {
+		g.Description = shape.Description
+	}
+	g.Fleet, g.Capacity, g.ExtraContenders = shape.Fleet, shape.Capacity, shape.ExtraContenders
+	if shape.Arrival != nil {
+		g.Arrival = *shape.Arrival
+	}
+	if f.Unloaded != nil {
+		g.Unloaded = &UnloadedFile{Class: f.Unloaded.Class, Rate: shape.UnloadedRate}
+	}
+	return &g
 }
 
 // fieldErrors collects problems, each prefixed with the field it is about.
@@ -355,7 +491,7 @@ func (e *fieldErrors) duration(field, s string) time.Duration {
 func (f *ScenarioFile) build(dir string) (*Scenario, error) {
 	var errs fieldErrors
 	sc := &Scenario{
-		Name: f.Name, Order: f.Order, Title: f.Title, Description: f.Description, Dir: dir,
+		Name: f.Name, Order: f.Order, Title: f.Title, Description: f.Description, Dir: dir, Shape: f.Shape,
 		Fleet: f.Fleet, Duration: errs.duration("duration", f.Duration), Drain: errs.duration("drain", f.Drain),
 		SLO: loadgen.SLO{
 			TTFT: loadgen.Duration(errs.duration("slo.ttft", f.SLO.TTFT)),
@@ -373,6 +509,24 @@ func (f *ScenarioFile) build(dir string) (*Scenario, error) {
 	if sc.Title == "" {
 		sc.Title = sc.Name
 	}
+	sc.Family = sc.Name
+	if f.Shape != "" && !namePattern.MatchString(f.Shape) {
+		errs.addf("shape", "%q must be 1-63 lowercase letters, digits or dashes", f.Shape)
+	}
+	seenShapes := map[string]bool{f.Shape: true}
+	for i, shape := range f.Shapes {
+		if !namePattern.MatchString(shape.Name) || seenShapes[shape.Name] {
+			errs.addf(fmt.Sprintf("shapes[%d].name", i), "%q must be unique and 1-63 lowercase letters, digits or dashes", shape.Name)
+		}
+		seenShapes[shape.Name] = true
+	}
+	if len(f.Shapes) > 0 && f.Shape == "" {
+		errs.add("shape", errors.New("required with shapes: the name of this fleet's shape, for the report"))
+	}
+	if math.IsNaN(f.Capacity) || math.IsInf(f.Capacity, 0) || f.Capacity < 0 {
+		errs.addf("capacity", "must be a non-negative number of requests per second, got %v", f.Capacity)
+	}
+	sc.Capacity = f.Capacity
 	if f.Seed != nil {
 		sc.Seed = *f.Seed
 	}
@@ -417,6 +571,7 @@ func (f *ScenarioFile) build(dir string) (*Scenario, error) {
 		sc.Objectives = b
 	}
 
+	f.buildUnloaded(sc, &errs)
 	f.buildContenders(sc, dir, &errs)
 	f.buildTargets(sc, &errs)
 	if len(errs) > 0 {
@@ -481,6 +636,10 @@ func (f *ScenarioFile) buildArrival(sc *Scenario, errs *fieldErrors) {
 		Kind: loadgen.ArrivalKind(a.Kind), Rate: a.Rate,
 		BurstOn: errs.duration("arrival.burst_on", a.BurstOn), BurstOff: errs.duration("arrival.burst_off", a.BurstOff),
 	}
+	for i, p := range a.Phases {
+		sc.Arrival.Phases = append(sc.Arrival.Phases,
+			loadgen.Phase{Rate: p.Rate, Duration: errs.duration(fmt.Sprintf("arrival.phases[%d].duration", i), p.Duration)})
+	}
 	switch sc.Arrival.Kind {
 	case loadgen.ArrivalPoisson, loadgen.ArrivalConstant:
 		if a.BurstOn != "" || a.BurstOff != "" {
@@ -490,14 +649,37 @@ func (f *ScenarioFile) buildArrival(sc *Scenario, errs *fieldErrors) {
 		if sc.Arrival.BurstOn <= 0 {
 			errs.add("arrival.burst_on", errors.New("bursty arrivals need a positive ON window, e.g. 4s"))
 		}
+	case loadgen.ArrivalPhased:
+		if err := sc.Arrival.Validate(); err != nil {
+			errs.add("arrival.phases", err)
+		}
+		return
 	case "":
-		errs.add("arrival.kind", errors.New("required: poisson, constant or bursty"))
+		errs.add("arrival.kind", errors.New("required: poisson, constant, bursty or phased"))
 	default:
-		errs.addf("arrival.kind", "%q is not poisson, constant or bursty", a.Kind)
+		errs.addf("arrival.kind", "%q is not poisson, constant, bursty or phased", a.Kind)
+	}
+	if len(a.Phases) > 0 {
+		errs.addf("arrival.phases", "phases apply to phased arrivals only, not %q", a.Kind)
 	}
 	if math.IsNaN(a.Rate) || math.IsInf(a.Rate, 0) || a.Rate <= 0 {
 		errs.addf("arrival.rate", "must be a positive number of requests per second, got %v", a.Rate)
 	}
+}
+
+// buildUnloaded validates the unloaded reference; it needs the mix.
+func (f *ScenarioFile) buildUnloaded(sc *Scenario, errs *fieldErrors) {
+	u := f.Unloaded
+	if u == nil {
+		return
+	}
+	if sc.Mix != nil && !slices.ContainsFunc(sc.Mix.Classes, func(c loadgen.Class) bool { return c.Name == u.Class }) {
+		errs.addf("unloaded.class", "the mix has no class %q", u.Class)
+	}
+	if math.IsNaN(u.Rate) || math.IsInf(u.Rate, 0) || u.Rate <= 0 {
+		errs.addf("unloaded.rate", "must be a positive number of requests per second (a shape's unloaded_rate), got %v", u.Rate)
+	}
+	sc.Unloaded = &UnloadedReference{Class: u.Class, Rate: u.Rate}
 }
 
 func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErrors) {
@@ -505,7 +687,7 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 		{Name: RoundRobin, Router: RouterRoundRobin},
 		{Name: UpstreamDefault, Router: RouterEPP},
 	}
-	reserved := map[string]bool{RoundRobin: true, UpstreamDefault: true, Sluice: true}
+	reserved := map[string]bool{RoundRobin: true, UpstreamDefault: true, Sluice: true, Unloaded: true}
 	for i, x := range f.ExtraContenders {
 		field := fmt.Sprintf("extra_contenders[%d]", i)
 		switch {
@@ -533,6 +715,11 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 		loadEPPFiles(&sluice, dir, f.Sluice.EPPConfig, f.Sluice.FlowControlPolicy, "sluice", errs)
 	}
 	sc.Contenders = append(sc.Contenders, sluice)
+	if sc.Unloaded != nil {
+		ref := sluice
+		ref.Name, ref.Unloaded = Unloaded, true
+		sc.Contenders = append(sc.Contenders, ref)
+	}
 }
 
 // loadEPPFiles reads a contender's EPP configuration and policy files.
@@ -557,7 +744,7 @@ func loadEPPFiles(c *Contender, dir, config, policy, field string, errs *fieldEr
 func (f *ScenarioFile) buildTargets(sc *Scenario, errs *fieldErrors) {
 	for i, t := range f.Targets {
 		field := fmt.Sprintf("targets[%d]", i)
-		if target, ok := t.build(errs, field); ok {
+		if target, ok := t.build(errs, field, sc); ok {
 			sc.Targets = append(sc.Targets, target)
 		}
 	}
@@ -566,18 +753,41 @@ func (f *ScenarioFile) buildTargets(sc *Scenario, errs *fieldErrors) {
 	})
 }
 
-// build validates the target, reporting problems under field; ok is false
-// when there were any.
-func (t TargetFile) build(errs *fieldErrors, field string) (target Target, ok bool) {
+// build validates the target against the scenario (its classes and
+// unloaded reference), reporting problems under field; ok is false when
+// there were any.
+func (t TargetFile) build(errs *fieldErrors, field string, sc *Scenario) (target Target, ok bool) {
 	before := len(*errs)
 	fig := Figure(t.Figure)
-	if fig != FigureEvery && !slices.Contains(Figures, fig) {
-		errs.addf(field+".figure", "%q is not one of %v or %q", t.Figure, Figures, FigureEvery)
+	count := slices.Contains(CountFigures, fig)
+	if fig != FigureEvery && !count && !slices.Contains(Figures, fig) {
+		errs.addf(field+".figure", "%q is not one of %v, %v or %q", t.Figure, Figures, CountFigures, FigureEvery)
 	}
-	if t.Vs != RoundRobin && t.Vs != UpstreamDefault {
-		errs.addf(field+".vs", "%q is not %s or %s", t.Vs, RoundRobin, UpstreamDefault)
+	switch t.Vs {
+	case RoundRobin, UpstreamDefault:
+	case Unloaded:
+		switch {
+		case sc.Unloaded == nil:
+			errs.add(field+".vs", errors.New("unloaded needs the scenario's unloaded reference"))
+		case t.Class == "":
+			t.Class = sc.Unloaded.Class
+		case t.Class != sc.Unloaded.Class:
+			errs.addf(field+".class", "%q is not the unloaded reference's class %q", t.Class, sc.Unloaded.Class)
+		}
+	case "":
+	default:
+		errs.addf(field+".vs", "%q is not %s, %s, %s or empty (a value, not a ratio)", t.Vs, RoundRobin, UpstreamDefault, Unloaded)
 	}
-	target = Target{Figure: fig, Versus: t.Vs}
+	if count && t.Vs != "" {
+		errs.addf(field+".vs", "figure %q is a count or a share: judge its value (no vs)", t.Figure)
+	}
+	if (fig == FigureEvery || t.Within != nil) && (t.Vs == "" || t.Vs == Unloaded) {
+		errs.addf(field, "figure %q and within compare Sluice with a contender (vs: %s or %s)", t.Figure, RoundRobin, UpstreamDefault)
+	}
+	if t.Class != "" && sc.Mix != nil && !slices.ContainsFunc(sc.Mix.Classes, func(c loadgen.Class) bool { return c.Name == t.Class }) {
+		errs.addf(field+".class", "the mix has no class %q", t.Class)
+	}
+	target = Target{Figure: fig, Class: t.Class, Versus: t.Vs}
 	n := 0
 	for _, b := range []struct {
 		kind  TargetKind

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +111,7 @@ targets:
 		t.Fatal(err)
 	}
 	want := loadgen.ArrivalConfig{Kind: loadgen.ArrivalBursty, Rate: 50, BurstOn: 2 * time.Second, BurstOff: 3 * time.Second}
-	if sc.Arrival != want {
+	if !reflect.DeepEqual(sc.Arrival, want) {
 		t.Errorf("arrival %+v, want %+v", sc.Arrival, want)
 	}
 	if sc.Order != 5 || sc.Duration != 20*time.Second || sc.Drain != 5*time.Second || sc.Seed != 7 ||
@@ -192,6 +193,27 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"adapter count", minimalScenario + "adapters: {count: 0, zipf_s: 1, share: 0.5}\n", []string{"adapters.count:", "1..1000"}},
 		{"adapter share", minimalScenario + "adapters: {count: 2, zipf_s: 1, share: 0}\n", []string{"adapters.share:", "(0, 1]"}},
 		{"adapter class", minimalScenario + "adapters: {count: 2, zipf_s: 1, share: 0.5, class: nope}\n", []string{"adapters.class:", `no class "nope"`}},
+		{"shapes without shape", minimalScenario + "shapes: [{name: b, fleet: h100:1}]\n", []string{"shape: required with shapes"}},
+		{"shape name", minimalScenario + "shape: a\nshapes: [{name: B_2, fleet: h100:1}]\n", []string{"shapes[0].name:"}},
+		{"duplicate shape", minimalScenario + "shape: a\nshapes: [{name: a, fleet: h100:1}]\n", []string{"shapes[0].name:", "unique"}},
+		{"shape fleet", minimalScenario + "shape: a\nshapes: [{name: b, fleet: tpu:1}]\n", []string{"shapes[0] (b):", "fleet:"}},
+		{"shape without unloaded rate", minimalScenario + "unloaded: {class: chat, rate: 1}\nshape: a\nshapes: [{name: b, fleet: h100:1}]\n",
+			[]string{"shapes[0] (b):", "unloaded.rate:"}},
+		{"unloaded class", minimalScenario + "unloaded: {class: nope, rate: 1}\n", []string{"unloaded.class:", `"nope"`}},
+		{"capacity", minimalScenario + "capacity: -3\n", []string{"capacity:", "non-negative"}},
+		{"vs unloaded without reference", minimalScenario + "targets: [{figure: ttft_p99, vs: unloaded, at_most: 2}]\n",
+			[]string{"targets[0].vs:", "unloaded reference"}},
+		{"vs unloaded other class", minimalScenario + "unloaded: {class: chat, rate: 1}\n" +
+			"targets: [{figure: ttft_p99, class: other, vs: unloaded, at_most: 2}]\n", []string{"targets[0].class:", "unloaded reference's class"}},
+		{"count with vs", minimalScenario + "targets: [{figure: shed, vs: round-robin, at_most: 0}]\n", []string{"targets[0].vs:", "judge its value"}},
+		{"within a value", minimalScenario + "targets: [{figure: ttft_p99, within: 0.1}]\n", []string{"targets[0]:", "compare Sluice with a contender"}},
+		{"unknown class", minimalScenario + "targets: [{figure: shed, class: nope, at_most: 0}]\n", []string{"targets[0].class:", `no class "nope"`}},
+		{"phases on poisson", strings.Replace(minimalScenario, "rate: 10}", "rate: 10, phases: [{rate: 1, duration: 1s}]}", 1),
+			[]string{"arrival.phases:", "phased arrivals only"}},
+		{"phased without phases", strings.Replace(minimalScenario, "{kind: poisson, rate: 10}", "{kind: phased}", 1),
+			[]string{"arrival.phases:", "at least one phase"}},
+		{"phase duration", strings.Replace(minimalScenario, "{kind: poisson, rate: 10}", "{kind: phased, phases: [{rate: 1, duration: x}]}", 1),
+			[]string{"arrival.phases[0].duration:"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,9 +322,9 @@ func TestShippedScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]*Scenario{}
+	byFamily := map[string][]*Scenario{}
 	for _, sc := range scs {
-		byName[sc.Name] = sc
+		byFamily[sc.Family] = append(byFamily[sc.Family], sc)
 	}
 	want := map[string][]Target{
 		"mixed-gpu": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.05},
@@ -310,29 +332,48 @@ func TestShippedScenarios(t *testing.T) {
 		"bursty": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.1}},
 		"shared-prefix": {{Figure: FigureTTFTP95, Versus: RoundRobin, Kind: AtMost, Bound: 0.6},
 			{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.5}},
-		"uniform-steady":    {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
-		"priority-overload": nil,
-		"lora-heavy":        nil,
-		"prefix-skew":       nil,
+		"uniform-steady": {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
+		// Issue 17's, on every server shape.
+		"priority-overload": {{Figure: FigureTTFTP99, Class: "critical", Versus: Unloaded, Kind: AtMost, Bound: 2},
+			{Figure: FigureShed, Class: "critical", Kind: AtMost, Bound: 0},
+			{Figure: FigureThroughput, Versus: UpstreamDefault, Kind: AtLeast, Bound: 0.95},
+			{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}},
+		"tenant-fairness": {{Figure: FigureTTFTP99, Class: "light", Versus: Unloaded, Kind: AtMost, Bound: 2},
+			{Figure: FigureUnanswered, Class: "heavy", Kind: AtMost, Bound: 0},
+			{Figure: FigureShedWithoutRetryAfter, Class: "heavy", Kind: AtMost, Bound: 0}},
+		"overload-recovery": {{Figure: FigureFirstRetryServedBelowCapacity, Kind: AtLeast, Bound: 0.9},
+			{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}},
+		"lora-heavy":  nil,
+		"prefix-skew": nil,
 	}
-	if len(scs) != len(want) {
-		t.Errorf("%d scenarios, want %d", len(scs), len(want))
+	if len(byFamily) != len(want) {
+		t.Errorf("%d scenario files, want %d", len(byFamily), len(want))
 	}
-	for name, targets := range want {
-		sc := byName[name]
-		if sc == nil {
-			t.Errorf("scenario %s missing", name)
-			continue
+	for family, targets := range want {
+		if len(byFamily[family]) == 0 {
+			t.Errorf("scenario %s missing", family)
 		}
-		declared := sc.Targets[:len(sc.Targets)-1]
-		if len(declared) != len(targets) {
-			t.Errorf("%s: targets %+v, want %+v", name, declared, targets)
-			continue
-		}
-		for i := range targets {
-			if declared[i] != targets[i] {
-				t.Errorf("%s: target %d is %+v, want %+v", name, i, declared[i], targets[i])
+		for _, sc := range byFamily[family] {
+			declared := sc.Targets[:len(sc.Targets)-1]
+			if len(declared) != len(targets) {
+				t.Errorf("%s: targets %+v, want %+v", sc.Name, declared, targets)
+				continue
 			}
+			for i := range targets {
+				if declared[i] != targets[i] {
+					t.Errorf("%s: target %d is %+v, want %+v", sc.Name, i, declared[i], targets[i])
+				}
+			}
+		}
+	}
+	// Issue 17: the priority, fairness and mixed-fleet scenarios run on at least three server shapes.
+	for _, family := range []string{"priority-overload", "tenant-fairness", "mixed-gpu"} {
+		fleets := map[string]bool{}
+		for _, sc := range byFamily[family] {
+			fleets[sc.Fleet] = true
+		}
+		if len(fleets) < 3 {
+			t.Errorf("%s runs on %d fleets, want at least 3 server shapes", family, len(fleets))
 		}
 	}
 }

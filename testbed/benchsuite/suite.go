@@ -85,13 +85,41 @@ func (s *ScenarioResult) Figures(contender string) (FigureValues, bool) {
 	return FiguresOf(r.Summary.Overall), true
 }
 
+// ClassFigures returns the named contender's figures over class's requests ("" for all), the ratio figures and
+// the CountFigures; ok is false when its run did not succeed or had no request of the class.
+func (s *ScenarioResult) ClassFigures(contender, class string) (FigureValues, bool) {
+	r := s.Result(contender)
+	if r == nil {
+		return nil, false
+	}
+	line, ok := r.Summary.Overall, true
+	if class != "" {
+		line, ok = classSummary(r, class)
+	}
+	if !ok {
+		return nil, false
+	}
+	v := FiguresOf(line)
+	for f, x := range RecordFigures(r.Records, class, s.Scenario.Arrival, s.Scenario.Capacity) {
+		v[f] = x
+	}
+	return v, true
+}
+
 // EvaluateTargets holds Sluice's figures against the baselines the
 // scenario's targets name. A target whose runs failed is not met.
 func (s *ScenarioResult) EvaluateTargets() []TargetResult {
-	sluice, _ := s.Figures(Sluice)
 	var out []TargetResult
 	for _, t := range s.Scenario.Targets {
-		base, _ := s.Figures(t.Versus)
+		sluice, _ := s.ClassFigures(Sluice, t.Class)
+		var base FigureValues
+		switch t.Versus {
+		case "":
+		case Unloaded: // the reference ran its class alone
+			base, _ = s.ClassFigures(Unloaded, "")
+		default:
+			base, _ = s.ClassFigures(t.Versus, t.Class)
+		}
 		out = append(out, t.Evaluate(sluice, base))
 	}
 	return out

@@ -114,13 +114,14 @@ func VirtualConfig(sc *Scenario, c Contender) (virtualbench.Config, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	mix, arrival := sc.Load(c)
 	cfg := virtualbench.Config{
 		Fleet:       sc.Fleet,
 		Model:       sc.Model,
 		LoRAModules: sc.Adapters,
 		ServerSeed:  1, // RealTime starts vllm-sim --seed=1
-		Mix:         sc.Mix,
-		Arrival:     sc.Arrival,
+		Mix:         mix,
+		Arrival:     arrival,
 		Duration:    sc.Duration,
 		Drain:       sc.Drain,
 		Seed:        sc.Seed,

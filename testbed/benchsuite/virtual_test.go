@@ -53,7 +53,7 @@ func TestVirtualConfigMapsTheScenario(t *testing.T) {
 	if want := map[string]int{"critical": 10, "standard": 0, "sheddable": -1}; !reflect.DeepEqual(cfg.Objectives, want) {
 		t.Errorf("objectives %v, want %v", cfg.Objectives, want)
 	}
-	if cfg.Fleet != prio.Fleet || cfg.Mix != prio.Mix || cfg.Arrival != prio.Arrival || cfg.Duration != prio.Duration ||
+	if cfg.Fleet != prio.Fleet || cfg.Mix != prio.Mix || !reflect.DeepEqual(cfg.Arrival, prio.Arrival) || cfg.Duration != prio.Duration ||
 		cfg.Drain != prio.Drain || cfg.Seed != prio.Seed || cfg.Retry != prio.Retry || cfg.SLO != prio.SLO ||
 		cfg.ServerSeed != 1 {
 		t.Errorf("config %+v does not carry the scenario's load", cfg)
@@ -203,6 +203,11 @@ const (
 func TestVirtualRegression(t *testing.T) {
 	var scenarios []*Scenario
 	for _, sc := range shippedScenarios(t) {
+		// Every scenario file on its own fleet, and priority-overload on every shape (guarded below); the other
+		// shapes add minutes under -race and nothing guarded.
+		if sc.Name != sc.Family && sc.Family != "priority-overload" {
+			continue
+		}
 		short := *sc
 		short.Duration, short.Drain = regressionDuration, regressionDrain
 		scenarios = append(scenarios, &short)
@@ -302,6 +307,29 @@ func TestVirtualRegression(t *testing.T) {
 	t.Logf("priority-overload Critical TTFT P99: sluice %v, round-robin %v", crit.TTFT.P99, rrCrit.TTFT.P99)
 	if crit.TTFT.Count == 0 || float64(crit.TTFT.P99) > 0.3*float64(rrCrit.TTFT.P99) {
 		t.Errorf("priority-overload: Sluice's Critical TTFT P99 %v, want at most 0.3x round-robin's %v", crit.TTFT.P99, rrCrit.TTFT.P99)
+	}
+
+	// Every server shape of priority-overload: no Critical request shed, and Critical far faster than under
+	// upstream's default, though not yet near its unloaded value on slot-limited and KV-bound servers (issue 17).
+	// Measured at 10 s of load, Critical TTFT P99 over upstream-default's: large-batch 0.17, large-batch-2x 0.08,
+	// slot-limited 0.37, kv-bound 0.14, mixed 0.36. (Not guarded, as not better everywhere today: tenant-fairness's
+	// light tenant, 0.81x upstream's on slot-limited servers, 0.33x large-batch, 1.56x kv-bound, 0.49x mixed.)
+	for i := range res.Scenarios {
+		s := &res.Scenarios[i]
+		if s.Scenario.Family != "priority-overload" {
+			continue
+		}
+		sluice, _ := s.ClassFigures(Sluice, "critical")
+		upstream, _ := s.ClassFigures(UpstreamDefault, "critical")
+		r, ok := Ratio(sluice, upstream, FigureTTFTP99)
+		switch {
+		case !ok:
+			t.Errorf("%s: no Critical TTFT P99 for Sluice or upstream-default", s.Scenario.Name)
+		case sluice[FigureShed] != 0:
+			t.Errorf("%s: Sluice shed %v Critical attempts, want none", s.Scenario.Name, sluice[FigureShed])
+		case r > 0.6:
+			t.Errorf("%s: Sluice's Critical TTFT P99 is %.2fx upstream-default's, want at most 0.6", s.Scenario.Name, r)
+		}
 	}
 
 	// Determinism: a second run of the contenders with the most moving parts gives the same records, samples and

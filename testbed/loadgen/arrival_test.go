@@ -78,6 +78,52 @@ func TestBurstyArrivals(t *testing.T) {
 	}
 }
 
+func TestPhasedArrivals(t *testing.T) {
+	// 200/s for 10 s, silence for 5 s, then 50/s, which goes on past the last phase's end.
+	cfg := ArrivalConfig{Kind: ArrivalPhased, Phases: []Phase{
+		{Rate: 200, Duration: 10 * time.Second}, {Rate: 0, Duration: 5 * time.Second}, {Rate: 50, Duration: 10 * time.Second}}}
+	a, err := NewArrivals(cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	var last time.Duration
+	for {
+		at := a.Next()
+		if at < last {
+			t.Fatalf("arrivals went backwards: %v after %v", at, last)
+		}
+		last = at
+		switch {
+		case at < 10*time.Second:
+			counts["overload"]++
+		case at < 15*time.Second:
+			t.Fatalf("arrival at %v falls in the silent phase", at)
+		case at < 25*time.Second:
+			counts["recovery"]++
+		default:
+			counts["after"]++
+		}
+		if at >= 45*time.Second {
+			break
+		}
+	}
+	// Poisson counts: 2000 +- 45, 500 +- 22 and 1000 +- 32 (one sigma); 5 sigma bounds.
+	for phase, want := range map[string]int{"overload": 2000, "recovery": 500, "after": 1000} {
+		if got, sigma := counts[phase], math.Sqrt(float64(want)); math.Abs(float64(got-want)) > 5*sigma {
+			t.Errorf("%s: %d arrivals, want %d within 5 sigma", phase, got, want)
+		}
+	}
+	if got := cfg.MeanRate(); got != (200*10+50*10)/25.0 {
+		t.Errorf("mean rate %v, want 100", got)
+	}
+	for at, want := range map[time.Duration]float64{0: 200, 12 * time.Second: 0, 20 * time.Second: 50, time.Hour: 50} {
+		if got := cfg.RateAt(at); got != want {
+			t.Errorf("rate at %v is %v, want %v", at, got, want)
+		}
+	}
+}
+
 func TestArrivalsDeterministic(t *testing.T) {
 	for _, kind := range []ArrivalKind{ArrivalPoisson, ArrivalBursty} {
 		cfg := ArrivalConfig{Kind: kind, Rate: 10, BurstOn: time.Second, BurstOff: time.Second}
@@ -107,6 +153,12 @@ func TestArrivalConfigValidation(t *testing.T) {
 		{ArrivalConfig{Kind: ArrivalPoisson, Rate: 0}, "rate must be"},
 		{ArrivalConfig{Kind: ArrivalPoisson, Rate: math.Inf(1)}, "rate must be"},
 		{ArrivalConfig{Kind: ArrivalBursty, Rate: 1}, "burst-on"},
+		{ArrivalConfig{Kind: ArrivalPoisson, Rate: 1, Phases: []Phase{{Rate: 1, Duration: time.Second}}}, "phased arrivals only"},
+		{ArrivalConfig{Kind: ArrivalPhased}, "at least one phase"},
+		{ArrivalConfig{Kind: ArrivalPhased, Rate: 3, Phases: []Phase{{Rate: 1, Duration: time.Second}}}, "drop rate"},
+		{ArrivalConfig{Kind: ArrivalPhased, Phases: []Phase{{Rate: 1}}}, "duration must be positive"},
+		{ArrivalConfig{Kind: ArrivalPhased, Phases: []Phase{{Rate: -1, Duration: time.Second}, {Rate: 1, Duration: time.Second}}}, "non-negative"},
+		{ArrivalConfig{Kind: ArrivalPhased, Phases: []Phase{{Rate: 1, Duration: time.Second}, {Rate: 0, Duration: time.Second}}}, "last phase"},
 	} {
 		if _, err := NewArrivals(tc.cfg, 1); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want %q", tc.cfg, err, tc.want)

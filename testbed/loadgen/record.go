@@ -52,6 +52,34 @@ type Record struct {
 	// Endpoint is x-gateway-destination-endpoint-served from the response,
 	// when the data plane reports it.
 	Endpoint string `json:"endpoint,omitempty"`
+	// ServerQueue and ServerTTFT are the server's own account of the
+	// attempt's start, when it gives one (the simulator's x-sim-queue-seconds
+	// and x-sim-first-token-seconds; ServerTTFT is 0 without them): the time
+	// from its arrival at the server to its first scheduling into the running
+	// batch, and to its first token. TTFT - ServerTTFT is the way there:
+	// routing, queueing in the gateway, proxies.
+	ServerQueue time.Duration `json:"server_queue_ns,omitempty"`
+	ServerTTFT  time.Duration `json:"server_ttft_ns,omitempty"`
+}
+
+// Headers of the simulated model server (package simulator's
+// QueueTimeHeader and FirstTokenTimeHeader, duplicated: loadgen is a client
+// and imports no server code).
+const (
+	serverQueueHeader = "x-sim-queue-seconds"
+	serverTTFTHeader  = "x-sim-first-token-seconds"
+)
+
+// parseServerTimes fills ServerQueue and ServerTTFT from a response's
+// headers; a missing or malformed pair leaves both zero.
+func (r *Record) parseServerTimes(h http.Header) {
+	q, errQ := strconv.ParseFloat(h.Get(serverQueueHeader), 64)
+	f, errF := strconv.ParseFloat(h.Get(serverTTFTHeader), 64)
+	if errQ != nil || errF != nil || q < 0 || f <= 0 || q > f {
+		return
+	}
+	r.ServerQueue = time.Duration(q * float64(time.Second))
+	r.ServerTTFT = time.Duration(f * float64(time.Second))
 }
 
 // OK reports whether the attempt succeeded: a 2xx answer whose body or

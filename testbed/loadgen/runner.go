@@ -415,6 +415,7 @@ func (r *runner) attempt(ctx context.Context, spec RequestSpec, rec *Record) {
 	defer func() { _ = resp.Body.Close() }()
 	rec.Status = resp.StatusCode
 	rec.Endpoint = resp.Header.Get(servedHeader)
+	rec.parseServerTimes(resp.Header)
 	if d, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 		rec.RetryAfter, rec.RetryAfterSet = d, true
 	}

@@ -351,3 +351,29 @@ func TestWriteJSONRoundTrip(t *testing.T) {
 		t.Errorf("round trip lost data: %d records, summary %+v", len(back.Records), back.Summary.Overall)
 	}
 }
+
+func TestParseServerTimes(t *testing.T) {
+	for _, tc := range []struct {
+		queue, first    string
+		wantQ, wantTTFT time.Duration
+	}{
+		{"0.022000", "0.033000", 22 * time.Millisecond, 33 * time.Millisecond},
+		{"0", "0.5", 0, 500 * time.Millisecond},
+		{"", "0.5", 0, 0},              // a server that does not say
+		{"0.5", "0.1", 0, 0},           // queued longer than it took to answer: not believed
+		{"-1", "0.1", 0, 0},            // negative
+		{"0.1", "soon", 0, 0},          // malformed
+		{"0.000000", "0.000000", 0, 0}, // no first token
+	} {
+		h := http.Header{}
+		if tc.queue != "" {
+			h.Set(serverQueueHeader, tc.queue)
+		}
+		h.Set(serverTTFTHeader, tc.first)
+		var r Record
+		r.parseServerTimes(h)
+		if r.ServerQueue != tc.wantQ || r.ServerTTFT != tc.wantTTFT {
+			t.Errorf("%q, %q: queue %v, first token %v; want %v, %v", tc.queue, tc.first, r.ServerQueue, r.ServerTTFT, tc.wantQ, tc.wantTTFT)
+		}
+	}
+}

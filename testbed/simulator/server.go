@@ -22,6 +22,18 @@ import (
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
 
+// Response headers with the server's own account of a request's start, so a benchmark can split a client's time to
+// first token into the way to the server (routing, an EPP's queue, proxies), the wait inside the server for a place
+// in the running batch, and the prefill. vLLM sends no such headers; clients ignore them. Values are seconds.
+const (
+	// QueueTimeHeader is the time from the request's arrival at the server to its first scheduling into the running
+	// batch (vLLM's request_queue_time).
+	QueueTimeHeader = "x-sim-queue-seconds"
+	// FirstTokenTimeHeader is the time from the request's arrival at the server to its first token (vLLM's
+	// time_to_first_token, as the server measures it).
+	FirstTokenTimeHeader = "x-sim-first-token-seconds"
+)
+
 const (
 	maxBodyBytes            = 16 << 20
 	defaultDefaultMaxTokens = 128
@@ -577,6 +589,7 @@ func (s *Server) fullResponse(w http.ResponseWriter, ctx context.Context, g *gen
 		text = append(text, outputToken(s.seed, h.req.ID, i)...)
 	}
 	content, reason := string(text), h.reason
+	setStartHeaders(w.Header(), h.req)
 	body := responseBody{ID: h.respID, Created: h.created, Model: h.model, Usage: s.usage(h, generated)}
 	if g.chat {
 		body.Object = "chat.completion"
@@ -628,6 +641,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, ctx context.Context, g *g
 			started = true
 			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 			w.Header().Set("Cache-Control", "no-cache")
+			setStartHeaders(w.Header(), h.req)
 			w.WriteHeader(http.StatusOK)
 			if g.chat {
 				empty := ""
@@ -679,6 +693,13 @@ func (s *Server) streamResponse(w http.ResponseWriter, ctx context.Context, g *g
 			return
 		}
 	}
+}
+
+// setStartHeaders sets QueueTimeHeader and FirstTokenTimeHeader for r, which has emitted its first token. The
+// handler reads r after progress, which took the lock the engine wrote these times under.
+func setStartHeaders(h http.Header, r *engine.Request) {
+	h.Set(QueueTimeHeader, strconv.FormatFloat(r.ScheduledAt().Sub(r.Arrival()).Seconds(), 'f', 6, 64))
+	h.Set(FirstTokenTimeHeader, strconv.FormatFloat(r.FirstTokenAt().Sub(r.Arrival()).Seconds(), 'f', 6, 64))
 }
 
 func appendEvent(buf []byte, v any) []byte {

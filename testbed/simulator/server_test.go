@@ -458,6 +458,37 @@ func TestQueueingAndKVPressureOverHTTP(t *testing.T) {
 	}
 }
 
+func TestStartHeadersTellQueueAndFirstTokenTimes(t *testing.T) {
+	// One slot, two 10-token prompts of 2 output tokens arriving together: A's prefill step ends at 11ms (10ms +
+	// 10 x 0.1ms), its decode step at 22ms; B waits for the slot until then and has its first token at 33ms.
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newTestServer(t, func(o *Options) { o.Engine.MaxNumSeqs = 1 })
+		var wg sync.WaitGroup
+		var a, b answer
+		wg.Go(func() { a = post(s, "/v1/completions", `{"prompt":"`+strings.Repeat("a", 40)+`","max_tokens":2}`) })
+		synctest.Wait()
+		wg.Go(func() {
+			b = post(s, "/v1/completions", `{"prompt":"`+strings.Repeat("b", 40)+`","max_tokens":2,"stream":true}`)
+		})
+		wg.Wait()
+		for _, tc := range []struct {
+			name            string
+			got             answer
+			queue, firstTok string
+		}{
+			{"A, not streamed", a, "0.000000", "0.011000"},
+			{"B, streamed", b, "0.022000", "0.033000"},
+		} {
+			if tc.got.status != http.StatusOK {
+				t.Fatalf("%s: status %d: %s", tc.name, tc.got.status, tc.got.body)
+			}
+			if q, f := tc.got.header.Get(QueueTimeHeader), tc.got.header.Get(FirstTokenTimeHeader); q != tc.queue || f != tc.firstTok {
+				t.Errorf("%s: queue %q, first token %q; want %q, %q", tc.name, q, f, tc.queue, tc.firstTok)
+			}
+		}
+	})
+}
+
 func TestPrefixCacheOverHTTP(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// A budget above the prompt length keeps each prefill in one step.

@@ -413,6 +413,8 @@ func (r *run) stepDone(out *engine.StepOutput) {
 			continue
 		}
 		if er.Generated() == 1 {
+			// The simulator's x-sim-* headers, which the client reads with the response's headers.
+			a.rec.ServerQueue, a.rec.ServerTTFT = er.ScheduledAt().Sub(er.Arrival()), out.End.Sub(er.Arrival())
 			if a.stream {
 				a.rec.TTFT = out.End.Sub(a.start)
 				r.firstSeen = append(r.firstSeen, a)

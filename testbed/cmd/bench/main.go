@@ -10,7 +10,8 @@
 // scenario in seconds and can also run the scale study and the seed sweep.
 //
 //	bench                                   # every scenario (make bench)
-//	bench --scenario mixed-gpu,bursty       # some (make bench SCENARIO=mixed-gpu)
+//	bench --scenario mixed-gpu,bursty       # some, each on all its server shapes (make bench SCENARIO=mixed-gpu)
+//	bench --scenario priority-overload-slot-limited   # one shape of a scenario
 //	bench --list                            # what there is
 //	bench --duration 10s --scenario uniform-steady   # a quick, noisier look
 //	bench --engine virtual                  # every scenario in virtual time (make bench ENGINE=virtual)
@@ -91,9 +92,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *list {
 		for _, sc := range scenarios {
-			fmt.Fprintf(stdout, "%-18s %s (fleet %s, %v)\n", sc.Name, sc.Title, sc.Fleet, sc.Duration)
+			fmt.Fprintf(stdout, "%-34s %s (fleet %s, %v)\n", sc.Name, sc.Title, sc.Fleet, sc.Duration)
 		}
-		fmt.Fprintf(stdout, "%-18s %s\n", benchsuite.ScaleName, "Scale study: mixed fleets of --scale-sizes servers (--engine virtual)")
+		fmt.Fprintf(stdout, "%-34s %s\n", benchsuite.ScaleName, "Scale study: mixed fleets of --scale-sizes servers (--engine virtual)")
 		return nil
 	}
 	scenarios, withScale, err := selectScenarios(scenarios, *only)
@@ -235,7 +236,8 @@ func selectScenarios(all []*benchsuite.Scenario, names string) (out []*benchsuit
 		}
 	}
 	for _, sc := range all {
-		if slices.Contains(want, sc.Name) {
+		// A scenario file's name selects all its shapes (its first shape has its name too).
+		if slices.Contains(want, sc.Name) || slices.Contains(want, sc.Family) {
 			out = append(out, sc)
 		}
 	}

@@ -79,10 +79,22 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// profiles are hardware profiles for a Llama-3.1-8B-class model in BF16.
-// The KV sizes follow from memory left after weights at
-// gpu_memory_utilization 0.9 (128 KiB of KV per token); the speeds are
-// typical vLLM measurements rounded to keep arithmetic readable.
+// profiles are the simulated servers. h100 and a10g are hardware profiles for a Llama-3.1-8B-class model in BF16:
+// the KV sizes follow from memory left after weights at gpu_memory_utilization 0.9 (128 KiB of KV per token); the
+// speeds are typical vLLM measurements rounded to keep arithmetic readable. Both run 128-256 sequences at once, so
+// under load prompts contend in prefill long before a server has no slot left.
+//
+// The other profiles are server shapes that run out of something else first:
+//
+//   - slot4 and slot24 are slot-limited: vLLM run with --max-num-seqs 4 or 24 (latency-bound deployments cap the
+//     batch), KV to spare, and a step time that doubles from one running sequence to a full batch, the slow-down
+//     llm-d-inference-sim models with time-factor-under-load 2 (its TTFT and ITL grow linearly with the running
+//     count up to max-num-seqs). Under load such a server keeps its own FIFO waiting queue, and a request sent to it
+//     starts only when a running one finishes.
+//   - kvbound is KV-bound: a 70B-class model in FP8 on one 80 GB GPU, where the weights leave about 6k tokens of
+//     KV (400 blocks of 16; 320 KiB per token) for 256 slots. About ten 512/128-token requests fit; vLLM admits
+//     waiting requests while their prompt's blocks fit (the queue's head blocks the rest), and when a decoding
+//     request needs a block and none is free it preempts the latest admitted one, which recomputes later.
 var profiles = map[string]Config{
 	"h100": {
 		MaxNumSeqs:          256,
@@ -108,9 +120,45 @@ var profiles = map[string]Config{
 		DecodePerSeq:        250 * time.Microsecond, // ITL 18 ms alone, 50 ms at 128 seqs
 		PrefillPerToken:     250 * time.Microsecond, // 4k prompt tokens/s
 	},
+	"slot4": {
+		MaxNumSeqs:          4,
+		MaxNumBatchedTokens: 2048, // vLLM's default for online serving below H100-class GPUs
+		NumGPUBlocks:        2560, // 41k tokens: never the limit at 4 sequences
+		BlockSize:           16,
+		MaxModelLen:         4096,
+		MaxLoRAs:            2,
+		LoRALoadTime:        60 * time.Millisecond,
+		StepBase:            12 * time.Millisecond,
+		DecodePerSeq:        6 * time.Millisecond,  // ITL 18 ms alone, 36 ms at 4 seqs
+		PrefillPerToken:     50 * time.Microsecond, // a 512-token prompt alone: first token after 38 ms
+	},
+	"slot24": {
+		MaxNumSeqs:          24,
+		MaxNumBatchedTokens: 2048,
+		NumGPUBlocks:        2560, // 41k tokens: 24 sequences of 1.7k fit
+		BlockSize:           16,
+		MaxModelLen:         4096,
+		MaxLoRAs:            2,
+		LoRALoadTime:        60 * time.Millisecond,
+		StepBase:            12 * time.Millisecond,
+		DecodePerSeq:        500 * time.Microsecond, // ITL 12.5 ms alone, 24 ms at 24 seqs
+		PrefillPerToken:     50 * time.Microsecond,
+	},
+	"kvbound": {
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		NumGPUBlocks:        400, // 6.4k tokens: about ten 512/128-token requests
+		BlockSize:           16,
+		MaxModelLen:         4096,
+		MaxLoRAs:            2,
+		LoRALoadTime:        50 * time.Millisecond,
+		StepBase:            22 * time.Millisecond,
+		DecodePerSeq:        150 * time.Microsecond, // ITL 22 ms alone, 24 ms at 10 seqs
+		PrefillPerToken:     150 * time.Microsecond, // 6.7k prompt tokens/s
+	},
 }
 
-// Profile returns the Config of the named hardware profile.
+// Profile returns the Config of the named profile.
 func Profile(name string) (Config, error) {
 	c, ok := profiles[name]
 	if !ok {
@@ -119,7 +167,7 @@ func Profile(name string) (Config, error) {
 	return c, nil
 }
 
-// ProfileNames lists the known hardware profiles in sorted order.
+// ProfileNames lists the known profiles in sorted order.
 func ProfileNames() []string {
 	names := make([]string, 0, len(profiles))
 	for n := range profiles {
