@@ -49,8 +49,11 @@ func TestPrometheusRecorder(t *testing.T) {
 		}
 	}
 	want := map[string]float64{
-		"sluice_prefixcache_guard_total{action=overload}":    1,
-		"sluice_prefixcache_calibration_ratio{source=usage}": 1,
+		"sluice_prefixcache_guard_total{action=overload}":       1,
+		"sluice_prefixcache_guard_total{action=taper}":          0,
+		"sluice_prefixcache_guard_total{action=kv_full}":        0,
+		"sluice_prefixcache_calibration_ratio{source=usage}":    1,
+		"sluice_prefixcache_calibration_ratio{source=counters}": 0,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("metrics %v, want %v", got, want)

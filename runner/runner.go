@@ -27,6 +27,7 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -304,9 +305,10 @@ func runAll(ctx context.Context, runnables []manager.Runnable) error {
 }
 
 // installPlugins installs Sluice's plugin registry into upstream's global one
-// exactly once per process.
+// exactly once per process; its scorers' metrics go to the registry /metrics
+// serves.
 var installPlugins = sync.OnceValue(func() error {
-	reg, err := plugins.Default()
+	reg, err := plugins.DefaultWithMetrics(crmetrics.Registry)
 	if err != nil {
 		return err
 	}
