@@ -69,7 +69,7 @@ $(BIN)/staticcheck-$(STATICCHECK_VERSION):
 staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 	$< ./...
 
-run: build ## Start a local simulated fleet, the EPP (static mode) and the data plane; send a demo load.
+run: build ## Start a local simulated fleet behind Sluice (admission, default profile); demo three priority classes at 2x capacity against round-robin.
 	BIN=$(BIN) examples/local-fleet/run.sh
 
 .PHONY: bench
