@@ -3,7 +3,6 @@ package tools
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/sluice-gw/sluice/runner/runnertest"
 	"github.com/sluice-gw/sluice/testbed/dataplane"
+	"github.com/sluice-gw/sluice/testbed/fleettest"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -100,7 +100,7 @@ func runEveryFeature(t *testing.T) exposition {
 		"--inference-objectives-file="+filepath.Join(dir, "objectives.yaml"),
 		"--model-rewrites-file="+filepath.Join(dir, "rewrites.yaml"),
 		"--model-rewrite-guardrail", "--model-rewrite-guardrail-min-requests=3")
-	url := startDataPlane(t, epp.GRPCPort)
+	url := fleettest.StartDataPlane(t, dataplane.Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", epp.GRPCPort)})
 
 	// Overload with every class, then Standard alone, which the burst tier serves while no Critical arrives.
 	for _, phase := range []struct {
@@ -192,6 +192,7 @@ func scrape(t *testing.T, url string) exposition {
 	return exp
 }
 
+// startSimulator serves an A10G-like simulated server with the adapters registered on ip until the test ends.
 func startSimulator(t *testing.T, ip string, opts simulator.Options) string {
 	t.Helper()
 	cfg, err := engine.Profile("a10g")
@@ -202,43 +203,5 @@ func startSimulator(t *testing.T, ip string, opts simulator.Options) string {
 	for _, a := range adapters {
 		opts.LoRAModules = append(opts.LoRAModules, simulator.LoRAModule{Name: a, Path: "/adapters/" + a})
 	}
-	srv, err := simulator.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: srv}
-	go func() { _ = hs.Serve(l) }()
-	t.Cleanup(func() {
-		_ = hs.Close()
-		srv.Close()
-	})
-	return l.Addr().String()
-}
-
-func startDataPlane(t *testing.T, eppPort int) string {
-	t.Helper()
-	p, err := dataplane.New(dataplane.Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", eppPort)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = p.Serve(ctx, l)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		_ = p.Close()
-	})
-	return "http://" + l.Addr().String()
+	return fleettest.StartSimulator(t, ip+":0", opts)
 }

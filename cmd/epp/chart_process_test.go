@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +28,7 @@ import (
 	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/runner/runnertest"
 	"github.com/sluice-gw/sluice/testbed/dataplane"
+	"github.com/sluice-gw/sluice/testbed/fleettest"
 	"github.com/sluice-gw/sluice/testbed/simulator"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
@@ -81,7 +79,7 @@ var chartVariants = []chartVariant{
 // do exactly what upstream's does.
 func TestUpstreamChartDropIn(t *testing.T) {
 	helmBinary(t)
-	binaries := []struct{ name, path string }{{"sluice", runnertest.EPPPath(t)}, {"upstream", upstreamEPPPath(t)}}
+	binaries := []struct{ name, path string }{{"sluice", runnertest.EPPPath(t)}, {"upstream", runnertest.UpstreamEPPPath(t)}}
 	chart := upstreamChart(t)
 	api := runnertest.StartAPIServer(t, nil)
 	servers := startModelServers(t)
@@ -216,7 +214,12 @@ func TestUpstreamChartWithSluiceValues(t *testing.T) {
 	findObject(t, objs, "Deployment", chartRelease+"-epp", &deploy)
 	policy := &crds.FlowControlPolicy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bands"},
-		Spec:       crds.FlowControlPolicySpec{PoolRef: crds.PoolReference{Name: chartRelease}, MaxQueuedRequests: ptr.To[int64](500)},
+		Spec: crds.FlowControlPolicySpec{
+			PoolRef:           crds.PoolReference{Name: chartRelease},
+			MaxQueuedRequests: ptr.To[int64](500),
+			// Scrapes on a busy test machine can lag behind the 200ms default.
+			Endpoint: &crds.EndpointThresholds{MetricsStalenessThreshold: &metav1.Duration{Duration: 3 * time.Second}},
+		},
 	}
 	if err := api.Client.Create(ctx, policy); err != nil {
 		t.Fatal(err)
@@ -293,12 +296,15 @@ func observeChartEPP(t *testing.T, api *runnertest.APIServer, objs []*unstructur
 	return observeChartEPPWith(t, api, objs, deploy, binary, metricsReader, nil)
 }
 
-// observeChartEPPWith runs deploy's epp container with binary, observes it, runs also (when not nil) while it is
-// ready, and stops it.
+// observeChartEPPWith runs deploy's epp container with binary, runs also (when not nil) once it is ready, observes
+// it, and stops it.
 func observeChartEPPWith(t *testing.T, api *runnertest.APIServer, objs []*unstructured.Unstructured, deploy *appsv1.Deployment, binary, metricsReader string, also func(*podProcess)) chartObservation {
 	t.Helper()
 	p := startPod(t, api, deploy, "epp", binary)
 	p.waitReady()
+	if also != nil {
+		also(p)
+	}
 	var svc corev1.Service
 	findObject(t, objs, "Service", chartRelease+"-epp", &svc)
 	o := chartObservation{Ready: true, Live: p.probe(p.container.LivenessProbe), Metrics: map[string]int{}}
@@ -324,9 +330,6 @@ func observeChartEPPWith(t *testing.T, api *runnertest.APIServer, objs []*unstru
 			t.Errorf("Service port %s: the test does not know what it serves", sp.Name)
 		}
 	}
-	if also != nil {
-		also(p)
-	}
 	o.Stopped = p.stop()
 	return o
 }
@@ -335,29 +338,11 @@ func observeChartEPPWith(t *testing.T, api *runnertest.APIServer, objs []*unstru
 // chart's InferencePool tells the gateway, and says how many were answered 200 by the pool's servers.
 func routeThroughDataPlane(t *testing.T, port int) string {
 	t.Helper()
-	dp, err := dataplane.New(dataplane.Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", port), EPPTLS: true, ReportServedHeader: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = dp.Serve(ctx, l)
-	}()
-	defer func() {
-		cancel()
-		<-done
-		_ = dp.Close()
-	}()
+	url := fleettest.StartDataPlane(t, dataplane.Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", port), EPPTLS: true, ReportServedHeader: true})
 	ok := 0
 	for i := range chartRequests {
 		body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"hello %d"}]}`, servedModel, i)
-		resp, err := http.Post("http://"+l.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -427,20 +412,7 @@ func startModelServers(t *testing.T) []string {
 	var ips []string
 	for i := 1; i <= 2; i++ {
 		ip := fmt.Sprintf("%s%d", modelServerIPPrefix, i)
-		srv, err := simulator.New(simulator.Options{Model: servedModel, Engine: cfg, Seed: uint64(i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("tcp", ip+":8000")
-		if err != nil {
-			t.Fatalf("a simulated model server needs %s:8000: %v", ip, err)
-		}
-		hs := &http.Server{Handler: srv}
-		go func() { _ = hs.Serve(l) }()
-		t.Cleanup(func() {
-			_ = hs.Close()
-			srv.Close()
-		})
+		fleettest.StartSimulator(t, ip+":8000", simulator.Options{Model: servedModel, Engine: cfg, Seed: uint64(i)})
 		ips = append(ips, ip)
 	}
 	return ips
@@ -472,34 +444,4 @@ func yamlEqual(t *testing.T, a, b string) bool {
 		t.Fatalf("%v in\n%s", err, b)
 	}
 	return reflect.DeepEqual(x, y)
-}
-
-var (
-	upstreamOnce sync.Once
-	upstreamBin  string
-	upstreamErr  error
-)
-
-// upstreamEPPPath returns upstream's EPP at the version go.mod pins: $SLUICE_UPSTREAM_EPP_BINARY (the Makefile's
-// bin/upstream-epp) or one built here.
-func upstreamEPPPath(t *testing.T) string {
-	t.Helper()
-	upstreamOnce.Do(func() {
-		if upstreamBin = os.Getenv("SLUICE_UPSTREAM_EPP_BINARY"); upstreamBin != "" {
-			return
-		}
-		dir, err := os.MkdirTemp("", "upstream-epp-bin")
-		if err != nil {
-			upstreamErr = err
-			return
-		}
-		upstreamBin = filepath.Join(dir, "upstream-epp")
-		if out, err := exec.Command("go", "build", "-o", upstreamBin, "sigs.k8s.io/gateway-api-inference-extension/cmd/epp").CombinedOutput(); err != nil {
-			upstreamErr = fmt.Errorf("building upstream's EPP: %v\n%s", err, out)
-		}
-	})
-	if upstreamErr != nil {
-		t.Fatal(upstreamErr)
-	}
-	return upstreamBin
 }
