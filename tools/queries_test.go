@@ -193,7 +193,7 @@ func checkQuery(t *testing.T, exp exposition, q query) {
 				return nil
 			}
 			for _, m := range n.LabelMatchers {
-				if m.Name == labels.MetricName {
+				if m.Name == model.MetricNameLabel {
 					continue
 				}
 				values, ok := series[m.Name]
