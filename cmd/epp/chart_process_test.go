@@ -88,7 +88,7 @@ func TestUpstreamChartDropIn(t *testing.T) {
 	for _, v := range chartVariants {
 		t.Run(v.name, func(t *testing.T) {
 			ns := "chart-" + v.name
-			objs := renderChart(t, chart, chartRelease, ns, append(sluiceImage, v.values...)...)
+			objs := renderChart(t, chart, chartRelease, ns, slices.Concat(sluiceImage, v.values)...)
 			var deploy appsv1.Deployment
 			findObject(t, objs, "Deployment", chartRelease+"-epp", &deploy)
 			epp := eppContainer(t, &deploy)
@@ -115,13 +115,7 @@ func TestUpstreamChartDropIn(t *testing.T) {
 			if s, u := seen["sluice"], seen["upstream"]; !reflect.DeepEqual(s, u) {
 				t.Errorf("Sluice's EPP differs from upstream's under the same chart:\nsluice   %+v\nupstream %+v", s, u)
 			}
-			want := chartObservation{Ready: true, Live: true, Routed: fmt.Sprintf("%d/%d answered 200 by the pool's servers", chartRequests, chartRequests),
-				Metrics: map[string]int{"anonymous": http.StatusUnauthorized}, Stopped: "exited 0"}
-			if v.metricsReader != "" {
-				want.Metrics["reader"] = http.StatusOK
-				want.PoolGauges = true
-			}
-			if got := seen["sluice"]; !reflect.DeepEqual(got, want) {
+			if got, want := seen["sluice"], serving(v.metricsReader != ""); !reflect.DeepEqual(got, want) {
 				t.Errorf("Sluice's EPP under the chart: %+v, want %+v", got, want)
 			}
 		})
@@ -131,7 +125,7 @@ func TestUpstreamChartDropIn(t *testing.T) {
 		// Istio's variant adds a DestinationRule that makes the gateway dial the EPP over TLS without verifying
 		// its certificate, which is how every variant above dials it; it changes nothing the EPP runs with.
 		ns := "chart-istio"
-		objs := renderChart(t, chart, chartRelease, ns, append(sluiceImage, "--set", "provider.name=istio")...)
+		objs := renderChart(t, chart, chartRelease, ns, slices.Concat(sluiceImage, []string{"--set", "provider.name=istio"})...)
 		var deploy appsv1.Deployment
 		findObject(t, objs, "Deployment", chartRelease+"-epp", &deploy)
 		if epp := eppContainer(t, &deploy); !reflect.DeepEqual(epp, defaultEPP) {
@@ -189,7 +183,7 @@ func TestUpstreamChartWithSluiceValues(t *testing.T) {
 	}
 
 	ns := "chart-sluice"
-	objs := renderChart(t, chart, chartRelease, ns, append(sluiceImage, "-f", filepath.Join(root, "examples", "helm", "sluice-values.yaml"))...)
+	objs := renderChart(t, chart, chartRelease, ns, slices.Concat(sluiceImage, []string{"-f", filepath.Join(root, "examples", "helm", "sluice-values.yaml")})...)
 	if skipped := applyObjects(t, api, ns, objs); len(skipped) > 0 {
 		t.Errorf("kinds the API server does not serve: %v", skipped)
 	}
@@ -238,9 +232,7 @@ func TestUpstreamChartWithSluiceValues(t *testing.T) {
 			return ""
 		})
 	})
-	want := chartObservation{Ready: true, Live: true, Routed: fmt.Sprintf("%d/%d answered 200 by the pool's servers", chartRequests, chartRequests),
-		Metrics: map[string]int{"anonymous": http.StatusUnauthorized}, Stopped: "exited 0"}
-	if !reflect.DeepEqual(got, want) {
+	if want := serving(false); !reflect.DeepEqual(got, want) {
 		t.Errorf("Sluice's EPP under the chart with Sluice's values: %+v, want %+v", got, want)
 	}
 	out := pod.output.String()
@@ -290,6 +282,18 @@ type chartObservation struct {
 	PoolGauges bool
 	// Stopped is how the process ended on SIGTERM.
 	Stopped string
+}
+
+// serving is what a healthy EPP under the chart does: ready and live, every request routed, /metrics refused
+// without a token (the chart leaves metrics auth on), and, with the token of a reader the chart grants /metrics,
+// served with upstream's pool gauges; SIGTERM ends it cleanly.
+func serving(reader bool) chartObservation {
+	o := chartObservation{Ready: true, Live: true, Routed: fmt.Sprintf("%d/%d answered 200 by the pool's servers", chartRequests, chartRequests),
+		Metrics: map[string]int{"anonymous": http.StatusUnauthorized}, Stopped: "exited 0"}
+	if reader {
+		o.Metrics["reader"], o.PoolGauges = http.StatusOK, true
+	}
+	return o
 }
 
 func observeChartEPP(t *testing.T, api *runnertest.APIServer, objs []*unstructured.Unstructured, deploy *appsv1.Deployment, binary, metricsReader string) chartObservation {
