@@ -11,6 +11,11 @@ COMMIT ?= $(shell git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/sluice-gw/sluice/runner.version=$(VERSION) -X github.com/sluice-gw/sluice/runner.commit=$(COMMIT)
 
 STATICCHECK_VERSION ?= v0.8.2
+# helm renders upstream's inferencepool chart in the chart tests. A pinned
+# binary, not Helm's Go SDK: the SDK would pull Helm's dependency tree into
+# the product's go.mod and raise its k8s.io modules to Helm's (v0.37).
+HELM_VERSION ?= v3.22.0
+HELM := $(CACHE_DIR)/tools/helm-$(HELM_VERSION)/helm
 K8S_VERSION ?= 1.35.4
 ETCD_VERSION ?= 3.6.16
 ENVTEST_ASSETS = $(CACHE_DIR)/envtest/k8s-$(K8S_VERSION)_etcd-$(ETCD_VERSION)
@@ -20,7 +25,7 @@ BINARIES := epp
 # benchmarks that compare Sluice with upstream run it side by side.
 UPSTREAM_EPP := sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 
-.PHONY: all build test lint vet staticcheck envtest run clean help
+.PHONY: all build test lint vet staticcheck envtest helm run clean help
 
 all: build
 
@@ -37,10 +42,17 @@ envtest: $(ENVTEST_ASSETS)/kube-apiserver ## Build (once) a real kube-apiserver 
 $(ENVTEST_ASSETS)/kube-apiserver:
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) SLUICE_CACHE=$(CACHE_DIR) hack/envtest-binaries.sh
 
+helm: $(HELM) ## Build (once) the pinned helm the chart tests render upstream's chart with.
+
+$(HELM):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install -trimpath -ldflags "-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
 # The whole suite. The process tests run bin/epp as a real process against a
-# real API server (envtest); hack/image's test inspects the image tarball.
-test: lint verify-generate envtest build image ## The whole suite: lint, unit, integration (real API server), image and race tests.
-	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp SLUICE_UPSTREAM_EPP_BINARY=$(BIN)/upstream-epp \
+# real API server (envtest); cmd/epp's chart tests render upstream's Helm
+# chart with $(HELM); hack/image's test inspects the image tarball.
+test: lint verify-generate envtest helm build image ## The whole suite: lint, unit, integration (real API server), chart, image and race tests.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp SLUICE_UPSTREAM_EPP_BINARY=$(BIN)/upstream-epp SLUICE_HELM_BINARY=$(HELM) \
 	SLUICE_IMAGE_TARBALL=$(IMAGE_TARBALL) SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
 		$(GO) test -race -count=1 -timeout 30m ./...
 
@@ -57,7 +69,7 @@ $(BIN)/staticcheck-$(STATICCHECK_VERSION):
 staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 	$< ./...
 
-run: build ## Start a local simulated fleet, the EPP (static mode) and the data plane; send a demo load.
+run: build ## Start a local simulated fleet behind Sluice (admission, default profile); demo three priority classes at 2x capacity against round-robin.
 	BIN=$(BIN) examples/local-fleet/run.sh
 
 .PHONY: bench

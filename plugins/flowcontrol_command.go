@@ -253,6 +253,11 @@ func (c *FlowControlCommand) Start(_ context.Context, env FlowControlEnv) (*Flow
 	if err != nil {
 		return nil, err
 	}
+	if env.Registerer != nil {
+		if err := env.Registerer.Register(endpointCollector{fc}); err != nil {
+			return nil, fmt.Errorf("registering flow control endpoint metrics: %w", err)
+		}
+	}
 	if fc.Attach(env.Plugins) == 0 {
 		fc.logger.Info("No " + HeadroomFilterType + " plugin is configured: the scheduler may place admitted requests " +
 			"on endpoints without headroom for their band; add it to the scheduling profiles")

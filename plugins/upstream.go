@@ -1,6 +1,12 @@
 package plugins
 
 import (
+	"fmt"
+	"maps"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
@@ -32,6 +38,9 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/runningrequests"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/scorer/tokenload"
 	testfilter "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/test/filter"
+
+	"github.com/sluice-gw/sluice/lora"
+	"github.com/sluice-gw/sluice/prefixcache"
 )
 
 // upstreamInTree lists every plugin type that upstream's v1.5.0 EPP runner
@@ -93,10 +102,28 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and
-// every Sluice plugin type.
-func Default() (*Registry, error) {
+// every Sluice plugin type, without metrics.
+func Default() (*Registry, error) { return DefaultWithMetrics(nil) }
+
+// DefaultWithMetrics is Default whose Sluice prefix-cache and LoRA-affinity
+// scorers report to reg (sluice_prefixcache_*, sluice_lora_*): the EPP passes
+// the registry its /metrics serves. A nil reg means no metrics.
+func DefaultWithMetrics(reg prometheus.Registerer) (*Registry, error) {
+	sluice := maps.Clone(sluicePlugins)
+	if reg != nil {
+		loraRec, err := lora.NewPrometheusRecorder(reg)
+		if err != nil {
+			return nil, fmt.Errorf("registering LoRA affinity metrics: %w", err)
+		}
+		prefixRec, err := prefixcache.NewPrometheusRecorder(reg)
+		if err != nil {
+			return nil, fmt.Errorf("registering prefix cache metrics: %w", err)
+		}
+		sluice[LoRAAffinityType] = NewLoRAAffinityFactory(loraRec, clock.RealClock{})
+		sluice[PrefixCacheType] = NewPrefixCacheFactory(prefixRec, clock.RealClock{})
+	}
 	r := NewRegistry()
-	for _, set := range []map[string]fwkplugin.FactoryFunc{upstreamInTree, sluicePlugins} {
+	for _, set := range []map[string]fwkplugin.FactoryFunc{upstreamInTree, sluice} {
 		for t, f := range set {
 			if err := r.Register(t, f); err != nil {
 				return nil, err

@@ -67,6 +67,14 @@ func NewPrometheusRecorder(reg prometheus.Registerer) (*PrometheusRecorder, erro
 	if err := errors.Join(reg.Register(r.guard), reg.Register(r.calibration)); err != nil {
 		return nil, err
 	}
+	// Every series of the closed label sets exists from the start, so dashboards and alerts see zeros rather than
+	// nothing before the first event.
+	for _, a := range []GuardAction{GuardTaper, GuardOverload, GuardKVFull} {
+		r.guard.WithLabelValues(a.String())
+	}
+	for _, s := range []CalibrationSource{SourceUsage, SourceCounters} {
+		r.calibration.WithLabelValues(s.String())
+	}
 	return r, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/sluice-gw/sluice/plugins"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
@@ -227,9 +228,10 @@ func runAll(ctx context.Context, runnables []manager.Runnable) error {
 }
 
 // installPlugins installs Sluice's plugin registry into upstream's global one
-// exactly once per process.
+// exactly once per process; its scorers' metrics go to the registry /metrics
+// serves.
 var installPlugins = sync.OnceValue(func() error {
-	reg, err := plugins.Default()
+	reg, err := plugins.DefaultWithMetrics(crmetrics.Registry)
 	if err != nil {
 		return err
 	}

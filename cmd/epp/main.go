@@ -13,8 +13,8 @@
 //     FlowControlPolicy (sluice.dev/v1alpha1) accepted for the pool, applied
 //     live as it changes, or the defaults while none is accepted. The EPP then
 //     needs the RBAC of examples/flowcontrolpolicy-rbac.yaml. If the
-//     FlowControlPolicy CRD is not installed, the EPP logs it and runs on the
-//     defaults (install the CRD and restart to use policies).
+//     FlowControlPolicy CRD is not installed, the EPP logs it once, runs on the
+//     defaults, and applies policies once the CRD is installed (no restart).
 //   - Otherwise (static mode, --endpoint-selector): the defaults.
 //
 // InferenceModelRewrites (upstream's API) are applied by Sluice with sticky
@@ -29,10 +29,7 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
@@ -90,12 +87,10 @@ func policySetup(admission *plugins.FlowControlCommand) runner.ManagerSetup {
 			if !watched(pool) {
 				return nil
 			}
+			// Policies are read through a cache of their own, created once the CRD is served (the manager's cache
+			// cannot name a type the API server may not have); the scheme only has to know the types.
 			if err := crds.AddToScheme(opts.Scheme); err != nil {
 				return fmt.Errorf("registering %s types: %w", crds.GroupVersion, err)
-			}
-			// Policies are read in the pool's namespace only, which a namespaced Role can grant.
-			opts.Cache.ByObject[&crds.FlowControlPolicy{}] = cache.ByObject{
-				Namespaces: map[string]cache.Config{pool.Namespace: {}},
 			}
 			return nil
 		},
@@ -105,13 +100,6 @@ func policySetup(admission *plugins.FlowControlCommand) runner.ManagerSetup {
 					logger.Info("FlowControlPolicies are not watched: --flow-control-config is in force", "file", admission.PolicyFile())
 				}
 				return nil
-			}
-			gk := schema.GroupKind{Group: crds.GroupName, Kind: "FlowControlPolicy"}
-			if _, err := mgr.GetRESTMapper().RESTMapping(gk, crds.GroupVersion.Version); meta.IsNoMatchError(err) {
-				logger.Info("The FlowControlPolicy CRD is not installed: Sluice admission runs on the default policy")
-				return nil
-			} else if err != nil {
-				return fmt.Errorf("resolving %s: %w", gk, err)
 			}
 			rec, err := policycontroller.New(mgr.GetClient(),
 				policycontroller.Pool{Group: pool.Group, Namespace: pool.Namespace, Name: pool.Name},
@@ -125,7 +113,7 @@ func policySetup(admission *plugins.FlowControlCommand) runner.ManagerSetup {
 			if err != nil {
 				return err
 			}
-			return rec.SetupWithManager(mgr)
+			return rec.SetupWithManager(mgr, policycontroller.Options{Logger: logger})
 		},
 	}
 }

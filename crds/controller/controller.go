@@ -8,6 +8,9 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,14 +18,17 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/sluice-gw/sluice/crds"
+	"github.com/sluice-gw/sluice/crds/internal/hotinstall"
 	"github.com/sluice-gw/sluice/crds/internal/poolmeta"
 	"github.com/sluice-gw/sluice/flowcontrol"
 )
@@ -55,7 +61,10 @@ func (p Pool) references(ref crds.PoolReference) bool {
 
 // Reconciler keeps the FlowControlPolicy statuses of one pool and hands the configuration in force to a callback.
 type Reconciler struct {
+	// client reads the pool and writes statuses; reader lists the policies (a cache of the pool's namespace, set by
+	// SetupWithManager once the CRD is served).
 	client client.Client
+	reader client.Reader
 	pool   Pool
 	apply  func(*flowcontrol.Config)
 
@@ -69,7 +78,7 @@ type Reconciler struct {
 var _ reconcile.Reconciler = (*Reconciler)(nil)
 
 // New returns a Reconciler for pool that calls apply with each new configuration in force. c should be the
-// manager's client, whose cache must cover FlowControlPolicies and InferencePools in the pool's namespace.
+// manager's client, whose cache must cover InferencePools in the pool's namespace.
 func New(c client.Client, pool Pool, apply func(*flowcontrol.Config)) (*Reconciler, error) {
 	var errs []error
 	if c == nil {
@@ -87,9 +96,19 @@ func New(c client.Client, pool Pool, apply func(*flowcontrol.Config)) (*Reconcil
 	return &Reconciler{client: c, pool: pool, apply: apply}, nil
 }
 
-// SetupWithManager registers the reconciler. Every FlowControlPolicy event in the pool's namespace, and the pool's
-// creation and deletion, enqueue the same request: the pool.
-func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
+// Options configures SetupWithManager.
+type Options struct {
+	// DiscoveryInterval is how often to look for the FlowControlPolicy CRD while it is not installed; 0 means
+	// hotinstall.DefaultInterval.
+	DiscoveryInterval time.Duration
+	Logger            logr.Logger
+}
+
+// SetupWithManager registers the reconciler: at once when the FlowControlPolicy CRD is installed (and the EPP may
+// list policies), otherwise as soon as it is, without a restart; until then no configuration is handed to the
+// callback, so whatever the EPP started with stays in force. Every FlowControlPolicy event in the pool's namespace,
+// and the pool's creation and deletion, enqueue the same request: the pool.
+func (r *Reconciler) SetupWithManager(mgr manager.Manager, opts Options) error {
 	mapping, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: r.pool.group(), Kind: poolKind})
 	if err != nil {
 		return fmt.Errorf("flowcontrolpolicy controller: resolving %s.%s (is its CRD installed?): %w", poolKind, r.pool.group(), err)
@@ -97,14 +116,30 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	r.mu.Lock()
 	r.poolGVK = mapping.GroupVersionKind
 	r.mu.Unlock()
+	return hotinstall.Start(mgr, hotinstall.Watch{
+		GVK:       crds.GroupVersion.WithKind("FlowControlPolicy"),
+		List:      &crds.FlowControlPolicyList{},
+		Namespace: r.pool.Namespace,
+		Absent:    "Sluice admission keeps the policy it started with until one is installed and accepted",
+		RBAC:      "examples/flowcontrolpolicy-rbac.yaml",
+		Interval:  opts.DiscoveryInterval,
+		Logger:    opts.Logger,
+	}, func(policies cache.Cache) error { return r.start(mgr, policies) })
+}
+
+// start adds the controller, reading policies from the cache of the pool's namespace, to mgr; it starts at once
+// when mgr is already running.
+func (r *Reconciler) start(mgr manager.Manager, policies cache.Cache) error {
+	r.mu.Lock()
+	r.reader = policies
+	r.mu.Unlock()
 	poolMeta := &metav1.PartialObjectMetadata{}
-	poolMeta.SetGroupVersionKind(mapping.GroupVersionKind)
+	poolMeta.SetGroupVersionKind(r.poolGVK)
 
 	key := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: r.pool.Namespace, Name: r.pool.Name}}
 	toPool := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{key}
 	})
-	inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == r.pool.Namespace })
 	isPool := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == r.pool.Namespace && o.GetName() == r.pool.Name
 	})
@@ -112,7 +147,7 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	existenceOnly := predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
 	return builder.ControllerManagedBy(mgr).
 		Named("flowcontrolpolicy").
-		Watches(&crds.FlowControlPolicy{}, toPool, builder.WithPredicates(inNamespace)).
+		WatchesRawSource(source.Kind(policies, client.Object(&crds.FlowControlPolicy{}), toPool)).
 		WatchesMetadata(poolMeta, toPool, builder.WithPredicates(isPool, existenceOnly)).
 		Complete(r)
 }
@@ -124,7 +159,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	defer r.mu.Unlock()
 
 	var list crds.FlowControlPolicyList
-	if err := r.client.List(ctx, &list, client.InNamespace(r.pool.Namespace)); err != nil {
+	if r.reader == nil {
+		return reconcile.Result{}, errors.New("flowcontrolpolicy controller: SetupWithManager has not started it")
+	}
+	if err := r.reader.List(ctx, &list, client.InNamespace(r.pool.Namespace)); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing FlowControlPolicies in %s: %w", r.pool.Namespace, err)
 	}
 	poolFound, err := r.poolExistsLocked(ctx)

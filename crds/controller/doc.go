@@ -20,6 +20,13 @@
 //   - Conditions carry the generation they describe; status is written only when it changes, so the reconciler's
 //     own status writes converge instead of looping.
 //
+// # Hot install
+//
+// The policies are read through a cache of their own, restricted to the pool's namespace and created once the API
+// server serves FlowControlPolicies (package crds/internal/hotinstall): an EPP started with Sluice admission on a
+// cluster without the CRD logs that once, keeps the policy it started with, and applies policies as soon as the CRD
+// is installed, without a restart.
+//
 // # Concurrency
 //
 // Reconcile may be called concurrently; calls are serialised by a mutex (controller-runtime already never runs

@@ -9,12 +9,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -28,13 +26,14 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
+	"github.com/sluice-gw/sluice/crds/internal/hotinstall"
 	"github.com/sluice-gw/sluice/crds/internal/poolmeta"
 	"github.com/sluice-gw/sluice/modelrewrite"
 )
 
 // DefaultDiscoveryInterval is how often Setup looks for the
 // InferenceModelRewrite CRD while it is not installed.
-const DefaultDiscoveryInterval = 10 * time.Second
+const DefaultDiscoveryInterval = hotinstall.DefaultInterval
 
 // Target is what the reconciler feeds: the EPP's model selection
 // (plugins.ModelRewrite implements it).
@@ -66,8 +65,9 @@ var rewriteGVK = schema.GroupVersionKind{Group: v1alpha2.GroupVersion.Group, Ver
 // the CRD is installed (and the EPP may list the rewrites) it is set up at
 // once; otherwise a runnable checks every DiscoveryInterval and sets the
 // reconciler up as soon as it can, so installing the CRD (or granting the
-// RBAC) needs no restart. Like the manager's other controllers it runs on
-// the leader only (every replica while leader election is off).
+// RBAC) needs no restart (package hotinstall). Like the manager's other
+// controllers it runs on the leader only (every replica while leader
+// election is off).
 func Setup(mgr manager.Manager, pool modelrewrite.PoolKey, target Target, opts Options) error {
 	if target == nil {
 		return errors.New("inferencemodelrewrite controller: target is nil")
@@ -78,80 +78,20 @@ func Setup(mgr manager.Manager, pool modelrewrite.PoolKey, target Target, opts O
 	if pool.Group == "" {
 		pool.Group = modelrewrite.DefaultPoolGroup
 	}
-	if opts.DiscoveryInterval <= 0 {
-		opts.DiscoveryInterval = DefaultDiscoveryInterval
-	}
 	mapping, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: pool.Group, Kind: modelrewrite.PoolKind})
 	if err != nil {
 		return fmt.Errorf("inferencemodelrewrite controller: resolving %s.%s (is its CRD installed?): %w", modelrewrite.PoolKind, pool.Group, err)
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
-	if err != nil {
-		return fmt.Errorf("inferencemodelrewrite controller: %w", err)
-	}
 	r := &Reconciler{writer: mgr.GetClient(), pool: pool, poolGVK: mapping.GroupVersionKind, target: target, logger: opts.Logger}
-	// usable reports whether the CRD is installed and the EPP may list the
-	// pool namespace's rewrites; a cache that cannot list would never sync
-	// and would stop the manager, so the reconciler waits for both.
-	usable := func(ctx context.Context) (bool, error) {
-		installed, err := crdInstalled(dc)
-		if err != nil || !installed {
-			return false, err
-		}
-		err = mgr.GetAPIReader().List(ctx, &v1alpha2.InferenceModelRewriteList{}, client.InNamespace(pool.Namespace), client.Limit(1))
-		if apierrors.IsForbidden(err) {
-			return false, fmt.Errorf("the EPP may not list InferenceModelRewrites in %s (see examples/modelrewrite-rbac.yaml): %w", pool.Namespace, err)
-		}
-		return err == nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	ok, err := usable(ctx)
-	cancel()
-	if ok {
-		return r.start(mgr, opts.TripEvents)
-	}
-	if err != nil {
-		opts.Logger.Error(err, "Model rewrites wait", "checkEvery", opts.DiscoveryInterval)
-	} else {
-		opts.Logger.Info("The InferenceModelRewrite CRD is not installed; model rewrites start once it is", "checkEvery", opts.DiscoveryInterval)
-	}
-	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		t := time.NewTicker(opts.DiscoveryInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C:
-			}
-			ok, err := usable(ctx)
-			if err != nil {
-				opts.Logger.Error(err, "Model rewrites wait")
-				continue
-			}
-			if ok {
-				opts.Logger.Info("InferenceModelRewrites can be watched: starting model rewrites")
-				return r.start(mgr, opts.TripEvents)
-			}
-		}
-	}))
-}
-
-// crdInstalled reports whether the API server serves InferenceModelRewrites.
-func crdInstalled(dc discovery.DiscoveryInterface) (bool, error) {
-	list, err := dc.ServerResourcesForGroupVersion(rewriteGVK.GroupVersion().String())
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, err
-	}
-	for _, r := range list.APIResources {
-		if r.Kind == rewriteGVK.Kind {
-			return true, nil
-		}
-	}
-	return false, nil
+	return hotinstall.Start(mgr, hotinstall.Watch{
+		GVK:       rewriteGVK,
+		List:      &v1alpha2.InferenceModelRewriteList{},
+		Namespace: pool.Namespace,
+		Absent:    "model rewrites start once it is",
+		RBAC:      "examples/modelrewrite-rbac.yaml",
+		Interval:  opts.DiscoveryInterval,
+		Logger:    opts.Logger,
+	}, func(rewrites cache.Cache) error { return r.start(mgr, rewrites, opts.TripEvents) })
 }
 
 // Reconciler keeps one pool's InferenceModelRewrites in force and writes
@@ -172,20 +112,9 @@ type Reconciler struct {
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
 
-// start adds a cache of the pool namespace's rewrites and the controller to
-// mgr; both start at once when mgr is already running.
-func (r *Reconciler) start(mgr manager.Manager, trips <-chan struct{}) error {
-	rewrites, err := cache.New(mgr.GetConfig(), cache.Options{
-		Scheme:            mgr.GetScheme(),
-		Mapper:            mgr.GetRESTMapper(),
-		DefaultNamespaces: map[string]cache.Config{r.pool.Namespace: {}},
-	})
-	if err != nil {
-		return fmt.Errorf("inferencemodelrewrite controller: %w", err)
-	}
-	if err := mgr.Add(rewrites); err != nil {
-		return err
-	}
+// start adds the controller, reading rewrites from the cache of the pool's
+// namespace, to mgr; it starts at once when mgr is already running.
+func (r *Reconciler) start(mgr manager.Manager, rewrites cache.Cache, trips <-chan struct{}) error {
 	r.reader = rewrites
 
 	key := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: r.pool.Namespace, Name: r.pool.Name}}

@@ -27,7 +27,8 @@
 // # Hot install
 //
 // If the CRD is absent when the EPP starts, Setup polls discovery and starts
-// the watch once the CRD appears: no restart. The rewrites are read through
+// the watch once the CRD appears: no restart (crds/internal/hotinstall,
+// which the FlowControlPolicy reconciler uses too). The rewrites are read through
 // a cache of their own, restricted to the pool's namespace, so the manager's
 // cache needs no entry for a type that may not exist yet.
 //

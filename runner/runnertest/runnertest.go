@@ -27,36 +27,55 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-var (
-	buildOnce sync.Once
-	eppBinary string
-	buildErr  error
-)
-
 // EPPPath returns the EPP binary under test: $SLUICE_EPP_BINARY (the
 // Makefile's freshly built bin/epp) or one built here.
 func EPPPath(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		if p := os.Getenv("SLUICE_EPP_BINARY"); p != "" {
-			eppBinary = p
+	return sluiceEPP.path(t)
+}
+
+// UpstreamEPPPath returns upstream's EPP at the version go.mod pins, for
+// side-by-side tests: $SLUICE_UPSTREAM_EPP_BINARY (the Makefile's
+// bin/upstream-epp) or one built here.
+func UpstreamEPPPath(t *testing.T) string {
+	t.Helper()
+	return upstreamEPP.path(t)
+}
+
+var (
+	sluiceEPP   = &binary{env: "SLUICE_EPP_BINARY", pkg: "github.com/sluice-gw/sluice/cmd/epp"}
+	upstreamEPP = &binary{env: "SLUICE_UPSTREAM_EPP_BINARY", pkg: "sigs.k8s.io/gateway-api-inference-extension/cmd/epp"}
+)
+
+// binary is a command the tests run: the file $env names, or pkg built once
+// per test process.
+type binary struct {
+	env, pkg string
+	once     sync.Once
+	file     string
+	err      error
+}
+
+func (b *binary) path(t *testing.T) string {
+	t.Helper()
+	b.once.Do(func() {
+		if b.file = os.Getenv(b.env); b.file != "" {
 			return
 		}
-		dir, err := os.MkdirTemp("", "sluice-epp-bin")
+		dir, err := os.MkdirTemp("", "sluice-test-bin")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		eppBinary = filepath.Join(dir, "epp")
-		out, err := exec.Command("go", "build", "-o", eppBinary, "github.com/sluice-gw/sluice/cmd/epp").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("building the EPP: %v\n%s", err, out)
+		b.file = filepath.Join(dir, filepath.Base(b.pkg))
+		if out, err := exec.Command("go", "build", "-o", b.file, b.pkg).CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("building %s ($%s is unset): %v\n%s", b.pkg, b.env, err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return eppBinary
+	return b.file
 }
 
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.

@@ -35,8 +35,11 @@ type ClassSummary struct {
 	// well shed clients are served once load drops.
 	Shed       int `json:"shed"`
 	ShedServed int `json:"shed_served"`
-	Succeeded  int `json:"succeeded"`
-	Failed     int `json:"failed"`
+	// ShedRetryAfter counts the shed requests that were told when to come
+	// back: a 429 or 503 answer to one of their attempts carried Retry-After.
+	ShedRetryAfter int `json:"shed_retry_after"`
+	Succeeded      int `json:"succeeded"`
+	Failed         int `json:"failed"`
 	// Status counts final attempts by HTTP status ("0" for no response).
 	Status map[string]int `json:"status"`
 	// TTFT and E2E are client-perceived: from the first attempt to the
@@ -126,9 +129,14 @@ func summarizeClass(name string, records []Record, dur time.Duration, sloOf func
 	cs := ClassSummary{Class: name, Status: map[string]int{}}
 	var ttft, e2e, itl []time.Duration
 	outputTokens := 0
+	toldWhen := map[int]bool{} // Seq of requests answered a shed status with Retry-After
 	for i := range records {
 		r := &records[i]
 		cs.Attempts++
+		if isShedStatus(r.Status) && r.RetryAfterSet && !toldWhen[r.Seq] {
+			toldWhen[r.Seq] = true
+			cs.ShedRetryAfter++
+		}
 		if !r.Final {
 			continue
 		}

@@ -84,8 +84,8 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("class a counts %+v", a)
 	}
 	// Request 0 was shed once and served on its retry.
-	if a.Shed != 1 || a.ShedServed != 1 {
-		t.Errorf("class a shed %d, served after shedding %d; want 1 and 1", a.Shed, a.ShedServed)
+	if a.Shed != 1 || a.ShedServed != 1 || a.ShedRetryAfter != 1 {
+		t.Errorf("class a shed %d, served after shedding %d, told when to retry %d; want 1, 1 and 1", a.Shed, a.ShedServed, a.ShedRetryAfter)
 	}
 	// Client-perceived TTFT of request 0 includes the retry: 1005+100 ms.
 	if a.TTFT.Max != millis(1105) || a.TTFT.Count != 2 || a.E2E.Max != millis(1305) {
@@ -106,8 +106,9 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("class b %+v", b)
 	}
 	// Request 2 was shed (503) and never served; request 3's broken stream is no shedding.
-	if b.Shed != 1 || b.ShedServed != 0 {
-		t.Errorf("class b shed %d, served after shedding %d; want 1 and 0", b.Shed, b.ShedServed)
+	if b.Shed != 1 || b.ShedServed != 0 || b.ShedRetryAfter != 0 {
+		t.Errorf("class b shed %d, served after shedding %d, told when to retry %d; want 1, 0 and 0 (its 503 had no Retry-After)",
+			b.Shed, b.ShedServed, b.ShedRetryAfter)
 	}
 	o := s.Overall
 	if o.Class != AllClasses || o.Requests != 4 || o.Attempts != 5 || o.Succeeded != 2 || o.Good != 1 {

@@ -6,10 +6,15 @@
 //
 //	loadgen --target http://127.0.0.1:8081 --mix mix.yaml --mode open --rate 20 --duration 60s --out results.json
 //	loadgen --target http://127.0.0.1:8081 --model llama --mode closed --users 16 --requests 500
+//	loadgen compare sluice=sluice.json round-robin=rr.json
+//
+// compare prints, side by side, what each gateway did with the same load,
+// from the --out files of earlier runs.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -35,6 +40,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "compare" {
+		return compare(args[1:], stdout)
+	}
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -128,6 +136,30 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// compare reads NAME=FILE results and prints them side by side.
+func compare(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("compare: give NAME=FILE arguments, FILE a --out file")
+	}
+	contenders := make([]loadgen.Contender, 0, len(args))
+	for _, arg := range args {
+		name, file, ok := strings.Cut(arg, "=")
+		if !ok || name == "" || file == "" {
+			return fmt.Errorf("compare: %q is not NAME=FILE", arg)
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("compare: %w", err)
+		}
+		var res loadgen.Result
+		if err := json.Unmarshal(data, &res); err != nil {
+			return fmt.Errorf("compare: %s: %w", file, err)
+		}
+		contenders = append(contenders, loadgen.Contender{Name: name, Summary: res.Summary})
+	}
+	return loadgen.WriteComparison(stdout, contenders)
 }
 
 // loadMix reads the mix file, or builds a one-class mix from flags.
