@@ -136,8 +136,9 @@ func (p *PrefixCache) syncPods(ctx context.Context, podList func() []k8stypes.Na
 func (p *PrefixCache) PodSyncInterval() time.Duration { return p.podSyncInterval }
 
 // SyncPods is the scorer's periodic maintenance: it forgets every indexed pod not in live (the pool's pods now) and
-// the requests routed pendingTTL or longer before now whose response never ended. The factory runs it on a ticker bound to the
-// handle's context; a caller whose handle context is done (the virtual-time engine) runs it on its own clock.
+// the requests routed pendingTTL or longer before now whose response never ended. The factory runs it on a ticker
+// bound to the handle's context; a caller whose handle context is done (the virtual-time engine) runs it on its own
+// clock.
 func (p *PrefixCache) SyncPods(now time.Time, live []k8stypes.NamespacedName) {
 	keep := make(map[prefixcache.PodID]struct{}, len(live))
 	for _, nn := range live {
