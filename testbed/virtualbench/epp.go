@@ -380,15 +380,6 @@ func (p *inProcessEPP) podNames() []types.NamespacedName {
 	return out
 }
 
-// NumEndpoints returns the size of the pool.
-func (p *inProcessEPP) NumEndpoints() int { return len(p.endpoints) }
-
-// EndpointName returns endpoint i's routing name, address:port.
-func (p *inProcessEPP) EndpointName(i int) string { return p.names[i] }
-
-// Metrics returns endpoint i's latest metrics as the scorers see them. Do not modify them.
-func (p *inProcessEPP) Metrics(i int) *fwkdl.Metrics { return p.endpoints[i].GetMetrics() }
-
 // Scrape is one poll of endpoint i by the metrics data source: every configured extractor reads families (what the
 // source parses from the server's /metrics), and metrics updated by the poll are stamped with the clock's time
 // (upstream's core extractor stamps the wall clock).

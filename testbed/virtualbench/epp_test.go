@@ -75,7 +75,7 @@ func newTestPicker(t *testing.T, opts eppOptions) (*inProcessEPP, *eventclock.Cl
 func TestInProcessEPPUpstreamDefaultRoutesToTheShortestQueue(t *testing.T) {
 	p, clk := newTestPicker(t, eppOptions{Endpoints: testPool(3), Seed: 1})
 	scrapeAll(t, p, clk, 3, 0, 4)
-	if m := p.Metrics(1); m.WaitingQueueSize != 0 || m.RunningRequestsSize != 4 || m.CacheBlockSize != 16 || !m.UpdateTime.Equal(ipT0) {
+	if m := p.endpoints[1].GetMetrics(); m.WaitingQueueSize != 0 || m.RunningRequestsSize != 4 || m.CacheBlockSize != 16 || !m.UpdateTime.Equal(ipT0) {
 		t.Fatalf("scraped metrics %+v: want the simulator's values stamped with the picker's clock", m)
 	}
 	got, ok := route(p, ipChatRequest("r1", "", "hello"))
