@@ -16,6 +16,11 @@
 // Registry, which refuses duplicate type names; upstream's global registry
 // silently overwrites them, so a Registry is filled first and installed once.
 //
+// Time: Sluice's plugins read the wall clock, unless they are loaded through a
+// ClockHandle, which names their clock (the virtual-time benchmark engine in
+// testbed/virtualbench loads configurations through one; nothing of it is in
+// the EPP image).
+//
 // Concurrency: a Registry is safe for concurrent use. Install must be called
 // before the EPP configuration is loaded.
 package plugins

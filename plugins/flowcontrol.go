@@ -135,7 +135,7 @@ type FlowControlDeps struct {
 	// Logger defaults to logr.Discard().
 	Logger logr.Logger
 	// SynchronousTimers is flowcontrol.Deps.SynchronousTimers: for a clock that runs callbacks on its driver's
-	// goroutine (InProcessPicker in virtual time).
+	// goroutine (the virtual-time benchmark engine's).
 	SynchronousTimers bool
 }
 
@@ -257,6 +257,21 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 		return err
 	}
 	return f.settle(req, d, err)
+}
+
+// Submit is Admit without blocking, for a caller that drives the controller's clock itself (the virtual-time
+// benchmark engine): decided gets Admit's result once the controller decides (see flowcontrol.Controller.Submit for
+// when, and under which lock: decided must not call the adapter), or cancelled when the request was withdrawn with
+// Controller().Cancel.
+func (f *FlowControl) Submit(reqCtx *handlers.RequestContext, priority int, decided func(err error, cancelled bool)) {
+	req := f.requestOf(reqCtx, priority)
+	f.ctrl.Submit(req, func(d flowcontrol.Decision, err error) {
+		if d.Outcome == flowcontrol.Cancelled {
+			decided(err, true)
+			return
+		}
+		decided(f.settle(req, d, err), false)
+	})
 }
 
 // settle keeps what later hooks need about a decision that is not Cancelled (the headroom of a dispatched request,

@@ -133,13 +133,12 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 }
 
 // sluiceDefaultProfile is Sluice's default EndpointPickerConfig. Its weights are upstream's default weights for the
-// load scorers both share (queue 2, KV cache 2); Sluice's prefix-cache scorer replaces upstream's with weight 4 (3
-// beside admission's saturation scorer, a third load scorer, spread skewed prefix groups further than their load
-// asked: the prefix-skew scenario's hit rate fell to 85% from upstream's 88%, its TTFT p99 was 1.48 s, at 4 it is
-// 86% and 1.18 s), and Sluice adds LoRA affinity (3: at 2, the saturation scorer's penalty for an endpoint computing
-// a prompt outweighed adapter residency often enough that the lora-heavy scenario loaded adapters 205 times instead
-// of 147) and admission's fresh saturation. The choice is measured by the virtual-time suite (testbed/bench/scenarios)
-// against upstream's default: `make bench ENGINE=virtual`.
+// load scorers both share (queue 2, KV cache 2); Sluice's prefix-cache scorer replaces upstream's with weight 4
+// (beside admission's saturation scorer, a third load scorer, a lower weight spreads skewed prefix groups further than
+// their load asks), and Sluice adds LoRA affinity (3: at a lower weight the saturation scorer's penalty for an
+// endpoint computing a prompt outweighs adapter residency) and admission's fresh saturation. The weights are chosen
+// by the virtual-time suite against upstream's default (`make bench ENGINE=virtual`); testbed/bench/scenarios/README.md
+// records what the alternatives measured.
 //
 //   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled, and those that
 //     hold much more of the request's prompt than any of them.

@@ -14,7 +14,6 @@ import (
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
-
 )
 
 // InFlightScorerType is the plugin type of InFlightScorer.
@@ -36,7 +35,7 @@ type inFlightAPIConfig struct {
 }
 
 // InFlightScorer scores endpoints by the requests this EPP sent them that have not finished (least outstanding
-// requests first; see package inflight for why scraped queue lengths alone herd). PreRequest counts a request on the
+// requests first; see inflight_tracker.go for why scraped queue lengths alone herd). PreRequest counts a request on the
 // primary profile's target, the end of its response body uncounts it.
 //
 // Concurrency: safe for concurrent use.
@@ -53,8 +52,9 @@ type inFlightBuffers struct {
 	scores []float64
 }
 
-// InFlightScorerFactory builds an InFlightScorer from its parameters (see inFlightAPIConfig).
-func InFlightScorerFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
+// InFlightScorerFactory builds an InFlightScorer from its parameters (see inFlightAPIConfig), on the handle's clock
+// (see ClockHandle) or the wall clock.
+func InFlightScorerFactory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
 	var cfg inFlightAPIConfig
 	if err := decodeParams(raw, &cfg); err != nil {
 		return nil, fmt.Errorf("parsing %s parameters: %w", InFlightScorerType, err)
@@ -69,7 +69,7 @@ func InFlightScorerFactory(name string, raw json.RawMessage, _ fwkplugin.Handle)
 	return &InFlightScorer{
 		typedName: fwkplugin.TypedName{Type: InFlightScorerType, Name: name},
 		tracker:   newInflightTracker(ttl),
-		clock:     clock.RealClock{},
+		clock:     clockOf(handle, clock.RealClock{}),
 	}, nil
 }
 

@@ -3,14 +3,12 @@ package plugins
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"reflect"
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -39,152 +37,21 @@ var (
 	_ fwkplugin.ConsumerPlugin = (*PrefixCache)(nil)
 )
 
-// prefixCacheAPIConfig is the JSON schema of PrefixCache's parameters. Every
-// field is optional; see prefixcache.Config for meanings and defaults.
-type prefixCacheAPIConfig struct {
-	// BytesPerToken is the token rule: prompt bytes per approximate token.
-	BytesPerToken      *float64 `json:"bytesPerToken,omitempty"`
-	DefaultBlockTokens *int     `json:"defaultBlockTokens,omitempty"`
-	DefaultPodBlocks   *int     `json:"defaultPodBlocks,omitempty"`
-	MaxBlocksPerPod    *int     `json:"maxBlocksPerPod,omitempty"`
-	MaxPods            *int     `json:"maxPods,omitempty"`
-	MaxPrefixTokens    *int     `json:"maxPrefixTokens,omitempty"`
-
-	OverloadAbsolute *float64 `json:"overloadAbsolute,omitempty"`
-	OverloadRelative *float64 `json:"overloadRelative,omitempty"`
-	TaperStart       *float64 `json:"taperStart,omitempty"`
-	KVCacheCutoff    *float64 `json:"kvCacheCutoff,omitempty"`
-
-	CalibrationTolerance *float64 `json:"calibrationTolerance,omitempty"`
-	ShrinkGain           *float64 `json:"shrinkGain,omitempty"`
-	GrowGain             *float64 `json:"growGain,omitempty"`
-	MinCapacityFraction  *float64 `json:"minCapacityFraction,omitempty"`
-	MinPredictedFraction *float64 `json:"minPredictedFraction,omitempty"`
-	MinCounterQueries    *float64 `json:"minCounterQueries,omitempty"`
-
-	PendingTTL *metav1.Duration `json:"pendingTTL,omitempty"`
-	MaxPending *int             `json:"maxPending,omitempty"`
-
-	// PodSyncInterval is how often pods that left the pool are forgotten
-	// and unanswered requests expired. Default 30s.
-	PodSyncInterval *metav1.Duration `json:"podSyncInterval,omitempty"`
-	// HitsMetric and QueriesMetric name the model server's cumulative
-	// prefix-cache counters (in tokens) read by the extractor. Defaults
-	// vllm:prefix_cache_hits_total and vllm:prefix_cache_queries_total.
-	HitsMetric    *string `json:"hitsMetric,omitempty"`
-	QueriesMetric *string `json:"queriesMetric,omitempty"`
-}
-
-// prefixCacheConfig is the validated configuration of a PrefixCache.
-type prefixCacheConfig struct {
-	index           prefixcache.Config
-	podSyncInterval time.Duration
-	hitsMetric      string
-	queriesMetric   string
-}
-
-func applyPrefixCacheDefaults(c *prefixCacheAPIConfig) {
-	d := prefixcache.DefaultConfig()
-	setDefault(&c.BytesPerToken, d.Tokens.BytesPerToken)
-	setDefault(&c.DefaultBlockTokens, d.DefaultBlockTokens)
-	setDefault(&c.DefaultPodBlocks, d.DefaultPodBlocks)
-	setDefault(&c.MaxBlocksPerPod, d.MaxBlocksPerPod)
-	setDefault(&c.MaxPods, d.MaxPods)
-	setDefault(&c.MaxPrefixTokens, d.MaxPrefixTokens)
-	setDefault(&c.OverloadAbsolute, d.Guard.OverloadAbsolute)
-	setDefault(&c.OverloadRelative, d.Guard.OverloadRelative)
-	setDefault(&c.TaperStart, d.Guard.TaperStart)
-	setDefault(&c.KVCacheCutoff, d.Guard.KVCacheCutoff)
-	setDefault(&c.CalibrationTolerance, d.Calibration.Tolerance)
-	setDefault(&c.ShrinkGain, d.Calibration.ShrinkGain)
-	setDefault(&c.GrowGain, d.Calibration.GrowGain)
-	setDefault(&c.MinCapacityFraction, d.Calibration.MinCapacityFraction)
-	setDefault(&c.MinPredictedFraction, d.Calibration.MinPredictedFraction)
-	setDefault(&c.MinCounterQueries, d.Calibration.MinCounterQueries)
-	setDefault(&c.PendingTTL, metav1.Duration{Duration: d.PendingTTL})
-	setDefault(&c.MaxPending, d.MaxPending)
-	setDefault(&c.PodSyncInterval, metav1.Duration{Duration: 30 * time.Second})
-	setDefault(&c.HitsMetric, "vllm:prefix_cache_hits_total")
-	setDefault(&c.QueriesMetric, "vllm:prefix_cache_queries_total")
-}
-
-func setDefault[T any](field **T, v T) {
-	if *field == nil {
-		*field = &v
-	}
-}
-
-// validatePrefixCacheConfig turns a defaulted configuration into a
-// prefixCacheConfig, reporting every violated constraint at once.
-func validatePrefixCacheConfig(c *prefixCacheAPIConfig) (prefixCacheConfig, error) {
-	cfg := prefixCacheConfig{
-		index: prefixcache.Config{
-			Tokens:             prefixcache.TokenRule{BytesPerToken: *c.BytesPerToken},
-			DefaultBlockTokens: *c.DefaultBlockTokens,
-			DefaultPodBlocks:   *c.DefaultPodBlocks,
-			MaxBlocksPerPod:    *c.MaxBlocksPerPod,
-			MaxPods:            *c.MaxPods,
-			MaxPrefixTokens:    *c.MaxPrefixTokens,
-			Guard: prefixcache.GuardConfig{
-				OverloadAbsolute: *c.OverloadAbsolute,
-				OverloadRelative: *c.OverloadRelative,
-				TaperStart:       *c.TaperStart,
-				KVCacheCutoff:    *c.KVCacheCutoff,
-			},
-			Calibration: prefixcache.CalibrationConfig{
-				Tolerance:            *c.CalibrationTolerance,
-				ShrinkGain:           *c.ShrinkGain,
-				GrowGain:             *c.GrowGain,
-				MinCapacityFraction:  *c.MinCapacityFraction,
-				MinPredictedFraction: *c.MinPredictedFraction,
-				MinCounterQueries:    *c.MinCounterQueries,
-			},
-			PendingTTL: c.PendingTTL.Duration,
-			MaxPending: *c.MaxPending,
-		},
-		podSyncInterval: c.PodSyncInterval.Duration,
-		hitsMetric:      *c.HitsMetric,
-		queriesMetric:   *c.QueriesMetric,
-	}
-	errs := []error{cfg.index.Validate()}
-	if cfg.podSyncInterval <= 0 {
-		errs = append(errs, fmt.Errorf("podSyncInterval must be > 0, got %v", cfg.podSyncInterval))
-	}
-	if cfg.hitsMetric == "" || cfg.queriesMetric == "" {
-		errs = append(errs, errors.New("hitsMetric and queriesMetric must not be empty"))
-	}
-	return cfg, errors.Join(errs...)
-}
-
-// parsePrefixCacheConfig decodes raw (unknown fields are errors), applies
-// defaults and validates.
-func parsePrefixCacheConfig(raw json.RawMessage) (prefixCacheConfig, error) {
-	var api prefixCacheAPIConfig
-	if err := decodeParams(raw, &api); err != nil {
-		return prefixCacheConfig{}, fmt.Errorf("%s parameters: %w", PrefixCacheType, err)
-	}
-	applyPrefixCacheDefaults(&api)
-	cfg, err := validatePrefixCacheConfig(&api)
-	if err != nil {
-		return prefixCacheConfig{}, fmt.Errorf("%s parameters: %w", PrefixCacheType, err)
-	}
-	return cfg, nil
-}
-
 // PrefixCache is the EPP adapter of prefixcache.Index: a Scorer (prefix
 // affinity under the load guard), a PreRequest hook (records where each
 // prompt went), a ResponseBody hook (calibrates with the response's
 // usage.prompt_tokens_details.cached_tokens) and a metrics Extractor (attach
 // it to the metrics data source to calibrate with the pods' prefix-cache
-// hit/query counters). Pods leaving the pool are forgotten every
-// podSyncInterval.
+// hit/query counters). Every podSyncInterval, SyncPods forgets pods that left
+// the pool and requests whose response never ended.
 type PrefixCache struct {
-	typedName     fwkplugin.TypedName
-	index         *prefixcache.Index
-	clock         clock.PassiveClock
-	hitsMetric    string
-	queriesMetric string
-	buffers       sync.Pool // *prefixBuffers
+	typedName       fwkplugin.TypedName
+	index           *prefixcache.Index
+	clock           clock.PassiveClock
+	podSyncInterval time.Duration
+	hitsMetric      string
+	queriesMetric   string
+	buffers         sync.Pool // *prefixBuffers
 }
 
 // prefixBuffers are per-call scratch, pooled so that scoring allocates
@@ -198,27 +65,29 @@ type prefixBuffers struct {
 }
 
 // PrefixCacheFactory builds a PrefixCache from its JSON parameters (see
-// prefixCacheAPIConfig), with the real clock and no metrics.
+// prefixCacheAPIConfig), with no metrics, on the handle's clock (see
+// ClockHandle) or the wall clock.
 func PrefixCacheFactory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
 	return NewPrefixCacheFactory(nil, clock.RealClock{})(name, raw, handle)
 }
 
 // NewPrefixCacheFactory returns a factory like PrefixCacheFactory whose
-// index reports to rec (nil: nowhere) and reads time from clk. When the
-// handle is not nil, a goroutine bound to the handle's context forgets pods
-// that left handle.PodList() every podSyncInterval.
+// index reports to rec (nil: nowhere) and reads time from clk, unless the
+// handle is a ClockHandle. When the handle is not nil, a goroutine bound to
+// the handle's context runs SyncPods with handle.PodList() every
+// podSyncInterval of clk's ticker.
 func NewPrefixCacheFactory(rec prefixcache.Recorder, clk clock.WithTicker) fwkplugin.FactoryFunc {
 	return func(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
 		cfg, err := parsePrefixCacheConfig(raw)
 		if err != nil {
 			return nil, err
 		}
-		p, err := newPrefixCache(name, cfg, rec, clk)
+		p, err := newPrefixCache(name, cfg, rec, clockOf(handle, clk))
 		if err != nil {
 			return nil, err
 		}
 		if handle != nil {
-			go p.syncPods(handle.Context(), handle.PodList, clk, cfg.podSyncInterval)
+			go p.syncPods(handle.Context(), handle.PodList, clk)
 		}
 		return p, nil
 	}
@@ -240,32 +109,37 @@ func newPrefixCache(name string, cfg prefixCacheConfig, rec prefixcache.Recorder
 		name = PrefixCacheType
 	}
 	return &PrefixCache{
-		typedName:     fwkplugin.TypedName{Type: PrefixCacheType, Name: name},
-		index:         ix,
-		clock:         clk,
-		hitsMetric:    cfg.hitsMetric,
-		queriesMetric: cfg.queriesMetric,
+		typedName:       fwkplugin.TypedName{Type: PrefixCacheType, Name: name},
+		index:           ix,
+		clock:           clk,
+		podSyncInterval: cfg.podSyncInterval,
+		hitsMetric:      cfg.hitsMetric,
+		queriesMetric:   cfg.queriesMetric,
 	}, nil
 }
 
-// syncPods forgets pods absent from podList and expires unanswered
-// requests, every interval until ctx ends.
-func (p *PrefixCache) syncPods(ctx context.Context, podList func() []k8stypes.NamespacedName, clk clock.WithTicker, interval time.Duration) {
-	t := clk.NewTicker(interval)
+// syncPods runs SyncPods every podSyncInterval of ticker's clock until ctx ends.
+func (p *PrefixCache) syncPods(ctx context.Context, podList func() []k8stypes.NamespacedName, ticker clock.WithTicker) {
+	t := ticker.NewTicker(p.podSyncInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C():
-			p.forgetAbsent(podList())
-			p.index.Expire(clk.Now())
+			p.SyncPods(p.clock.Now(), podList())
 		}
 	}
 }
 
-// forgetAbsent forgets every indexed pod not in live.
-func (p *PrefixCache) forgetAbsent(live []k8stypes.NamespacedName) {
+// PodSyncInterval is how often SyncPods should run (the podSyncInterval parameter).
+func (p *PrefixCache) PodSyncInterval() time.Duration { return p.podSyncInterval }
+
+// SyncPods is the scorer's periodic maintenance: it forgets every indexed pod not in live (the pool's pods now) and
+// the requests routed pendingTTL or longer before now whose response never ended. The factory runs it on a ticker
+// bound to the handle's context; a caller whose handle context is done (the virtual-time engine) runs it on its own
+// clock.
+func (p *PrefixCache) SyncPods(now time.Time, live []k8stypes.NamespacedName) {
 	keep := make(map[prefixcache.PodID]struct{}, len(live))
 	for _, nn := range live {
 		keep[prefixcache.PodID(nn)] = struct{}{}
@@ -274,6 +148,7 @@ func (p *PrefixCache) forgetAbsent(live []k8stypes.NamespacedName) {
 		_, ok := keep[id]
 		return ok
 	})
+	p.index.Expire(now)
 }
 
 // TypedName implements fwkplugin.Plugin.
@@ -441,132 +316,4 @@ func (p *PrefixCache) getBuffers() *prefixBuffers {
 		return b
 	}
 	return &prefixBuffers{}
-}
-
-// errNoPrompt means the request carries nothing a prefix cache keys on.
-var errNoPrompt = errors.New("request has no prompt")
-
-// prompt renders the request's prompt into buf.rendered, as the model
-// server would see its prefix: a completions prompt as text; a chat as its
-// tools and every message in order; a responses request as instructions
-// (system), tools and input; a conversation as its items.
-func (p *PrefixCache) prompt(buf *prefixBuffers, req *fwksched.LLMRequest) (prefixcache.Prompt, error) {
-	if req == nil || req.Body == nil {
-		return prefixcache.Prompt{}, errNoPrompt
-	}
-	b := req.Body
-	out := prefixcache.Prompt{Salt: prefixcache.Salt{Model: req.TargetModel, CacheSalt: b.CacheSalt()}}
-	var err error
-	r := buf.rendered[:0]
-	switch {
-	case b.ChatCompletions != nil:
-		var tools any
-		if len(b.ChatCompletions.Tools) > 0 {
-			tools = b.ChatCompletions.Tools
-		}
-		r, err = prefixcache.AppendChat(r, prefixcache.Chat{Tools: tools, Messages: chatMessages(buf, b.ChatCompletions.Messages)})
-	case b.Completions != nil:
-		r = prefixcache.AppendText(r, b.Completions.Prompt.PlainText())
-	case b.Responses != nil:
-		r, err = prefixcache.AppendChat(r, responsesChat(b.Responses))
-	case b.Conversations != nil:
-		msgs := make([]prefixcache.Message, 0, len(b.Conversations.Items))
-		for _, it := range b.Conversations.Items {
-			msgs = append(msgs, prefixcache.Message{Role: it.Role, Parts: anyParts(it.Type, it.Content)})
-		}
-		r, err = prefixcache.AppendChat(r, prefixcache.Chat{Messages: msgs})
-	case b.Embeddings != nil:
-		if s, ok := b.Embeddings.Input.(string); ok {
-			r = prefixcache.AppendText(r, s)
-		} else {
-			var in []byte
-			in, err = json.Marshal(b.Embeddings.Input)
-			r = prefixcache.AppendText(r, string(in))
-		}
-	default:
-		return prefixcache.Prompt{}, errNoPrompt
-	}
-	buf.rendered = r
-	if err != nil {
-		return prefixcache.Prompt{}, err
-	}
-	out.Rendered = r
-	return out, nil
-}
-
-// chatMessages converts chat messages into buf's reusable slices.
-func chatMessages(buf *prefixBuffers, in []fwksched.Message) []prefixcache.Message {
-	parts := buf.parts[:0]
-	for _, m := range in {
-		if m.Content.Raw != "" || m.Content.Structured == nil {
-			parts = append(parts, prefixcache.Part{Kind: "text", Value: m.Content.Raw})
-			continue
-		}
-		for _, blk := range m.Content.Structured {
-			parts = append(parts, contentPart(blk))
-		}
-	}
-	buf.parts = parts
-	msgs := buf.messages[:0]
-	next := 0
-	for _, m := range in {
-		n := 1
-		if m.Content.Raw == "" && m.Content.Structured != nil {
-			n = len(m.Content.Structured)
-		}
-		msgs = append(msgs, prefixcache.Message{Role: m.Role, Parts: parts[next : next+n : next+n]})
-		next += n
-	}
-	buf.messages = msgs
-	return msgs
-}
-
-// contentPart identifies one OpenAI content block by what the model sees.
-func contentPart(b fwksched.ContentBlock) prefixcache.Part {
-	switch b.Type {
-	case "text":
-		return prefixcache.Part{Kind: b.Type, Value: b.Text}
-	case "image_url":
-		return prefixcache.Part{Kind: b.Type, Value: b.ImageURL.Url}
-	case "input_audio":
-		return prefixcache.Part{Kind: b.Type, Value: b.InputAudio.Format + ":" + b.InputAudio.Data}
-	case "video_url":
-		return prefixcache.Part{Kind: b.Type, Value: b.VideoURL.Url}
-	}
-	return prefixcache.Part{Kind: b.Type, Value: b.Text}
-}
-
-// responsesChat maps a /v1/responses request onto a chat: instructions
-// are the system prompt, input a user message or a list of items.
-func responsesChat(r *fwksched.ResponsesRequest) prefixcache.Chat {
-	c := prefixcache.Chat{Tools: r.Tools}
-	if r.Instructions != nil {
-		c.Messages = append(c.Messages, prefixcache.Message{Role: "system", Parts: anyParts("text", r.Instructions)})
-	}
-	switch in := r.Input.(type) {
-	case []any:
-		for _, it := range in {
-			role := ""
-			if m, ok := it.(map[string]any); ok {
-				role, _ = m["role"].(string)
-			}
-			c.Messages = append(c.Messages, prefixcache.Message{Role: role, Parts: anyParts("item", it)})
-		}
-	default:
-		c.Messages = append(c.Messages, prefixcache.Message{Role: "user", Parts: anyParts("text", in)})
-	}
-	return c
-}
-
-// anyParts renders decoded JSON content: a string as itself, anything
-// else as its canonical JSON.
-func anyParts(kind string, v any) []prefixcache.Part {
-	if s, ok := v.(string); ok {
-		return []prefixcache.Part{{Kind: kind, Value: s}}
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return []prefixcache.Part{{Kind: kind}}
-	}
-	return []prefixcache.Part{{Kind: kind + "/json", Value: string(b)}}
 }

@@ -71,6 +71,20 @@ func (r *Registry) Install() error {
 	return nil
 }
 
+// InstallMissing copies into upstream's global plugin registry every factory
+// it does not hold yet and keeps those it holds. It is for a process that
+// loads configurations without being an EPP (the virtual-time benchmark
+// engine), which may share the process with an EPP that installed them.
+func (r *Registry) InstallMissing() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for t, f := range r.factories {
+		if _, taken := fwkplugin.Registry[t]; !taken {
+			fwkplugin.Register(t, f)
+		}
+	}
+}
+
 // decodeParams decodes a plugin's JSON parameters into v, rejecting unknown fields so a typo is an error rather than
 // a silent default. Empty or null parameters leave v as it is.
 func decodeParams(raw json.RawMessage, v any) error {

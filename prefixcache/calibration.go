@@ -59,7 +59,7 @@ type Usage struct {
 // had been predicted, the ratio of reported to predicted cached fraction
 // calibrates the pod. Unknown (or expired) ids are ignored.
 func (ix *Index) ObserveUsage(now time.Time, requestID string, u Usage) {
-	e, ok := ix.pending.take(requestID)
+	e, ok := ix.pending.take(now, requestID)
 	if !ok {
 		return
 	}

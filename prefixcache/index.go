@@ -428,7 +428,7 @@ func (ix *Index) Route(now time.Time, requestID string, pr Prompt, cand Candidat
 		if len(pr.Rendered) > 0 {
 			frac = math.Min(1, float64(matched*blockBytes)/float64(len(pr.Rendered)))
 		}
-		if ix.pending.put(now, requestID, pendingEntry{pod: p, predicted: frac, at: now}) {
+		if ix.pending.put(now, requestID, pendingEntry{pod: p, predicted: frac}) {
 			p.inflight.Add(1)
 		}
 	}

@@ -44,9 +44,9 @@ type SkippedError struct {
 
 func (e *SkippedError) Error() string { return "skipped: " + e.Reason }
 
-// Feature gates of an EndpointPickerConfig the in-process picker refuses
-// (upstream's flowcontrol.FeatureGate and datalayer.EnableLegacyMetricsFeatureGate;
-// package plugins, InProcessPicker, refuses them).
+// Feature gates of an EndpointPickerConfig the virtual engine's in-process EPP
+// refuses (upstream's flowcontrol.FeatureGate and
+// datalayer.EnableLegacyMetricsFeatureGate).
 const (
 	upstreamFlowControlGate   = "flowControl"
 	upstreamLegacyMetricsGate = "enableLegacyMetrics"

@@ -32,7 +32,7 @@ type RouterKind string
 const (
 	// RoundRobin is the data plane alone, rotating over the fleet (dataplane --round-robin).
 	RoundRobin RouterKind = "round-robin"
-	// EPP is the data plane asking an endpoint picker: Sluice's request path in process (plugins.InProcessPicker).
+	// EPP is the data plane asking an endpoint picker: Sluice's request path in process (inProcessEPP).
 	EPP RouterKind = "epp"
 )
 

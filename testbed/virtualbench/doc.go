@@ -33,7 +33,7 @@
 //     by default plugins.DefaultEndpointPickerConfig (upstream's default plus the headroom filter).
 //
 // Any EndpointPickerConfig the EPP loads can be given, with or without Sluice admission, except plugins that cannot
-// be deterministic (see plugins.InProcessPicker).
+// be deterministic (see inProcessEPP).
 //
 // # What runs, and how it maps to real time
 //
@@ -42,7 +42,7 @@
 //     streamed token (to the whole body without streaming), ITL between tokens, one record per attempt, 429/503 with
 //     Retry-After retried after min(Retry-After, MaxWait) while attempts remain, attempts timed out after
 //     RequestTimeout, requests still open at the end of Drain cancelled.
-//   - Gateway: round-robin, or plugins.InProcessPicker, which runs the EPP's request path (admission, PrepareData,
+//   - Gateway: round-robin, or the in-process EPP (epp.go), which runs the EPP's request path (admission, PrepareData,
 //     AdmitRequest, scheduling, PreRequest, ResponseHeader, ResponseBody with the usage upstream's parser reads from
 //     the response) with the same plugin code as the EPP binary. Routing takes no virtual time; its wall time is
 //     measured (Result.EPP).
@@ -87,7 +87,8 @@
 //
 //   - Deterministic: the same Config yields byte-identical Records and Samples. Events at the same instant run in
 //     the order they were scheduled; nothing reads the wall clock or a process-wide random source on the decision
-//     path (see plugins.InProcessPicker for how upstream's plugins are kept deterministic).
+//     path (see inProcessEPP for how upstream's plugins are kept deterministic; nothing in it reads the wall clock but
+//     the cost measurement, Result.EPP).
 //   - Nothing is lost: every request issued ends in exactly one Final record; a request dropped by MaxInFlight gets
 //     one too.
 //   - Run returns only when every request has its final record.

@@ -75,6 +75,10 @@ type EPPCost struct {
 	// admission snapshots and continuations, and the response hooks.
 	Requests int           `json:"requests"`
 	Routing  time.Duration `json:"routing_ns"`
+	// HookWait is the wall time spent, after calls into plugin code, waiting for the goroutines they started to end
+	// (upstream's approximate prefix producer updates its index from one): a real EPP runs them beside the request
+	// path, so it is not part of Routing.
+	HookWait time.Duration `json:"hook_wait_ns"`
 	// Scrapes counts endpoint scrapes and Scraping their extraction (not the servers' /metrics rendering).
 	Scrapes  int           `json:"scrapes"`
 	Scraping time.Duration `json:"scraping_ns"`

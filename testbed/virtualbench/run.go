@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/testbed/eventclock"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -48,7 +47,7 @@ type run struct {
 	cfg      Config
 	clk      *eventclock.Clock
 	servers  []*server
-	picker   *plugins.InProcessPicker
+	picker   *inProcessEPP
 	gen      *loadgen.Generator
 	arrivals *loadgen.Arrivals
 
@@ -114,6 +113,9 @@ func Run(cfg Config) (*Result, error) {
 			break
 		}
 		e.Fire()
+		if r.picker != nil && r.err == nil {
+			r.err = r.picker.Err()
+		}
 	}
 	if r.err == nil && r.picker != nil {
 		// Every request the EPP saw has ended there too, and nothing waits in admission.
@@ -164,14 +166,14 @@ func (r *run) every(first, period time.Duration, f func()) {
 // snapshots half an interval after the scrapes, the mean age of the metrics it reads in a real EPP, whose ticker is
 // independent.
 func (r *run) startPicker() error {
-	eps := make([]plugins.InProcessEndpoint, len(r.servers))
+	eps := make([]eppEndpoint, len(r.servers))
 	for i, s := range r.servers {
-		eps[i] = plugins.InProcessEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
+		eps[i] = eppEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
 	}
 	rt := r.cfg.Router
 	opts := rt.AdmissionOptions
 	opts.SnapshotInterval = r.cfg.ScrapeInterval
-	p, err := plugins.NewInProcessPicker(plugins.InProcessOptions{
+	p, err := newInProcessEPP(eppOptions{
 		Config: rt.EndpointPickerConfig, Admission: rt.Admission, AdmissionOptions: opts, Endpoints: eps,
 		Objectives: r.cfg.Objectives, Clock: r.clk, Seed: r.cfg.Seed,
 	})
@@ -190,9 +192,8 @@ func (r *run) startPicker() error {
 }
 
 func (r *run) syncAdmission() {
-	start := time.Now()
-	err := r.picker.SyncAdmission()
-	r.epp.Routing += time.Since(start)
+	var err error
+	r.epp.Routing += r.eppTime(func() { err = r.picker.SyncAdmission() })
 	if err != nil && r.err == nil {
 		r.err = fmt.Errorf("admission snapshot: %w", err)
 	}
@@ -201,9 +202,8 @@ func (r *run) syncAdmission() {
 func (r *run) scrape() {
 	for i, s := range r.servers {
 		families := s.families(r.clk.Now())
-		start := time.Now()
-		err := r.picker.Scrape(i, families)
-		r.epp.Scraping += time.Since(start)
+		var err error
+		r.epp.Scraping += r.eppTime(func() { err = r.picker.Scrape(i, families) })
 		r.epp.Scrapes++
 		if err != nil {
 			r.err = fmt.Errorf("scraping server %d: %w", i, err)
@@ -321,17 +321,17 @@ func (r *run) startAttempt(req *request, n int) {
 	for k, v := range spec.Headers {
 		headers[strings.ToLower(k)] = v
 	}
-	start := time.Now()
 	r.epp.Requests++
-	r.picker.Route(plugins.InProcessRequest{ID: a.id, Headers: headers, Body: spec.Body}, func(res plugins.Routed) {
-		// The answer may come from inside another picker call: act on it as the loop's next event.
-		r.clk.At(r.clk.Now(), func() { r.routed(a, res) })
+	r.pickerCall(func() {
+		r.picker.Route(eppRequest{ID: a.id, Headers: headers, Body: spec.Body}, func(res eppAnswer) {
+			// The answer may come from inside another picker call: act on it as the loop's next event.
+			r.clk.At(r.clk.Now(), func() { r.routed(a, res) })
+		})
 	})
-	r.epp.Routing += time.Since(start)
 }
 
 // routed acts on the EPP's answer for a.
-func (r *run) routed(a *attempt, res plugins.Routed) {
+func (r *run) routed(a *attempt, res eppAnswer) {
 	switch {
 	case a.closed:
 		if res.Endpoint >= 0 { // routed after the client gave up: the response is never read
@@ -356,10 +356,17 @@ func excerpt(msg string) string {
 	return strings.TrimSpace(msg)
 }
 
-func (r *run) pickerCall(f func()) {
-	start := time.Now()
+// pickerCall runs f, calls into the EPP on the request path, and counts its wall time as routing.
+func (r *run) pickerCall(f func()) { r.epp.Routing += r.eppTime(f) }
+
+// eppTime returns the wall time f, calls into the EPP, took, less the time the EPP waited for goroutines plugin hooks
+// started (see EPPCost.HookWait), which it adds to r.epp.HookWait.
+func (r *run) eppTime(f func()) time.Duration {
+	start, waited := time.Now(), r.picker.hooks.waited
 	f()
-	r.epp.Routing += time.Since(start)
+	wait := r.picker.hooks.waited - waited
+	r.epp.HookWait += wait
+	return time.Since(start) - wait
 }
 
 // dispatch hands a to server si, which accepts it into its engine or answers an error at once.

@@ -58,6 +58,11 @@ func TestRunIsDeterministic(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// Two empty runs are equal too: make sure this one measured something.
+				if s := res.Summary.Overall; len(res.Records) == 0 || s.Succeeded == 0 || len(res.Samples) == 0 {
+					t.Fatalf("the run produced %d records (%d requests served) and %d samples: nothing to compare",
+						len(res.Records), s.Succeeded, len(res.Samples))
+				}
 				out, err := json.Marshal(struct {
 					Records []loadgen.Record
 					Samples []Sample

@@ -1,4 +1,4 @@
-package plugins
+package virtualbench
 
 import (
 	"encoding/json"
@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/utils/clock"
-
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/testbed/eventclock"
 	"github.com/sluice-gw/sluice/testbed/simulator"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -19,17 +18,17 @@ import (
 var ipT0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // testPool returns n endpoints named like static endpoints.
-func testPool(n int) []InProcessEndpoint {
-	eps := make([]InProcessEndpoint, n)
+func testPool(n int) []eppEndpoint {
+	eps := make([]eppEndpoint, n)
 	for i := range eps {
 		port := strconv.Itoa(28001 + i)
-		eps[i] = InProcessEndpoint{Name: "static-127-0-0-1-" + port, Address: "127.0.0.1", Port: port}
+		eps[i] = eppEndpoint{Name: "static-127-0-0-1-" + port, Address: "127.0.0.1", Port: port}
 	}
 	return eps
 }
 
 // scrapeAll scrapes every endpoint with the simulator's metrics for the given waiting counts.
-func scrapeAll(t *testing.T, p *InProcessPicker, clk *eventclock.Clock, waiting ...int) {
+func scrapeAll(t *testing.T, p *inProcessEPP, clk *eventclock.Clock, waiting ...int) {
 	t.Helper()
 	cfg, _ := engine.Profile("h100")
 	for i, w := range waiting {
@@ -40,32 +39,32 @@ func scrapeAll(t *testing.T, p *InProcessPicker, clk *eventclock.Clock, waiting 
 	}
 }
 
-func ipChatRequest(id, objective, text string) InProcessRequest {
+func ipChatRequest(id, objective, text string) eppRequest {
 	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 16, "stream": true,
 		"messages": []map[string]string{{"role": "user", "content": text}}})
 	h := map[string]string{":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json"}
 	if objective != "" {
 		h["x-gateway-inference-objective"] = objective
 	}
-	return InProcessRequest{ID: id, Headers: h, Body: body}
+	return eppRequest{ID: id, Headers: h, Body: body}
 }
 
 // route routes req and returns the answer if it came before Route returned.
-func route(p *InProcessPicker, req InProcessRequest) (Routed, bool) {
-	var got Routed
+func route(p *inProcessEPP, req eppRequest) (eppAnswer, bool) {
+	var got eppAnswer
 	answered := false
-	p.Route(req, func(r Routed) { got, answered = r, true })
+	p.Route(req, func(r eppAnswer) { got, answered = r, true })
 	return got, answered
 }
 
-func newTestPicker(t *testing.T, opts InProcessOptions) (*InProcessPicker, *eventclock.Clock) {
+func newTestPicker(t *testing.T, opts eppOptions) (*inProcessEPP, *eventclock.Clock) {
 	t.Helper()
 	clk := eventclock.New(ipT0)
 	opts.Clock = clk
 	if opts.Objectives == nil {
 		opts.Objectives = map[string]int{"critical": 10, "sheddable": -1}
 	}
-	p, err := NewInProcessPicker(opts)
+	p, err := newInProcessEPP(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,10 +72,10 @@ func newTestPicker(t *testing.T, opts InProcessOptions) (*InProcessPicker, *even
 	return p, clk
 }
 
-func TestInProcessPickerUpstreamDefaultRoutesToTheShortestQueue(t *testing.T) {
-	p, clk := newTestPicker(t, InProcessOptions{Endpoints: testPool(3), Seed: 1})
+func TestInProcessEPPUpstreamDefaultRoutesToTheShortestQueue(t *testing.T) {
+	p, clk := newTestPicker(t, eppOptions{Endpoints: testPool(3), Seed: 1})
 	scrapeAll(t, p, clk, 3, 0, 4)
-	if m := p.Metrics(1); m.WaitingQueueSize != 0 || m.RunningRequestsSize != 4 || m.CacheBlockSize != 16 || !m.UpdateTime.Equal(ipT0) {
+	if m := p.endpoints[1].GetMetrics(); m.WaitingQueueSize != 0 || m.RunningRequestsSize != 4 || m.CacheBlockSize != 16 || !m.UpdateTime.Equal(ipT0) {
 		t.Fatalf("scraped metrics %+v: want the simulator's values stamped with the picker's clock", m)
 	}
 	got, ok := route(p, ipChatRequest("r1", "", "hello"))
@@ -95,14 +94,14 @@ func TestInProcessPickerUpstreamDefaultRoutesToTheShortestQueue(t *testing.T) {
 	if p.InFlight() != 0 {
 		t.Fatalf("%d requests in flight after the response, want 0", p.InFlight())
 	}
-	if got, _ := route(p, InProcessRequest{ID: "bad", Headers: map[string]string{":path": "/v1/chat/completions"}, Body: []byte("{")}); got.Status != 400 {
+	if got, _ := route(p, eppRequest{ID: "bad", Headers: map[string]string{":path": "/v1/chat/completions"}, Body: []byte("{")}); got.Status != 400 {
 		t.Fatalf("malformed body answered %+v, want 400", got)
 	}
 }
 
-func TestInProcessPickerBreaksTiesBySeed(t *testing.T) {
+func TestInProcessEPPBreaksTiesBySeed(t *testing.T) {
 	choices := func(seed uint64) string {
-		p, clk := newTestPicker(t, InProcessOptions{Endpoints: testPool(8), Seed: seed})
+		p, clk := newTestPicker(t, eppOptions{Endpoints: testPool(8), Seed: seed})
 		scrapeAll(t, p, clk, 0, 0, 0, 0, 0, 0, 0, 0)
 		var out []string
 		for i := range 40 {
@@ -133,15 +132,15 @@ func TestInProcessPickerBreaksTiesBySeed(t *testing.T) {
 	}
 }
 
-func TestInProcessPickerSluiceAdmission(t *testing.T) {
-	p, clk := newTestPicker(t, InProcessOptions{Endpoints: testPool(2), Seed: 1, Admission: flowcontrol.DefaultConfig()})
+func TestInProcessEPPSluiceAdmission(t *testing.T) {
+	p, clk := newTestPicker(t, eppOptions{Endpoints: testPool(2), Seed: 1, Admission: flowcontrol.DefaultConfig()})
 	scrapeAll(t, p, clk, 20, 20) // above the queue-depth thresholds of both tiers: no headroom
 	if err := p.SyncAdmission(); err != nil {
 		t.Fatal(err)
 	}
-	var waiting Routed
+	var waiting eppAnswer
 	answered := false
-	p.Route(ipChatRequest("std", "", "hi"), func(r Routed) { waiting, answered = r, true })
+	p.Route(ipChatRequest("std", "", "hi"), func(r eppAnswer) { waiting, answered = r, true })
 	if answered {
 		t.Fatalf("a Standard request without headroom was answered at once: %+v", waiting)
 	}
@@ -153,7 +152,7 @@ func TestInProcessPickerSluiceAdmission(t *testing.T) {
 		t.Fatalf("sheddable under saturation answered %+v, want 429 with Retry-After and the shed reason", shed)
 	}
 	gone := false
-	p.Route(ipChatRequest("gone", "", "hi"), func(r Routed) { gone = r.Cancelled })
+	p.Route(ipChatRequest("gone", "", "hi"), func(r eppAnswer) { gone = r.Cancelled })
 	p.Cancel("gone")
 	if !gone {
 		t.Fatal("a cancelled waiting request was not answered Cancelled")
@@ -180,8 +179,8 @@ func TestInProcessPickerSluiceAdmission(t *testing.T) {
 		}
 	}
 	sync()
-	var late Routed
-	p.Route(ipChatRequest("late", "", "hi"), func(r Routed) { late = r })
+	var late eppAnswer
+	p.Route(ipChatRequest("late", "", "hi"), func(r eppAnswer) { late = r })
 	for range 200 { // keep the metrics fresh, so the answer is a timeout and not "no endpoints"
 		clk.Step(100 * time.Millisecond)
 		sync()
@@ -192,8 +191,8 @@ func TestInProcessPickerSluiceAdmission(t *testing.T) {
 	}
 }
 
-func TestInProcessPickerLegacyAdmissionUsesTheClockForStaleness(t *testing.T) {
-	p, clk := newTestPicker(t, InProcessOptions{Endpoints: testPool(2), Seed: 1})
+func TestInProcessEPPLegacyAdmissionUsesTheClockForStaleness(t *testing.T) {
+	p, clk := newTestPicker(t, eppOptions{Endpoints: testPool(2), Seed: 1})
 	// Fresh metrics, queues below the utilization detector's threshold (5): sheddable requests pass.
 	scrapeAll(t, p, clk, 1, 1)
 	if got, _ := route(p, ipChatRequest("a", "sheddable", "hi")); got.Endpoint < 0 {
@@ -210,7 +209,7 @@ func TestInProcessPickerLegacyAdmissionUsesTheClockForStaleness(t *testing.T) {
 	}
 }
 
-func TestInProcessPickerRefusesNondeterministicPlugins(t *testing.T) {
+func TestInProcessEPPRefusesNondeterministicPlugins(t *testing.T) {
 	cfg := []byte(`apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -222,46 +221,31 @@ schedulingProfiles:
   - pluginRef: queue-scorer
   - pluginRef: random-picker
 `)
-	_, err := NewInProcessPicker(InProcessOptions{Config: cfg, Endpoints: testPool(2), Clock: eventclock.New(ipT0)})
+	_, err := newInProcessEPP(eppOptions{Config: cfg, Endpoints: testPool(2), Clock: eventclock.New(ipT0)})
 	if err == nil || !strings.Contains(err.Error(), "random-picker") {
 		t.Fatalf("error %v, want random-picker refused", err)
 	}
-	if _, err := NewInProcessPicker(InProcessOptions{Endpoints: testPool(1)}); err == nil {
+	if _, err := newInProcessEPP(eppOptions{Endpoints: testPool(1)}); err == nil {
 		t.Fatal("a picker without a clock was built")
 	}
 }
 
-func TestInProcessPickerLoadsSluicePluginsOnItsClock(t *testing.T) {
-	cfg := []byte(`apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: sluice-prefix-cache-scorer
-- type: sluice-lora-affinity-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-  - pluginRef: sluice-prefix-cache-scorer
-  - pluginRef: sluice-lora-affinity-scorer
-`)
-	p, clk := newTestPicker(t, InProcessOptions{Config: cfg, Endpoints: testPool(2), Seed: 3})
-	for _, pl := range p.preRequest {
-		switch v := pl.(type) {
-		case *PrefixCache:
-			if v.clock != clock.PassiveClock(clk) {
-				t.Fatal("the prefix cache scorer does not read the picker's clock")
-			}
-		case *LoRAAffinity:
-			if v.clock != clock.PassiveClock(clk) {
-				t.Fatal("the LoRA affinity scorer does not read the picker's clock")
-			}
-		}
-	}
+// TestInProcessEPPLoadsSluicePluginsOnItsClock: Sluice's default profile, loaded through the EPP's handle, reads
+// the EPP's clock (plugins.ClockHandle) and runs the prefix cache's maintenance on it.
+func TestInProcessEPPLoadsSluicePluginsOnItsClock(t *testing.T) {
+	p, clk := newTestPicker(t, eppOptions{Endpoints: testPool(2), Seed: 3, Admission: flowcontrol.DefaultConfig()})
 	if len(p.maintenance) != 1 {
 		t.Fatalf("%d maintenance timers, want the prefix cache's pod sync", len(p.maintenance))
 	}
+	clk.Step(1234 * time.Millisecond)
 	scrapeAll(t, p, clk, 0, 0)
+	if err := p.SyncAdmission(); err != nil {
+		t.Fatal(err)
+	}
+	v, ok := p.endpoints[0].GetAttributes().Get(plugins.LoRAResidencyKey)
+	if res, _ := v.(*plugins.LoRAResidency); !ok || res == nil || !res.ObservedAt.Equal(clk.Now()) {
+		t.Fatalf("the LoRA residency extractor stored %+v, want it observed at the EPP's time %v", v, clk.Now())
+	}
 	prompt := strings.Repeat("a shared system prompt ", 40)
 	first, _ := route(p, ipChatRequest("r1", "", prompt+"one"))
 	p.ResponseComplete("r1", nil)
@@ -269,5 +253,9 @@ schedulingProfiles:
 	if first.Endpoint < 0 || second.Endpoint != first.Endpoint {
 		t.Fatalf("a shared prefix went to %d then %d, want the same endpoint", first.Endpoint, second.Endpoint)
 	}
-	clk.Step(time.Minute) // the pod sync runs on the picker's clock
+	p.ResponseComplete("r2", nil)
+	clk.Step(time.Minute) // the pod sync runs on the EPP's clock
+	if p.Err() != nil || p.InFlight() != 0 {
+		t.Fatalf("after the pod sync: error %v, %d requests in flight", p.Err(), p.InFlight())
+	}
 }
