@@ -32,36 +32,44 @@ var modelServerMetricsGroup = Group{
 		loadCase("SGLang", SGLang, 2, "`sglang:num_queue_reqs`"),
 		loadCase("TRTLLMServe", TRTLLMServe, 4, "`trtllm_num_requests_waiting`"),
 		loadCase("TritonTRTLLM", TritonTRTLLM, 6, "`nv_trt_llm_request_metrics{request_type=waiting}`"),
-		{
-			Name: "MetricsUnavailable", Profile: ModelServerProfile,
-			Ref:         Ref{Path: proposal003, Line: 19, Quote: "The model servers MUST provide the following metrics via a Prometheus endpoint."},
-			Requirement: "A Ready endpoint whose metrics page fails (stale metrics) still gets an answer for every request: routed to it, or an immediate 503/429 within 25s; never a hang or a broken stream.",
-			Run: func(t *T, f *Fixture) {
-				ep := f.Endpoints[0][0]
-				ep.FailMetrics(500)
-				defer ep.Report(VLLM, Idle)
-				// Stale by any EPP's threshold (upstream's default is 2s).
-				time.Sleep(3 * time.Second)
-				ctx, cancel := context.WithTimeout(t.Context(), 25*time.Second)
-				defer cancel()
-				d, err := f.Envoy.Exchange(ctx, Request{Body: Chat(uniquePrompt()), Subset: []string{ep.Addr()}})
-				switch {
-				case err != nil:
-					t.Fatalf("no answer for a request to an endpoint with failing metrics: %v", err)
-				case d.Immediate != nil:
-					observeImmediate(t, d.Immediate)
-					if d.Immediate.Status != 503 && d.Immediate.Status != 429 {
-						t.Errorf("immediate response %d, want routed, 503 or 429: %s", d.Immediate.Status, d.Immediate.Body)
-					}
-					t.Observe("outcome", "immediate")
-				case d.Destination() != ep.Addr():
-					t.Errorf("routed to %s outside the subset [%s]", d.Destination(), ep.Addr())
-				default:
-					t.Observe("outcome", "routed")
-				}
-			},
-		},
+		metricsUnavailableCase("MetricsPageFailing", "fails (HTTP 500)", func(ep *Endpoint) { ep.FailMetrics(500) }),
+		metricsUnavailableCase("MetricsMissing", "lacks every required metric", (*Endpoint).MissingMetrics),
 	},
+}
+
+// metricsUnavailableCase checks what happens to requests for an endpoint
+// whose metrics become unreadable (break does that), so that the EPP only
+// has stale ones: each request still gets one answer.
+func metricsUnavailableCase(name, what string, breakMetrics func(*Endpoint)) Case {
+	return Case{
+		Name: name, Profile: ModelServerProfile,
+		Ref:         Ref{Path: proposal003, Line: 19, Quote: "The model servers MUST provide the following metrics via a Prometheus endpoint."},
+		Requirement: "A Ready endpoint whose metrics page " + what + " still gets an answer for every request: routed to it, or an immediate 503/429 within 25s; never a hang or a broken stream.",
+		Run: func(t *T, f *Fixture) {
+			ep := f.Endpoints[0][0]
+			breakMetrics(ep)
+			defer ep.Report(VLLM, Idle)
+			// Stale by any EPP's threshold (upstream's default is 2s).
+			time.Sleep(3 * time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 25*time.Second)
+			defer cancel()
+			d, err := f.Envoy.Exchange(ctx, Request{Body: Chat(uniquePrompt()), Subset: []string{ep.Addr()}})
+			switch {
+			case err != nil:
+				t.Fatalf("no answer for a request to an endpoint whose metrics page %s: %v", what, err)
+			case d.Immediate != nil:
+				observeImmediate(t, d.Immediate)
+				if d.Immediate.Status != 503 && d.Immediate.Status != 429 {
+					t.Errorf("immediate response %d, want routed, 503 or 429: %s", d.Immediate.Status, d.Immediate.Body)
+				}
+				t.Observe("outcome", "immediate")
+			case d.Destination() != ep.Addr():
+				t.Errorf("routed to %s outside the subset [%s]", d.Destination(), ep.Addr())
+			default:
+				t.Observe("outcome", "routed")
+			}
+		},
+	}
 }
 
 // loadCase checks that the EPP reads engine's queue and KV-cache metrics:

@@ -118,8 +118,11 @@ func (e *Endpoint) Report(eng Engine, l Load) {
 // FailMetrics makes /metrics answer status (e.g. 500, 404) from now on.
 func (e *Endpoint) FailMetrics(status int) { e.script.Store(&metricsScript{status: status}) }
 
-// RealMetrics restores the simulator's own metrics page.
-func (e *Endpoint) RealMetrics() { e.script.Store(nil) }
+// MissingMetrics makes /metrics answer 200 with a page that has none of the
+// metrics proposal 003 requires.
+func (e *Endpoint) MissingMetrics() {
+	e.script.Store(&metricsScript{page: "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1\n"})
+}
 
 func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/metrics" {

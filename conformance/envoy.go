@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+
+	"github.com/sluice-gw/sluice/testbed/dataplane"
 )
 
 // This file plays Envoy's ext_proc filter as GIE's recommended configuration
@@ -186,30 +188,6 @@ func (r Request) headerMap() *corev3.HeaderMap {
 	return hm
 }
 
-// metadataContext is the filter metadata Envoy forwards on every message:
-// the subset hint and, on the response path, the served endpoint.
-func metadataContext(subset []string, served string) *corev3.Metadata {
-	fm := map[string]*structpb.Struct{}
-	if subset != nil {
-		vals := make([]*structpb.Value, len(subset))
-		for i, s := range subset {
-			vals[i] = structpb.NewStringValue(s)
-		}
-		fm[metadata.SubsetFilterNamespace] = &structpb.Struct{Fields: map[string]*structpb.Value{
-			metadata.SubsetFilterKey: structpb.NewListValue(&structpb.ListValue{Values: vals}),
-		}}
-	}
-	if served != "" {
-		fm[metadata.DestinationEndpointNamespace] = &structpb.Struct{Fields: map[string]*structpb.Value{
-			metadata.DestinationEndpointServedKey: structpb.NewStringValue(served),
-		}}
-	}
-	if len(fm) == 0 {
-		return nil
-	}
-	return &corev3.Metadata{FilterMetadata: fm}
-}
-
 // chunks splits body into Envoy-sized chunks (one empty chunk for an empty
 // body).
 func chunks(body []byte) [][]byte {
@@ -227,7 +205,7 @@ func chunks(body []byte) [][]byte {
 // duplex) and reads the answers: a headers response then the streamed body
 // up to end_of_stream, or an ImmediateResponse at any point.
 func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, req Request) (*Decision, error) {
-	md := metadataContext(req.Subset, "")
+	md := dataplane.MetadataContext(req.Subset, "")
 	msgs := []*extprocv3.ProcessingRequest{{
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers: req.headerMap(), EndOfStream: req.Body == nil,
@@ -249,18 +227,7 @@ func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, req Request)
 			})
 		}
 	}
-	// Sending runs beside receiving, as Envoy streams a body while the EPP
-	// may already answer (or reject) it.
-	sent := make(chan error, 1)
-	go func() {
-		for _, m := range msgs {
-			if err := stream.Send(m); err != nil {
-				sent <- err
-				return
-			}
-		}
-		sent <- nil
-	}()
+	sent := sendAll(stream, msgs)
 
 	d := &Decision{SetHeaders: map[string]string{}, Metadata: map[string]map[string]any{}}
 	gotHeaders, bodyDone := false, req.Body == nil
@@ -317,7 +284,7 @@ func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, req Request)
 // chunk without waiting, and collects the EPP's header mutation and
 // streamed body.
 func responsePhase(stream extprocv3.ExternalProcessor_ProcessClient, d *Decision, r Reply) error {
-	md := metadataContext(nil, r.Served)
+	md := dataplane.MetadataContext(nil, r.Served)
 	status := r.Status
 	if status == 0 {
 		status = 200
@@ -340,16 +307,7 @@ func responsePhase(stream extprocv3.ExternalProcessor_ProcessClient, d *Decision
 			MetadataContext: md,
 		})
 	}
-	sent := make(chan error, 1)
-	go func() {
-		for _, m := range msgs {
-			if err := stream.Send(m); err != nil {
-				sent <- err
-				return
-			}
-		}
-		sent <- nil
-	}()
+	sent := sendAll(stream, msgs)
 
 	d.ResponseHeaders = map[string]string{}
 	gotHeaders, bodyDone := false, len(r.Chunks) == 0
@@ -392,6 +350,23 @@ func responsePhase(stream extprocv3.ExternalProcessor_ProcessClient, d *Decision
 		return fmt.Errorf("sending the response: %w", err)
 	}
 	return nil
+}
+
+// sendAll sends msgs in a goroutine of its own, as Envoy streams a body
+// while the EPP may already answer (or reject) it, and reports the first
+// error (nil once all are sent) on the channel.
+func sendAll(stream extprocv3.ExternalProcessor_ProcessClient, msgs []*extprocv3.ProcessingRequest) <-chan error {
+	sent := make(chan error, 1)
+	go func() {
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	return sent
 }
 
 func immediate(ir *extprocv3.ImmediateResponse) *Immediate {

@@ -246,8 +246,9 @@ func (f *Fixture) ReportAll(e Engine, l Load) {
 }
 
 // WaitRoutesTo sends requests until every one of want has been chosen at
-// least once (the EPP learns pods from watch events and metrics from
-// scrapes); requests that get immediate responses meanwhile are retried.
+// least once, by header or metadata (the EPP learns pods from watch events
+// and metrics from scrapes); requests that get immediate responses meanwhile
+// are retried.
 func (f *Fixture) WaitRoutesTo(t testing.TB, want ...string) {
 	t.Helper()
 	seen := map[string]bool{}
@@ -269,8 +270,10 @@ func (f *Fixture) WaitRoutesTo(t testing.TB, want ...string) {
 			if d.Immediate != nil {
 				return fmt.Sprintf("%s: immediate response %d %s", w, d.Immediate.Status, d.Immediate.Body)
 			}
-			if d.Destination() != w {
-				return fmt.Sprintf("subset [%s] routed to %q", w, d.Destination())
+			// Either way of naming the endpoint will do here: the cases check
+			// each one.
+			if splitEndpoints(d.Destination())[0] != w && splitEndpoints(d.MetadataDestination())[0] != w {
+				return fmt.Sprintf("subset [%s] routed to %q (metadata %q)", w, d.Destination(), d.MetadataDestination())
 			}
 			seen[w] = true
 		}
