@@ -32,23 +32,40 @@ var modelServerMetricsGroup = Group{
 		loadCase("SGLang", SGLang, 2, "`sglang:num_queue_reqs`"),
 		loadCase("TRTLLMServe", TRTLLMServe, 4, "`trtllm_num_requests_waiting`"),
 		loadCase("TritonTRTLLM", TritonTRTLLM, 6, "`nv_trt_llm_request_metrics{request_type=waiting}`"),
-		metricsUnavailableCase("MetricsPageFailing", "fails (HTTP 500)", func(ep *Endpoint) { ep.FailMetrics(500) }),
-		metricsUnavailableCase("MetricsMissing", "lacks every required metric", (*Endpoint).MissingMetrics),
+		metricsUnavailableCase("MetricsPageFailing", "fails (HTTP 500)", false, func(ep *Endpoint) { ep.FailMetrics(500) }),
+		metricsUnavailableCase("MetricsMissing", "lacks every required metric", false, (*Endpoint).MissingMetrics),
+		metricsUnavailableCase("NoEndpointMetrics", "fails (HTTP 500), as every other endpoint's does,", true, func(ep *Endpoint) { ep.FailMetrics(500) }),
 	},
 }
 
 // metricsUnavailableCase checks what happens to requests for an endpoint
-// whose metrics become unreadable (break does that), so that the EPP only
-// has stale ones: each request still gets one answer.
-func metricsUnavailableCase(name, what string, breakMetrics func(*Endpoint)) Case {
+// whose metrics become unreadable (breakMetrics does that; to every
+// endpoint of the pool with all), so that the EPP only has stale ones: each
+// request still gets one answer.
+func metricsUnavailableCase(name, what string, all bool, breakMetrics func(*Endpoint)) Case {
 	return Case{
 		Name: name, Profile: ModelServerProfile,
 		Ref:         Ref{Path: proposal003, Line: 19, Quote: "The model servers MUST provide the following metrics via a Prometheus endpoint."},
 		Requirement: "A Ready endpoint whose metrics page " + what + " still gets an answer for every request: routed to it, or an immediate 503/429 within 25s; never a hang or a broken stream.",
 		Run: func(t *T, f *Fixture) {
 			ep := f.Endpoints[0][0]
-			breakMetrics(ep)
-			defer ep.Report(VLLM, Idle)
+			broken := []*Endpoint{ep}
+			if all {
+				broken = nil
+				for _, eps := range f.Endpoints {
+					broken = append(broken, eps...)
+				}
+			}
+			for _, b := range broken {
+				breakMetrics(b)
+			}
+			defer func() {
+				for i, eps := range f.Endpoints {
+					for _, e := range eps {
+						e.Report(metricsEngines[i%len(metricsEngines)], Idle)
+					}
+				}
+			}()
 			// Stale by any EPP's threshold (upstream's default is 2s).
 			time.Sleep(3 * time.Second)
 			ctx, cancel := context.WithTimeout(t.Context(), 25*time.Second)

@@ -190,14 +190,19 @@ var dataParallelGroup = Group{
 	},
 }
 
-// eventuallyOnly waits until a batch of requests reaches only allowed.
+// eventuallyOnly waits until a batch of twelve requests is routed, only to
+// allowed (an immediate response while the EPP takes the change in is
+// retried, as a misroute is).
 func (f *Fixture) eventuallyOnly(t *T, what string, allowed ...string) {
 	t.Helper()
 	runnertest.Eventually(t, what, func() string {
-		seen := f.routeCounts(t, 12, nil)
-		for ep := range seen {
-			if !slices.Contains(allowed, ep) {
-				return fmt.Sprintf("still routed to %s (%v)", ep, seen)
+		for range 12 {
+			d := f.exchange(t, Request{Body: Chat(uniquePrompt())})
+			if d.Immediate != nil {
+				return fmt.Sprintf("immediate response %d: %s", d.Immediate.Status, d.Immediate.Body)
+			}
+			if ep := splitEndpoints(d.Destination())[0]; !slices.Contains(allowed, ep) {
+				return "still routed to " + ep
 			}
 		}
 		return ""

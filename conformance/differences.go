@@ -46,6 +46,13 @@ var Differences = []Difference{
 		Reason: "Sluice admission answers a shed request with a Retry-After computed from how fast the pool drains " +
 			"(and x-sluice-shed-reason), so clients back off for as long as needed; upstream's 429 has no Retry-After.",
 	},
+	{
+		ID: "D4", Cases: []string{"ModelServerMetrics/NoEndpointMetrics"}, Aspects: []string{"outcome", "status", "retry-after"},
+		Implementations: []string{SluiceAll},
+		Reason: "Sluice admission dispatches only onto endpoints whose load it has read within the policy's " +
+			"metricsStalenessThreshold (200 ms by default): while no endpoint of the pool has fresh metrics it answers " +
+			"503 with Retry-After rather than route without knowing the load. Upstream routes on the last metrics it read.",
+	},
 }
 
 // Finding is a case an implementation fails, known and kept: a defect to
