@@ -90,7 +90,10 @@ func metricsUnavailableCase(name, what string, all bool, breakMetrics func(*Endp
 }
 
 // loadCase checks that the EPP reads engine's queue and KV-cache metrics:
-// of pods first and first+1, the busy one gets no request.
+// of pods first and first+1, the busy one gets no request. Each phase starts
+// from the opposite one, in which the EPP sent everything to the endpoint
+// now busy, so a round that avoids it shows the EPP read the new metrics
+// (not luck, nor prefix affinity); twenty more requests must avoid it too.
 func loadCase(name string, engine Engine, first int, quote string) Case {
 	return Case{
 		Name: name, Profile: ModelServerProfile,
@@ -99,7 +102,8 @@ func loadCase(name string, engine Engine, first int, quote string) Case {
 		Run: func(t *T, f *Fixture) {
 			a, b := f.Endpoints[first][0], f.Endpoints[first+1][0]
 			subset := []string{a.Addr(), b.Addr()}
-			for _, busy := range []*Endpoint{a, b} {
+			defer b.Report(engine, Idle)
+			for phase, busy := range []*Endpoint{b, a, b} {
 				idle := a
 				if busy == a {
 					idle = b
@@ -107,18 +111,24 @@ func loadCase(name string, engine Engine, first int, quote string) Case {
 				busy.Report(engine, Busy)
 				idle.Report(engine, Idle)
 				runnertest.Eventually(t, fmt.Sprintf("requests avoid %s, which reports a full queue", busy.Addr()), func() string {
-					seen := f.routeCounts(t, 10, subset)
-					if seen[busy.Addr()] > 0 {
-						return fmt.Sprintf("routed %v", seen)
+					for range 10 {
+						d := f.exchange(t, Request{Body: Chat(uniquePrompt()), Subset: subset})
+						switch {
+						case d.Immediate != nil:
+							return fmt.Sprintf("immediate response %d: %s", d.Immediate.Status, d.Immediate.Body)
+						case splitEndpoints(d.Destination())[0] == busy.Addr():
+							return "routed to " + busy.Addr()
+						}
 					}
 					return ""
 				})
-				// A round of ten could avoid it by chance: twenty more must too.
+				if phase == 0 {
+					continue // the starting state
+				}
 				if seen := f.routeCounts(t, 20, subset); seen[busy.Addr()] > 0 {
 					t.Errorf("%s reports a full queue but got %d of 20 requests", busy.Addr(), seen[busy.Addr()])
 				}
 			}
-			b.Report(engine, Idle)
 			t.Observe("load", "read")
 		},
 	}
