@@ -206,4 +206,8 @@ func TestReportShape(t *testing.T) {
 	if ms := r.ProfileReports[1]; ms.Name != "ModelServer" || ms.Core.Result != "success" {
 		t.Errorf("ModelServer profile %+v", ms)
 	}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "sigs.k8s.io/gateway-api").Output()
+	if err != nil || strings.TrimSpace(string(out)) != GatewayAPIVersion {
+		t.Errorf("go.mod has Gateway API %q (%v), reports say %s", out, err, GatewayAPIVersion)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -73,7 +72,7 @@ func Report(impl Implementation, results []Result, now time.Time) inferenceconfo
 				Contact: []string{url + "/issues"},
 			},
 			Date:              now.UTC().Format(time.RFC3339),
-			GatewayAPIVersion: gatewayAPIVersion(),
+			GatewayAPIVersion: GatewayAPIVersion,
 			GatewayAPIChannel: "standard",
 			Mode:              impl.Name,
 			ProfileReports:    profiles,
@@ -81,18 +80,9 @@ func Report(impl Implementation, results []Result, now time.Time) inferenceconfo
 	}
 }
 
-// gatewayAPIVersion is the Gateway API module version the report types come
-// from.
-func gatewayAPIVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, d := range bi.Deps {
-			if d.Path == "sigs.k8s.io/gateway-api" {
-				return d.Version
-			}
-		}
-	}
-	return "unknown"
-}
+// GatewayAPIVersion is the Gateway API release GIE v1.5.0's conformance
+// module is built on (go.mod; TestReportShape checks it).
+const GatewayAPIVersion = "v1.5.1"
 
 // Table is the Markdown table of cases x implementations: pass, FAIL, or
 // FAIL (finding); a cell whose observations differ from the reference's

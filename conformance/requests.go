@@ -15,10 +15,10 @@ import (
 
 var promptSeq atomic.Int64
 
-// uniquePrompt differs from every other prompt of the run, so no scorer sees
-// a prefix it has seen before.
+// uniquePrompt differs from every other prompt of the run from its first
+// characters, so prefix-cache scoring finds no affinity between requests.
 func uniquePrompt() string {
-	return fmt.Sprintf("conformance prompt %d at %d: say something short", promptSeq.Add(1), time.Now().UnixNano())
+	return fmt.Sprintf("%d-%d: a conformance prompt, say something short", time.Now().UnixNano(), promptSeq.Add(1))
 }
 
 // ChatFor is an OpenAI chat completion body for model.
