@@ -162,6 +162,13 @@ var openAIAPIsCase = Case{
 			for _, stream := range []bool{false, true} {
 				b := body(stream)
 				resp, err := http.Post(srv.URL+path, "application/json", bytes.NewReader(b))
+				if err == nil && resp.StatusCode == 503 && resp.Header.Get("Retry-After") != "" {
+					// As exchange does, and a client would.
+					resp.Body.Close()
+					t.Logf("POST %s: 503 with Retry-After %s: retrying once", path, resp.Header.Get("Retry-After"))
+					time.Sleep(maxRetryAfter)
+					resp, err = http.Post(srv.URL+path, "application/json", bytes.NewReader(b))
+				}
 				if err != nil {
 					t.Fatalf("POST %s: %v", path, err)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -210,25 +211,36 @@ func (f *Fixture) eventuallyOnly(t *T, what string, allowed ...string) {
 }
 
 // eventuallyImmediate waits until req (a fresh chat request when its body
-// is empty) gets an immediate response, then requires one of statuses.
+// is empty) gets an immediate response, gives the EPP a second to settle
+// (its parts may learn of a change one after the other), and requires the
+// answer to the next such request to be an immediate response with one of
+// statuses, which it observes.
 func eventuallyImmediate(t *T, f *Fixture, req Request, statuses ...int) {
 	t.Helper()
-	var im *Immediate
-	runnertest.Eventually(t, fmt.Sprintf("requests get an immediate %v", statuses), func() string {
+	fresh := func() Request {
 		r := req
 		if r.Body == nil && r.Method == "" {
 			r.Body = Chat(uniquePrompt())
 		}
-		d := f.exchange(t, r)
-		if d.Immediate == nil {
+		return r
+	}
+	runnertest.Eventually(t, fmt.Sprintf("requests get an immediate %v", statuses), func() string {
+		if d := f.exchange(t, fresh()); d.Immediate == nil {
 			return "still routed to " + d.Destination()
 		}
-		im = d.Immediate
 		return ""
 	})
-	observeImmediate(t, im)
-	if !slices.Contains(statuses, im.Status) {
-		t.Errorf("immediate response %d, want %v: %s", im.Status, statuses, im.Body)
+	time.Sleep(time.Second)
+	d, err := f.Envoy.Exchange(t.Context(), fresh())
+	switch {
+	case err != nil:
+		t.Fatalf("ext_proc exchange: %v", err)
+	case d.Immediate == nil:
+		t.Fatalf("routed to %s again without a change to the pool", d.Destination())
+	}
+	observeImmediate(t, d.Immediate)
+	if !slices.Contains(statuses, d.Immediate.Status) {
+		t.Errorf("immediate response %d, want %v: %s", d.Immediate.Status, statuses, d.Immediate.Body)
 	}
 }
 

@@ -41,10 +41,12 @@ var Differences = []Difference{
 			"(--model-selection-max-body-bytes, 64 MiB): a larger body gets 413. Upstream buffers any body and routes it.",
 	},
 	{
-		ID: "D3", Cases: []string{"InferenceObjectives/SheddableRejectedUnderLoad", "InferenceObjectives/PriorityChangedLive"},
+		ID: "D3", Cases: []string{"InferenceObjectives/SheddableRejectedUnderLoad", "InferenceObjectives/PriorityChangedLive",
+			"PoolMembership/NoReadyEndpoint"},
 		Aspects: []string{"retry-after"}, Implementations: []string{SluiceAll},
-		Reason: "Sluice admission answers a shed request with a Retry-After computed from how fast the pool drains " +
-			"(and x-sluice-shed-reason), so clients back off for as long as needed; upstream's 429 has no Retry-After.",
+		Reason: "Sluice admission's own answers (429 for a shed request, 503 when no endpoint can take it, e.g. none is " +
+			"Ready) carry a Retry-After computed from how fast the pool drains, and x-sluice-shed-reason, so clients back " +
+			"off for as long as needed; upstream's 429 and 503 have no Retry-After.",
 	},
 	{
 		ID: "D4", Cases: []string{"ModelServerMetrics/NoEndpointMetrics"}, Aspects: []string{"outcome", "status", "retry-after"},

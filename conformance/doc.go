@@ -37,6 +37,11 @@
 // and, for the leak checks, go_goroutines (or Go's pprof) on the metrics
 // port.
 //
+// An immediate 503 with Retry-After (an admission controller's "not now")
+// is retried once after that delay, at most 2s, as an HTTP client honouring
+// it would; the retry is logged and its answer counts. Cases that check
+// such an answer send without retrying.
+//
 // # Results
 //
 // Every case of every group runs against every implementation, one

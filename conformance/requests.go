@@ -45,11 +45,27 @@ func ChatCompletionReply(model string) *Reply {
 	}
 }
 
+// maxRetryAfter caps how long exchange waits before it retries a request
+// an EPP answered 503 with Retry-After.
+const maxRetryAfter = 2 * time.Second
+
 // exchange sends req with the case's deadline, failing the case on a
-// broken stream or a hang.
+// broken stream or a hang. An immediate 503 with Retry-After (an EPP's
+// admission saying "not now") is retried once after that delay, at most
+// maxRetryAfter, as an HTTP client honouring it would; the retry is logged
+// and its answer counts.
 func (f *Fixture) exchange(t *T, req Request) *Decision {
 	t.Helper()
 	d, err := f.Envoy.Exchange(t.Context(), req)
+	if err == nil && d.Immediate != nil && d.Immediate.Status == 503 {
+		if after, ok := d.Immediate.Headers["retry-after"]; ok {
+			secs, _ := strconv.Atoi(after)
+			wait := min(time.Duration(max(secs, 0))*time.Second, maxRetryAfter)
+			t.Logf("503 with Retry-After %q (%s): retrying once after %v, as a client would", after, d.Immediate.Body, wait)
+			time.Sleep(wait)
+			d, err = f.Envoy.Exchange(t.Context(), req)
+		}
+	}
 	if err != nil {
 		t.Fatalf("ext_proc exchange: %v", err)
 	}
