@@ -25,7 +25,7 @@ BINARIES := epp
 # benchmarks that compare Sluice with upstream run it side by side.
 UPSTREAM_EPP := sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 
-.PHONY: all build test lint vet staticcheck envtest helm run clean help
+.PHONY: all build test lint vet staticcheck envtest helm run clean help conformance conformance-gateway conformance-gateway-build
 
 all: build
 
@@ -51,8 +51,9 @@ $(HELM):
 # The whole suite. The process tests run bin/epp as a real process against a
 # real API server (envtest); cmd/epp's chart tests render upstream's Helm
 # chart with $(HELM); hack/image's test inspects the image tarball.
-test: lint verify-generate envtest helm build image ## The whole suite: lint, unit, integration (real API server), chart, image and race tests.
+test: lint verify-generate envtest helm build image conformance-gateway-build ## The whole suite: lint, unit, integration (real API server), chart, conformance, image and race tests.
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp SLUICE_UPSTREAM_EPP_BINARY=$(BIN)/upstream-epp SLUICE_HELM_BINARY=$(HELM) \
+	SLUICE_VERSION=$(VERSION) \
 	SLUICE_IMAGE_TARBALL=$(IMAGE_TARBALL) SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
 		$(GO) test -race -count=1 -timeout 30m ./...
 
@@ -75,6 +76,37 @@ run: build ## Start a local simulated fleet behind Sluice (admission, default pr
 .PHONY: bench
 bench: build ## Benchmark suite, every scenario (SCENARIO=name,... for some; ENGINE=virtual for virtual time, SCENARIO=scale for the scale study, ENGINE=virtual SEEDS=1,2,3 for a seed sweep); report in bench-results/<time>/.
 	$(BIN)/bench --bin=$(BIN) --scenarios=testbed/bench/scenarios $(if $(ENGINE),--engine=$(ENGINE)) $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(BENCH_OUT),--out=$(BENCH_OUT)) $(if $(SEEDS),--seeds=$(SEEDS))
+
+# The EPP conformance profile (conformance/): upstream's EPP, Sluice with its
+# defaults and Sluice with every feature on, one after the other, against a
+# real API server; or EPP=/path/to/epp [EPP_ARGS="..."] [EPP_NAME=...] for anyone's EPP
+# (compared with upstream's). Reports in $(CONFORMANCE_OUT).
+CONFORMANCE_OUT ?= conformance-results
+conformance: envtest build ## EPP conformance profile + differential with upstream (EPP=path for your own EPP); reports in conformance-results/.
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) SLUICE_EPP_BINARY=$(BIN)/epp SLUICE_UPSTREAM_EPP_BINARY=$(BIN)/upstream-epp \
+	SLUICE_VERSION=$(VERSION) \
+		$(GO) test -count=1 -timeout 30m ./conformance -args \
+		-report-dir=$(abspath $(CONFORMANCE_OUT)) \
+		$(if $(EPP),-epp=$(abspath $(EPP)) -epp-args="$(EPP_ARGS)" $(if $(EPP_NAME),-epp-name=$(EPP_NAME)) -reference-epp=$(BIN)/upstream-epp)
+	$(GO) test -count=1 ./conformance/gateway
+	@echo "reports: $(CONFORMANCE_OUT)/conformance-table.md, $(CONFORMANCE_OUT)/conformance-report-*.yaml"
+
+# Upstream's Gateway profile (sigs.k8s.io/gateway-api-inference-extension/
+# conformance v1.5.0), unchanged, with the EPP image in its manifests
+# replaced by EPP_IMAGE, against the cluster of KUBECONFIG and its
+# GATEWAY_CLASS. conformance/README.md has the steps for kind.
+EPP_IMAGE ?= $(IMAGE_REPO):$(VERSION)
+conformance-gateway-build: ## Build upstream's Gateway profile test binary (bin/conformance-gateway.test).
+	@mkdir -p $(BIN)
+	$(GO) vet -tags gateway ./conformance/gateway
+	$(GO) test -tags gateway -c -o $(BIN)/conformance-gateway.test ./conformance/gateway
+
+conformance-gateway: conformance-gateway-build ## Upstream's Gateway profile with Sluice's EPP image: GATEWAY_CLASS=... [KUBECONFIG=...] [EPP_IMAGE=...].
+	@test -n "$(GATEWAY_CLASS)" || { echo "GATEWAY_CLASS is required: the GatewayClass of the gateway under test (e.g. eg, istio)" >&2; exit 2; }
+	@mkdir -p $(CONFORMANCE_OUT)
+	$(if $(KUBECONFIG),KUBECONFIG=$(KUBECONFIG)) $(BIN)/conformance-gateway.test -test.v -test.timeout 60m \
+		-test.run TestGatewayProfile -gateway-class=$(GATEWAY_CLASS) -epp-image=$(EPP_IMAGE) \
+		-report-output=$(abspath $(CONFORMANCE_OUT))/gateway-report.yaml $(GATEWAY_CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(BIN)

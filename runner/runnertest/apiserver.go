@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +29,8 @@ type APIServer struct {
 	Kubeconfig string
 
 	config *rest.Config
+	envMu  sync.Mutex // envtest's AddUser is not documented as goroutine-safe
+	env    *envtest.Environment
 }
 
 // StartAPIServer starts the API server for the test, installing the GIE CRDs
@@ -75,7 +78,30 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 			t.Errorf("stopping envtest: %v", err)
 		}
 	})
-	user, err := env.AddUser(envtest.User{Name: "sluice-epp", Groups: []string{"system:masters"}}, nil)
+	s := &APIServer{config: cfg, env: env}
+	path := s.KubeconfigFor(t, "sluice-epp", "system:masters")
+	scheme := runtime.NewScheme()
+	for _, add := range append([]func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1.Install}, installs...) {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Client, s.Kubeconfig = c, path
+	return s
+}
+
+// KubeconfigFor writes a kubeconfig file for a user named name in groups.
+// Unlike Kubeconfig's (in system:masters), such a user has only what RBAC
+// grants it; a ServiceAccount's name is system:serviceaccount:<ns>:<name>.
+func (s *APIServer) KubeconfigFor(t testing.TB, name string, groups ...string) string {
+	t.Helper()
+	s.envMu.Lock()
+	user, err := s.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	s.envMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,17 +113,7 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	scheme := runtime.NewScheme()
-	for _, add := range append([]func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1.Install}, installs...) {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &APIServer{Client: c, Kubeconfig: path, config: cfg}
+	return path
 }
 
 // InstallCRDs installs the CRDs in paths (directories or files) into the
@@ -111,7 +127,7 @@ func (s *APIServer) InstallCRDs(t *testing.T, paths ...string) {
 
 // CreatePool creates the InferencePool default/vllm, selecting pods labelled
 // app=vllm on port.
-func (s *APIServer) CreatePool(t *testing.T, port int) {
+func (s *APIServer) CreatePool(t testing.TB, port int) {
 	t.Helper()
 	pool := &v1.InferencePool{
 		ObjectMeta: metav1.ObjectMeta{Name: "vllm", Namespace: "default"},
@@ -127,7 +143,7 @@ func (s *APIServer) CreatePool(t *testing.T, port int) {
 }
 
 // CreateReadyPod creates a pod of the pool with status IP ip and Ready.
-func (s *APIServer) CreateReadyPod(t *testing.T, name, ip string) *corev1.Pod {
+func (s *APIServer) CreateReadyPod(t testing.TB, name, ip string) *corev1.Pod {
 	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "vllm"}},
@@ -141,7 +157,7 @@ func (s *APIServer) CreateReadyPod(t *testing.T, name, ip string) *corev1.Pod {
 }
 
 // SetPodReady sets the pod's status: running on ip, Ready or not.
-func (s *APIServer) SetPodReady(t *testing.T, pod *corev1.Pod, ip string, ready bool) {
+func (s *APIServer) SetPodReady(t testing.TB, pod *corev1.Pod, ip string, ready bool) {
 	t.Helper()
 	status := corev1.ConditionFalse
 	if ready {

@@ -79,7 +79,7 @@ func (b *binary) path(t *testing.T) string {
 }
 
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func FreePort(t *testing.T) int {
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -99,6 +99,23 @@ type Process struct {
 	GRPCPort, HealthPort, MetricsPort int
 	// Output collects the process's stdout and stderr.
 	Output *SyncBuffer
+}
+
+// Stop interrupts the process, as Kubernetes stops a pod, and waits up to
+// 20s for it to end.
+func (p *Process) Stop() error {
+	_, err := p.Interrupt(20 * time.Second)
+	return err
+}
+
+// Exited reports whether the process has ended (e.g. crashed).
+func (p *Process) Exited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
 }
 
 // SyncBuffer is a bytes.Buffer safe for concurrent writers.
@@ -123,34 +140,47 @@ func (s *SyncBuffer) String() string {
 // test ends, and waits until its readiness check passes.
 func StartEPP(t *testing.T, env []string, args ...string) *Process {
 	t.Helper()
-	return start(t, env, "readiness", args)
+	return StartBinary(t, EPPPath(t), env, "readiness", args...)
 }
 
 // StartEPPUnready is StartEPP for a replica that is not meant to become
 // ready (a follower under leader election): it waits for liveness only.
 func StartEPPUnready(t *testing.T, env []string, args ...string) *Process {
 	t.Helper()
-	return start(t, env, "liveness", args)
+	return StartBinary(t, EPPPath(t), env, "liveness", args...)
 }
 
 // Serving reports whether the EPP's gRPC health service says service (e.g.
 // "readiness", "liveness") is serving.
-func Serving(t *testing.T, p *Process, service string) bool {
+func Serving(t testing.TB, p *Process, service string) bool {
 	t.Helper()
+	status, err := HealthStatus(p, service)
+	return err == nil && status == healthpb.HealthCheckResponse_SERVING
+}
+
+// HealthStatus asks the EPP's gRPC health service about service.
+func HealthStatus(p *Process, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
 	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", p.HealthPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-	return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
+	if err != nil {
+		return 0, err
+	}
+	return resp.Status, nil
 }
 
-func start(t *testing.T, env []string, waitFor string, args []string) *Process {
+// StartBinary runs the EPP binary at path (any EPP that takes upstream's
+// flags) with args plus free ports, stops it when the test ends, and waits
+// until the health service waitFor is serving, or, with waitFor "", until
+// the health server answers at all.
+func StartBinary(t testing.TB, path string, env []string, waitFor string, args ...string) *Process {
 	t.Helper()
-	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
+	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}, exited: make(chan struct{})}
 	args = append(args,
 		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
 		fmt.Sprintf("--grpc-health-port=%d", p.HealthPort),
@@ -158,14 +188,13 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 		"--tracing=false",
 		"--refresh-metrics-interval=50ms",
 	)
-	p.cmd = exec.Command(EPPPath(t), args...)
+	p.cmd = exec.Command(path, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout = p.Output
 	p.cmd.Stderr = p.Output
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p.exited = make(chan struct{})
 	go func() {
 		p.waitErr = p.cmd.Wait()
 		close(p.exited)
@@ -185,7 +214,7 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 			t.Fatalf("EPP exited early: %v\n%s", p.waitErr, p.Output.String())
 		default:
 		}
-		if Serving(t, p, waitFor) {
+		if status, err := HealthStatus(p, waitFor); err == nil && (waitFor == "" || status == healthpb.HealthCheckResponse_SERVING) {
 			return p
 		}
 		if time.Now().After(deadline) {
@@ -356,7 +385,7 @@ func Route(t *testing.T, port int, useTLS bool, headers map[string]string, body 
 // Eventually retries check until it returns "" or 30s pass: the EPP needs a
 // scrape or a watch event to see a change. The wait bounds a real process,
 // it is not a timing assertion.
-func Eventually(t *testing.T, what string, check func() string) {
+func Eventually(t testing.TB, what string, check func() string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -38,16 +38,26 @@ type subsetHint struct {
 	set       bool
 }
 
-// metadataContext builds the filter metadata Envoy forwards on every
-// ext_proc message: the subset hint under envoy.lb.subset_hint and, once the
-// upstream answered, the served endpoint under envoy.lb (the EPP protocol's
-// "Destination Endpoint Served"). The upstream EPP re-reads the metadata of
-// each message, so every message carries all of it.
+// metadataContext is MetadataContext for a request with hint.
 func metadataContext(hint subsetHint, served string) *corev3.Metadata {
+	subset := hint.endpoints
+	if hint.set && subset == nil {
+		subset = []string{}
+	}
+	return MetadataContext(subset, served)
+}
+
+// MetadataContext builds the filter metadata Envoy forwards on every ext_proc
+// message: the subset hint under envoy.lb.subset_hint (nil sends none, an
+// empty non-nil slice an empty list, which the EPP must answer with 503) and,
+// once the upstream answered, the served endpoint under envoy.lb (the EPP
+// protocol's "Destination Endpoint Served"). The upstream EPP re-reads the
+// metadata of each message, so every message carries all of it.
+func MetadataContext(subset []string, served string) *corev3.Metadata {
 	fm := map[string]*structpb.Struct{}
-	if hint.set {
-		values := make([]*structpb.Value, 0, len(hint.endpoints))
-		for _, ep := range hint.endpoints {
+	if subset != nil {
+		values := make([]*structpb.Value, 0, len(subset))
+		for _, ep := range subset {
 			values = append(values, structpb.NewStringValue(ep))
 		}
 		fm[metadata.SubsetFilterNamespace] = &structpb.Struct{Fields: map[string]*structpb.Value{
