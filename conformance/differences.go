@@ -52,8 +52,9 @@ var Differences = []Difference{
 		ID: "D4", Cases: []string{"ModelServerMetrics/NoEndpointMetrics"}, Aspects: []string{"outcome", "status", "retry-after"},
 		Implementations: []string{SluiceAll},
 		Reason: "Sluice admission dispatches only onto endpoints whose load it has read within the policy's " +
-			"metricsStalenessThreshold (200 ms by default): while no endpoint of the pool has fresh metrics it answers " +
-			"503 with Retry-After rather than route without knowing the load. Upstream routes on the last metrics it read.",
+			"metricsStalenessThreshold (200 ms by default): requests wait for late metrics, and once no endpoint of the " +
+			"pool has been scraped for ten thresholds (2 s) it answers 503 with Retry-After rather than route without " +
+			"knowing the load. Upstream routes on the last metrics it read.",
 	},
 }
 

@@ -104,7 +104,9 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		return d, nil, false, nil
 	}
 	fresh, best, burst := c.headroomLocked(band, now)
-	if fresh == 0 {
+	bc := &c.cfg.Bands[band]
+	if fresh == 0 && (bc.RejectWhenSaturated || c.poolDownLocked(now)) {
+		// A band that queues waits out metrics that are late (poolDownLocked); one shed when saturated cannot tell.
 		c.unavailableLocked(&d, ReasonNoEndpoints)
 		return d, nil, false, nil
 	}
@@ -120,7 +122,6 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		return d, nil, false, nil
 	}
 
-	bc := &c.cfg.Bands[band]
 	if bc.RejectWhenSaturated {
 		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now))
 		return d, nil, false, nil

@@ -792,6 +792,9 @@ func TestQueueTimeout(t *testing.T) {
 	})
 }
 
+// TestNoEndpoints: with no endpoint ever scraped, or none scraped for ten staleness thresholds (the pool is down),
+// requests are answered 503 at once; metrics that are merely late make a band that queues wait for the next scrape,
+// and a band shed when saturated, which cannot tell, is answered 503.
 func TestNoEndpoints(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.MetricsStaleness = 200 * time.Millisecond }))
@@ -801,11 +804,29 @@ func TestNoEndpoints(t *testing.T) {
 		}
 		h.scrape(ep("a", 0))
 		h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
-		h.step(201 * time.Millisecond) // every endpoint's metrics are now stale
+
+		h.step(201 * time.Millisecond) // every endpoint's metrics are now late
+		late := h.admit(0, "t", 1)
+		late.wantWaiting(t)
+		h.admit(-1, "t", 1).wantOutcome(t, Unavailable, ReasonNoEndpoints)
+		h.scrape(ep("a", 0))
+		late.wantOutcome(t, Dispatched, ReasonNone)
+
+		h.step(201 * time.Millisecond)
+		waits := h.admit(1, "t", 1)
+		h.step(1600 * time.Millisecond)
+		waits.wantWaiting(t)
+		h.step(199*time.Millisecond - time.Nanosecond)
+		waits.wantWaiting(t)
+		h.step(time.Nanosecond) // 2 s since the last scrape: the pool is down
+		waits.wantOutcome(t, Unavailable, ReasonNoEndpoints)
 		cl := h.admit(0, "t", 1)
 		cl.wantOutcome(t, Unavailable, ReasonNoEndpoints)
 		if !errors.Is(cl.err, ErrUnavailable) || errors.Is(cl.err, ErrRejected) {
 			t.Fatalf("error %v does not match ErrUnavailable only", cl.err)
+		}
+		if s := h.c.Stats(); s.Queued != [NumBands]int{} {
+			t.Fatalf("queued %v", s.Queued)
 		}
 	})
 }

@@ -28,14 +28,16 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 	return n
 }
 
-// expireLocked answers every request whose maximum queue time has passed: Unavailable if no endpoint is fresh (the
-// pool, not the load, is the problem), Rejected with ReasonQueueTimeout otherwise.
+// expireLocked answers every request whose maximum queue time has passed, and every waiting request once the pool is
+// down (poolDownLocked): Unavailable if no endpoint is fresh (the pool, not the load, is the problem), Rejected with
+// ReasonQueueTimeout otherwise.
 func (c *Controller) expireLocked(now time.Time) int {
 	n := 0
 	noEndpoints := c.freshCountLocked(now) == 0
+	down := noEndpoints && c.poolDownLocked(now)
 	for _, b := range allBands {
 		q := c.bands[b]
-		for q.oldest != nil && !q.oldest.deadline.After(now) {
+		for q.oldest != nil && (down || !q.oldest.deadline.After(now)) {
 			it := q.oldest
 			c.removeQueuedLocked(it)
 			d := Decision{Band: it.band, Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}
@@ -66,8 +68,9 @@ func (c *Controller) endOpLocked(now time.Time) {
 	}
 }
 
-// armTTLTimerLocked makes sure a timer fires no later than the earliest deadline of a waiting request and, while
-// requests wait under the Critical reserve, its end (which may give them headroom). Deadlines in a band follow arrival
+// armTTLTimerLocked makes sure a timer fires no later than the earliest deadline of a waiting request, while
+// requests wait under the Critical reserve its end (which may give them headroom), and while they wait for late
+// metrics the moment the pool counts as down (poolDownLocked). Deadlines in a band follow arrival
 // order, so the earliest is among the bands' oldest items. A timer that fires early (its request left) simply re-arms.
 func (c *Controller) armTTLTimerLocked(now time.Time) {
 	var earliest time.Time
@@ -79,6 +82,13 @@ func (c *Controller) armTTLTimerLocked(now time.Time) {
 	if c.totalCount > 0 && c.criticalReserveLocked(now) {
 		if end := c.lastCritical.Add(c.cfg.DrainRateWindow); earliest.IsZero() || end.Before(earliest) {
 			earliest = end
+		}
+	}
+	if c.totalCount > 0 && c.freshCountLocked(now) == 0 {
+		// Requests wait out late metrics; without a scrape by then, the pool is down and they are answered.
+		down := time.Unix(0, c.newestScrapeLocked()).Add(outageStalenessMultiple * c.cfg.Endpoint.MetricsStaleness)
+		if down.After(now) && (earliest.IsZero() || down.Before(earliest)) {
+			earliest = down
 		}
 	}
 	if earliest.IsZero() {

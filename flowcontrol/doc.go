@@ -37,6 +37,12 @@
 // band rejects; a full controller lets a band allowed to displace evict the newest requests of the lowest lower band;
 // else the request waits.
 //
+// Late metrics are not a down pool. When no endpoint's metrics are fresh but one was scraped within ten staleness
+// thresholds (2 s by default), a band that queues waits for the next scrape as it would for headroom (a scrape late
+// because the EPP or a server was starved of CPU for a moment is not a reason to turn traffic away), and a band that
+// rejects when saturated, which cannot tell, gets Unavailable. With no endpoint scraped for that long, every arrival
+// and every waiting request is answered Unavailable (ReasonNoEndpoints).
+//
 // Waiting requests leave in order whenever an event creates headroom (a scrape, a Release, a Bind, a Started, the end
 // of the Critical reserve): bands strictly by priority, and within a band by start-time fair queuing across tenants,
 // weighted by policy and charged by estimated cost (tokens), FIFO per tenant. Dispatch is per endpoint: one idle

@@ -76,6 +76,27 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 	return names
 }
 
+// poolDownLocked reports whether the pool is down as far as admission can tell: no endpoint has been scraped within
+// outageStalenessMultiple staleness thresholds. Short of that, metrics that are merely stale (a scrape late because
+// the EPP or a server is starved of CPU for a moment) make requests wait for the next scrape rather than be answered
+// 503: the next scrape normally lands within one refresh interval.
+func (c *Controller) poolDownLocked(now time.Time) bool {
+	return c.newestScrapeLocked() <= freshCutoff(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
+}
+
+// outageStalenessMultiple: with the default staleness threshold (200 ms), a pool is down after 2 s without a scrape,
+// upstream's own --metrics-staleness-threshold.
+const outageStalenessMultiple = 10
+
+// newestScrapeLocked returns the newest scrape time of the pool in Unix nanoseconds, math.MinInt64 if none.
+func (c *Controller) newestScrapeLocked() int64 {
+	newest := int64(math.MinInt64)
+	for i := range c.endpoints {
+		newest = max(newest, c.endpoints[i].scrapedNs)
+	}
+	return newest
+}
+
 func (c *Controller) freshCountLocked(now time.Time) int {
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	n := 0
