@@ -42,6 +42,9 @@ const (
 	DefaultTenantHeader = "x-gateway-inference-fairness-id"
 )
 
+// maxHeaderNameLen bounds TenantHeader, as the FlowControlPolicy CRD does.
+const maxHeaderNameLen = 256
+
 // defaultBands holds each band's defaults, indexed by Band.
 var defaultBands = [NumBands]BandConfig{
 	Critical: {
@@ -578,8 +581,10 @@ func (c *Config) Validate() error {
 	if c.DrainRateWindow <= 0 {
 		errs = append(errs, fmt.Errorf("drainRateWindow must be positive, got %v", c.DrainRateWindow))
 	}
-	if !httpguts.ValidHeaderFieldName(c.TenantHeader) || c.TenantHeader != strings.ToLower(c.TenantHeader) {
-		errs = append(errs, fmt.Errorf("tenantHeader must be a lower-case HTTP header name, got %q", c.TenantHeader))
+	if !httpguts.ValidHeaderFieldName(c.TenantHeader) || c.TenantHeader != strings.ToLower(c.TenantHeader) ||
+		len(c.TenantHeader) > maxHeaderNameLen {
+		errs = append(errs, fmt.Errorf("tenantHeader must be a lower-case HTTP header name of at most %d bytes, got %q",
+			maxHeaderNameLen, c.TenantHeader))
 	}
 	if int(c.AboveMaxBand) >= len(capActionNames) {
 		errs = append(errs, fmt.Errorf("aboveMaxBand is not a valid action: %v", c.AboveMaxBand))

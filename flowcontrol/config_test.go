@@ -194,8 +194,9 @@ func TestConfigValidation(t *testing.T) {
 			[]string{"tenants[0].name must not be empty", `tenants[1] ("a").maxBand: unknown band "gold"`,
 				`tenants["b"].weight must be in (0, 1e6]`, `tenants[3]: duplicate tenant "b"`, `defaultTenant.name must be empty`}},
 		{"jitter", APIConfig{RetryAfterJitter: ptr.To(1.0)}, []string{"retryAfterJitter must be in [0, 1)"}},
-		{"tenant header with a space", APIConfig{TenantHeader: ptr.To("x auth")}, []string{`tenantHeader must be a lower-case HTTP header name, got "x auth"`}},
-		{"empty tenant header", APIConfig{TenantHeader: ptr.To("")}, []string{`tenantHeader must be a lower-case HTTP header name, got ""`}},
+		{"tenant header with a space", APIConfig{TenantHeader: ptr.To("x auth")}, []string{`tenantHeader must be a lower-case HTTP header name of at most 256 bytes, got "x auth"`}},
+		{"empty tenant header", APIConfig{TenantHeader: ptr.To("")}, []string{`tenantHeader must be a lower-case HTTP header name of at most 256 bytes, got ""`}},
+		{"long tenant header", APIConfig{TenantHeader: ptr.To(strings.Repeat("x", 257))}, []string{`tenantHeader must be a lower-case HTTP header name`}},
 		{"pseudo-header as tenant header", APIConfig{TenantHeader: ptr.To(":authority")}, []string{`tenantHeader must be a lower-case HTTP header name`}},
 		{"unknown cap action", APIConfig{AboveMaxBand: ptr.To("drop")}, []string{`aboveMaxBand: unknown action "drop" (want Lower or Reject)`}},
 	} {
