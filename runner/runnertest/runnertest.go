@@ -242,6 +242,9 @@ type Answer struct {
 	// Destination is the x-gateway-destination-endpoint header mutation;
 	// Metadata the envoy.lb dynamic metadata value.
 	Destination, Metadata string
+	// SetHeaders are all the headers the EPP's request-headers answer
+	// sets, by lower-case name, values in order.
+	SetHeaders map[string][]string
 	// Status, Headers and Body describe an immediate response; Status is 0
 	// when the request was routed.
 	Status  int
@@ -317,9 +320,12 @@ func Route(t *testing.T, port int, useTLS bool, headers map[string]string, body 
 			break
 		}
 		if rh := resp.GetRequestHeaders(); rh != nil {
+			a.SetHeaders = map[string][]string{}
 			for _, h := range rh.GetResponse().GetHeaderMutation().GetSetHeaders() {
-				if h.Header.Key == "x-gateway-destination-endpoint" {
-					a.Destination = string(h.Header.RawValue) + h.Header.Value
+				key, value := strings.ToLower(h.Header.Key), string(h.Header.RawValue)+h.Header.Value
+				a.SetHeaders[key] = append(a.SetHeaders[key], value)
+				if key == "x-gateway-destination-endpoint" {
+					a.Destination = value
 				}
 			}
 			if lb := resp.GetDynamicMetadata().GetFields()["envoy.lb"]; lb != nil {
