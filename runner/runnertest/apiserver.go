@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -156,4 +158,38 @@ func (s *APIServer) SetPodReady(t *testing.T, pod *corev1.Pod, ip string, ready 
 	if err := s.Client.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ServiceAccountToken creates the ServiceAccount namespace/name and returns a
+// token for it (TokenRequest), as a Prometheus scraper in the cluster would
+// present. nonResourceURLs, when given, are the paths (for example /metrics)
+// a ClusterRole bound to it may GET; without them it may GET nothing.
+func (s *APIServer) ServiceAccountToken(t *testing.T, namespace, name string, nonResourceURLs ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	if err := s.Client.Create(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	if len(nonResourceURLs) > 0 {
+		role := &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: namespace + "-" + name},
+			Rules:      []rbacv1.PolicyRule{{NonResourceURLs: nonResourceURLs, Verbs: []string{"get"}}},
+		}
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: namespace + "-" + name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: name}},
+		}
+		for _, obj := range []client.Object{role, binding} {
+			if err := s.Client.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tr := &authenticationv1.TokenRequest{}
+	if err := s.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatalf("requesting a token for %s/%s: %v", namespace, name, err)
+	}
+	return tr.Status.Token
 }

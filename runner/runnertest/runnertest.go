@@ -27,36 +27,57 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
+// binary is an EPP binary the tests run: the one named by an environment
+// variable (what the Makefile built), else one built here once.
+type binary struct {
+	env, pkg string
+	once     sync.Once
+	path     string
+	err      error
+}
+
 var (
-	buildOnce sync.Once
-	eppBinary string
-	buildErr  error
+	sluiceEPP   = &binary{env: "SLUICE_EPP_BINARY", pkg: "github.com/sluice-gw/sluice/cmd/epp"}
+	upstreamEPP = &binary{env: "SLUICE_UPSTREAM_EPP_BINARY", pkg: "sigs.k8s.io/gateway-api-inference-extension/cmd/epp"}
 )
+
+func (b *binary) get(t *testing.T) string {
+	t.Helper()
+	b.once.Do(func() {
+		if p := os.Getenv(b.env); p != "" {
+			b.path = p
+			return
+		}
+		dir, err := os.MkdirTemp("", "sluice-epp-bin")
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.path = filepath.Join(dir, "epp")
+		out, err := exec.Command("go", "build", "-o", b.path, b.pkg).CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("building %s: %v\n%s", b.pkg, err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
 
 // EPPPath returns the EPP binary under test: $SLUICE_EPP_BINARY (the
 // Makefile's freshly built bin/epp) or one built here.
 func EPPPath(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		if p := os.Getenv("SLUICE_EPP_BINARY"); p != "" {
-			eppBinary = p
-			return
-		}
-		dir, err := os.MkdirTemp("", "sluice-epp-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		eppBinary = filepath.Join(dir, "epp")
-		out, err := exec.Command("go", "build", "-o", eppBinary, "github.com/sluice-gw/sluice/cmd/epp").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("building the EPP: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return eppBinary
+	return sluiceEPP.get(t)
+}
+
+// UpstreamEPPPath returns upstream's EPP binary at the version go.mod pins:
+// $SLUICE_UPSTREAM_EPP_BINARY (the Makefile's bin/upstream-epp) or one built
+// here.
+func UpstreamEPPPath(t *testing.T) string {
+	t.Helper()
+	return upstreamEPP.get(t)
 }
 
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
@@ -104,14 +125,21 @@ func (s *SyncBuffer) String() string {
 // test ends, and waits until its readiness check passes.
 func StartEPP(t *testing.T, env []string, args ...string) *Process {
 	t.Helper()
-	return start(t, env, "readiness", args)
+	return start(t, EPPPath(t), env, "readiness", args)
+}
+
+// StartUpstreamEPP is StartEPP for upstream's EPP binary, for tests that
+// show Sluice behaves as upstream does.
+func StartUpstreamEPP(t *testing.T, env []string, args ...string) *Process {
+	t.Helper()
+	return start(t, UpstreamEPPPath(t), env, "readiness", args)
 }
 
 // StartEPPUnready is StartEPP for a replica that is not meant to become
 // ready (a follower under leader election): it waits for liveness only.
 func StartEPPUnready(t *testing.T, env []string, args ...string) *Process {
 	t.Helper()
-	return start(t, env, "liveness", args)
+	return start(t, EPPPath(t), env, "liveness", args)
 }
 
 // Serving reports whether the EPP's gRPC health service says service (e.g.
@@ -129,7 +157,7 @@ func Serving(t *testing.T, p *Process, service string) bool {
 	return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
 }
 
-func start(t *testing.T, env []string, waitFor string, args []string) *Process {
+func start(t *testing.T, path string, env []string, waitFor string, args []string) *Process {
 	t.Helper()
 	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
 	args = append(args,
@@ -139,7 +167,7 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 		"--tracing=false",
 		"--refresh-metrics-interval=50ms",
 	)
-	p.cmd = exec.Command(EPPPath(t), args...)
+	p.cmd = exec.Command(path, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout = p.Output
 	p.cmd.Stderr = p.Output
@@ -207,7 +235,7 @@ type ModelServer struct {
 }
 
 // StartModelServer listens on hostPort (port 0 picks one) until the test ends.
-func StartModelServer(t *testing.T, hostPort string) *ModelServer {
+func StartModelServer(t testing.TB, hostPort string) *ModelServer {
 	t.Helper()
 	l, err := net.Listen("tcp", hostPort)
 	if err != nil {
