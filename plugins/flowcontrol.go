@@ -481,13 +481,14 @@ func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMReque
 // ShapeImmediateResponse implements the runner's ResponseShaper. An immediate response ends its request, so a
 // request Admit dispatched that failed afterwards (no candidates, scheduling error) releases its reservation here. A
 // request Admit did not admit gets Retry-After (whenever the controller computed one: every 429 and 503),
-// x-sluice-shed-reason, and an OpenAI-style JSON error whose code is the reason.
+// x-sluice-shed-reason, and an OpenAI-style JSON error whose code is the reason; it holds no reservation, so any
+// reservation under its ID is another request's (one whose x-request-id it reused) and stays.
 func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string, resp *extprocv3.ImmediateResponse) {
-	f.headroom.delete(requestID)
-	f.awaitingFirstChunk.Delete(requestID)
-	f.ctrl.Release(requestID)
 	sd, ok := f.shed.take(requestID)
 	if !ok {
+		f.headroom.delete(requestID)
+		f.awaitingFirstChunk.Delete(requestID)
+		f.ctrl.Release(requestID)
 		return
 	}
 	d := sd.decision

@@ -306,6 +306,34 @@ func TestFlowControlTenantIdentity(t *testing.T) {
 	})
 }
 
+// TestFlowControlDuplicateRequestIDLeavesTheOtherRequestAlone: a request that reuses the x-request-id of one in
+// flight (a client that picks its own ID, passed on by the gateway) is refused 400, and answering it does not
+// release the other request's reservation nor drop its headroom decision.
+func TestFlowControlDuplicateRequestIDLeavesTheOtherRequestAlone(t *testing.T) {
+	pool := &fakePool{}
+	fc, clk := newTestFlowControl(t, nil, pool)
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()))
+	if err := fc.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+	const id = "victim"
+	if err := fc.Admit(context.Background(), requestContext(id, "a", 100, nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	err := fc.Admit(context.Background(), requestContext(id, "b", 100, nil), 0)
+	if errcommon.CanonicalCode(err) != errcommon.BadRequest {
+		t.Fatalf("the duplicate: %v, want 400", err)
+	}
+	checkShedAnswer(t, immediateAnswer(t, fc, id, err), 400, "invalid_request", false, "invalid_request_error")
+	if s := fc.ctrl.Stats(); s.Reserved != 1 {
+		t.Errorf("answering the duplicate released the first request's reservation: %d left", s.Reserved)
+	}
+	if _, ok := fc.headroom.get(id); !ok {
+		t.Errorf("answering the duplicate dropped the first request's headroom decision")
+	}
+}
+
 // TestFlowControlQueuedOutcomes covers the answers of requests that waited: a request displaced by a higher band
 // and a queue timeout are 429 with Retry-After, and a client that goes away gets its context's error (no answer is
 // shaped for it, and nothing is left in the store).
