@@ -81,7 +81,7 @@ func UpstreamEPPPath(t *testing.T) string {
 }
 
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func FreePort(t *testing.T) int {
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
