@@ -20,7 +20,7 @@ BINARIES := epp
 # benchmarks that compare Sluice with upstream run it side by side.
 UPSTREAM_EPP := sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 
-.PHONY: all build test lint vet staticcheck envtest run clean help
+.PHONY: all build test lint vet staticcheck envtest run fuzz clean help
 
 all: build
 
@@ -56,6 +56,11 @@ $(BIN)/staticcheck-$(STATICCHECK_VERSION):
 
 staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 	$< ./...
+
+# Not part of `make test`: `go test` replays each target's seed corpus
+# (testdata/fuzz) instead.
+fuzz: ## Fuzz every target for FUZZTIME each (default 30s; FUZZ=regexp, PKGS=dirs to narrow); a crasher lands in testdata/fuzz.
+	GO=$(GO) $(if $(FUZZTIME),FUZZTIME=$(FUZZTIME)) $(if $(FUZZ),FUZZ='$(FUZZ)') $(if $(PKGS),PKGS='$(PKGS)') hack/fuzz.sh
 
 run: build ## Start a local simulated fleet, the EPP (static mode) and the data plane; send a demo load.
 	BIN=$(BIN) examples/local-fleet/run.sh
