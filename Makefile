@@ -60,7 +60,7 @@ staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # Not part of `make test`: `go test` replays each target's seed corpus
 # (testdata/fuzz) instead.
 fuzz: ## Fuzz every target for FUZZTIME each (default 30s; FUZZ=regexp, PKGS=dirs to narrow); a crasher lands in testdata/fuzz.
-	GO=$(GO) $(if $(FUZZTIME),FUZZTIME=$(FUZZTIME)) $(if $(FUZZ),FUZZ='$(FUZZ)') $(if $(PKGS),PKGS='$(PKGS)') hack/fuzz.sh
+	GO=$(GO) $(if $(FUZZTIME),FUZZTIME=$(FUZZTIME)) $(if $(FUZZ),FUZZ='$(FUZZ)') $(if $(PKGS),PKGS='$(PKGS)') $(if $(FUZZMINIMIZETIME),FUZZMINIMIZETIME=$(FUZZMINIMIZETIME)) hack/fuzz.sh
 
 run: build ## Start a local simulated fleet, the EPP (static mode) and the data plane; send a demo load.
 	BIN=$(BIN) examples/local-fleet/run.sh
