@@ -185,7 +185,7 @@ spec:
 			"--flow-control-config=" + filepath.Join(dir, "policy.yaml"),
 			"--inference-objectives-file=" + filepath.Join(dir, "objectives.yaml"),
 			"--model-rewrites-file=" + filepath.Join(dir, "rewrites.yaml"),
-			"--secure-serving=false", "--tracing=false", "--zap-log-level=error", "--refresh-metrics-interval=50ms",
+			"--secure-serving=false", "--tracing=false", "--zap-log-level=error", "--refresh-metrics-interval=1s",
 			fmt.Sprintf("--grpc-port=%d", grpcPort),
 			fmt.Sprintf("--grpc-health-port=%d", runnertest.FreePort(f)),
 			fmt.Sprintf("--metrics-port=%d", runnertest.FreePort(f)),
