@@ -204,13 +204,7 @@ endpoint: {metricsStalenessThreshold: 3s}
 		if a := send(t, epp, map[string]string{"x-auth-tenant": "silver"}, fcCompletion()); a.Destination != server.Addr {
 			t.Errorf("silver's Standard request: %+v, want routed", a)
 		}
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", epp.MetricsPort))
-		if err != nil {
-			t.Fatal(err)
-		}
-		page, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if want := `sluice_flowcontrol_shed_total{band="Critical",outcome="rejected",reason="band_not_allowed",tenant="silver"} 1`; !strings.Contains(string(page), want) {
+		if want := `sluice_flowcontrol_shed_total{band="Critical",outcome="rejected",reason="band_not_allowed",tenant="silver"} 1`; !strings.Contains(epp.Metrics(t), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	})

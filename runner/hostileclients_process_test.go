@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -127,13 +126,8 @@ spec: {priority: 10, poolRef: {name: static}}
 	if msg := routes(); msg != "" {
 		t.Fatalf("after the hostile requests: %s", msg)
 	}
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", epp.MetricsPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	queued := regexp.MustCompile(`(?m)^sluice_flowcontrol_queue_length\{band="(\w+)"\} (\S+)$`).FindAllStringSubmatch(string(page), -1)
+	page := epp.Metrics(t)
+	queued := regexp.MustCompile(`(?m)^sluice_flowcontrol_queue_length\{band="(\w+)"\} (\S+)$`).FindAllStringSubmatch(page, -1)
 	if len(queued) != 3 {
 		t.Fatalf("/metrics has %d queue_length series, want one per band:\n%s", len(queued), page)
 	}

@@ -204,6 +204,22 @@ func start(t *testing.T, path string, env []string, waitFor string, args []strin
 	}
 }
 
+// Metrics returns the EPP's /metrics page (the process runs with
+// --metrics-endpoint-auth off or in static mode, where it needs no token).
+func (p *Process) Metrics(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", p.MetricsPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
+	}
+	return string(page)
+}
+
 // Interrupt sends the EPP SIGINT, as Kubernetes stops a pod, and waits up to
 // limit for it to exit. It returns the EPP's exit status (nil for 0), or err
 // if the EPP did not exit in time and was killed. Once the EPP has exited it
