@@ -25,7 +25,7 @@ BINARIES := epp
 # benchmarks that compare Sluice with upstream run it side by side.
 UPSTREAM_EPP := sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 
-.PHONY: all build test lint vet staticcheck envtest helm run clean help conformance conformance-gateway conformance-gateway-build
+.PHONY: all build test lint vet staticcheck envtest helm run fuzz clean help conformance conformance-gateway conformance-gateway-build
 
 all: build
 
@@ -69,6 +69,11 @@ $(BIN)/staticcheck-$(STATICCHECK_VERSION):
 
 staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 	$< ./...
+
+# Not part of `make test`: `go test` replays each target's seed corpus
+# (testdata/fuzz) instead.
+fuzz: ## Fuzz every target for FUZZTIME each (default 30s; FUZZ=regexp, PKGS=dirs to narrow); a crasher lands in testdata/fuzz.
+	GO=$(GO) $(if $(FUZZTIME),FUZZTIME=$(FUZZTIME)) $(if $(FUZZ),FUZZ='$(FUZZ)') $(if $(PKGS),PKGS='$(PKGS)') $(if $(FUZZMINIMIZETIME),FUZZMINIMIZETIME=$(FUZZMINIMIZETIME)) hack/fuzz.sh
 
 run: build ## Start a local simulated fleet behind Sluice (admission, default profile); demo three priority classes at 2x capacity against round-robin.
 	BIN=$(BIN) examples/local-fleet/run.sh

@@ -47,6 +47,8 @@ func (s *FlowControlPolicySpec) apiConfig() *flowcontrol.APIConfig {
 		Endpoint:          (*flowcontrol.APIEndpointThresholds)(s.Endpoint),
 		RetryAfterJitter:  s.RetryAfterJitter,
 		DrainRateWindow:   s.DrainRateWindow,
+		TenantHeader:      s.TenantHeader,
+		AboveMaxBand:      s.AboveMaxBand,
 	}
 	if s.Bands != nil {
 		api.Bands.Critical = (*flowcontrol.APIBandConfig)(s.Bands.Critical)

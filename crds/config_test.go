@@ -241,6 +241,7 @@ func FuzzToConfigMatchesParseConfig(f *testing.F) {
 	f.Add([]byte(`{"bands":{"sheddable":{"saturationCeiling":0.9,"retryAfterMin":"2s"}},"tenants":[{"name":"a"}]}`))
 	f.Add([]byte(`{"priorityMapping":{"criticalMinPriority":0},"endpoint":{"kvCacheUtilThreshold":2}}`))
 	f.Add([]byte(`{"defaultTenant":{"maxBand":"standard","weight":3},"drainRateWindow":"1m30s"}`))
+	f.Add([]byte(`{"tenantHeader":"X-Auth-Tenant","aboveMaxBand":"Reject","tenants":[{"name":"gold","maxBand":"Critical"}]}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var spec FlowControlPolicySpec
 		if json.Unmarshal(raw, &spec) != nil {
@@ -375,5 +376,7 @@ func randomSpec(rng *rand.Rand) *FlowControlPolicySpec {
 	if maybe() {
 		spec.DefaultTenant = &DefaultTenantPolicy{f(0, 1, 3), s("Critical", "Sheddable", "Bronze")}
 	}
+	spec.TenantHeader = s("x-auth-tenant", "X-Auth-Tenant", "x auth", "", ":authority")
+	spec.AboveMaxBand = s("Lower", "Reject", "reject", "Drop")
 	return spec
 }

@@ -131,6 +131,10 @@ func TestSchemaRejectsNonsense(t *testing.T) {
 				"spec.tenants[1].weight in body should be less than or equal to 1000000"}, true},
 		{"default tenant has no name", pool + "  defaultTenant: {name: x}\n", []string{`unknown field "spec.defaultTenant.name"`}, false},
 		{"unknown field", pool + "  maxQueuedRequest: 5\n", []string{`unknown field "spec.maxQueuedRequest"`}, false},
+		{"tenant header with a space", pool + "  tenantHeader: \"x auth\"\n", []string{"spec.tenantHeader in body should match"}, true},
+		{"empty tenant header", pool + "  tenantHeader: \"\"\n", []string{"spec.tenantHeader in body should be at least 1 chars long"}, true},
+		{"long tenant header", pool + "  tenantHeader: " + strings.Repeat("x", 257) + "\n", []string{"spec.tenantHeader: Too long"}, true},
+		{"unknown cap action", pool + "  aboveMaxBand: Drop\n", []string{`spec.aboveMaxBand: Unsupported value: "Drop"`}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obj := policyFromSpecYAML(t, ns, "invalid", tc.yaml)
@@ -184,6 +188,8 @@ func TestSchemaAcceptsValidPolicies(t *testing.T) {
   defaultTenant: {maxBand: Standard}
   retryAfterJitter: 0
   drainRateWindow: 500us
+  tenantHeader: X-Auth-Tenant
+  aboveMaxBand: Reject
 `
 	for name, obj := range map[string]*unstructured.Unstructured{
 		"example": {Object: exampleObj},

@@ -22,7 +22,8 @@ const (
 
 // FlowControlPolicy configures priority-aware admission for one InferencePool: how InferenceObjective priorities
 // map to the Critical, Standard and Sheddable bands, how much each band may queue in the EPP and for how long, when
-// it sheds with 429 and which Retry-After it computes, and per-tenant weights and band caps. At most one policy is
+// it sheds with 429 and which Retry-After it computes, per-tenant weights and band caps, and which request header
+// names the tenant (by default one the client sends; see tenantHeader). At most one policy is
 // in force per pool (the oldest valid one); without one the EPP uses the defaults shown by an empty spec.
 //
 // +kubebuilder:object:root=true
@@ -116,6 +117,25 @@ type FlowControlPolicySpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="drainRateWindow must be positive"
 	// +kubebuilder:default="10s"
 	DrainRateWindow *metav1.Duration `json:"drainRateWindow,omitempty"`
+
+	// TenantHeader names the request header whose value is the request's tenant, the name tenants and defaultTenant
+	// apply to; a request without it is tenant "default-flow". The default, x-gateway-inference-fairness-id, is sent
+	// by clients themselves: every caller then chooses its own tenant, hence its weight and band cap. To make caps
+	// hold, name a header the gateway sets after authenticating the caller, replacing any value the client sent.
+	// Case-insensitive.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+	// +kubebuilder:default="x-gateway-inference-fairness-id"
+	TenantHeader *string `json:"tenantHeader,omitempty"`
+
+	// AboveMaxBand decides a request whose objective's priority maps above its tenant's maxBand: Lower serves it in
+	// the tenant's maxBand; Reject answers it 403 with an OpenAI-style error (x-sluice-shed-reason: band_not_allowed).
+	// +optional
+	// +kubebuilder:validation:Enum=Lower;Reject
+	// +kubebuilder:default=Lower
+	AboveMaxBand *string `json:"aboveMaxBand,omitempty"`
 }
 
 // PoolReference names an InferencePool in the policy's namespace.

@@ -91,6 +91,11 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		d.Outcome, d.Reason = Rejected, ReasonInvalidRequest
 		return d, nil, false, cause
 	}
+	if capped && c.cfg.AboveMaxBand == CapReject {
+		asked := c.cfg.BandFor(req.Priority)
+		d = Decision{Outcome: Rejected, Reason: ReasonBandNotAllowed, Band: asked}
+		return d, nil, false, &BandNotAllowedError{Tenant: req.Tenant, Band: asked, MaxBand: band}
+	}
 	if band == Critical {
 		// A valid Critical arrival is Critical traffic, whatever its outcome: the reserve is on (or extended).
 		c.lastCritical = now
@@ -170,7 +175,8 @@ func (c *Controller) validateLocked(req Request) error {
 	return nil
 }
 
-// bandOfLocked maps the request's priority to a band, applies its tenant's cap and returns the tenant's weight.
+// bandOfLocked maps the request's priority to a band, applies its tenant's cap (capped: the band was lowered to it)
+// and returns the tenant's weight.
 func (c *Controller) bandOfLocked(req Request) (band Band, capped bool, weight float64) {
 	band = c.cfg.BandFor(req.Priority)
 	pol := c.cfg.tenantPolicy(req.Tenant)

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -34,7 +36,14 @@ const (
 	DefaultDrainRateWindow  = 10 * time.Second
 	DefaultRetryAfterMin    = time.Second
 	DefaultTenantWeight     = 1.0
+
+	// DefaultTenantHeader is the request header the tenant is read from unless a policy names another: GIE's
+	// fairness-ID header, which clients may set themselves.
+	DefaultTenantHeader = "x-gateway-inference-fairness-id"
 )
+
+// maxHeaderNameLen bounds TenantHeader, as the FlowControlPolicy CRD does.
+const maxHeaderNameLen = 256
 
 // defaultBands holds each band's defaults, indexed by Band.
 var defaultBands = [NumBands]BandConfig{
@@ -79,6 +88,15 @@ type APIConfig struct {
 	// DrainRateWindow is the time constant of the moving average of the pool's drain rate, used to predict waits and
 	// compute Retry-After. Default 10s.
 	DrainRateWindow *metav1.Duration `json:"drainRateWindow,omitempty"`
+	// TenantHeader names the request header whose value is the request's tenant (the name Tenants and DefaultTenant
+	// apply to); a request without it is tenant "default-flow". Default "x-gateway-inference-fairness-id", which a
+	// client may send itself, so by default every caller chooses its own tenant. Name a header the gateway sets after
+	// authenticating the caller, replacing any value the client sent, to bind tenants (weights, band caps) to
+	// authenticated identities. Case-insensitive.
+	TenantHeader *string `json:"tenantHeader,omitempty"`
+	// AboveMaxBand decides a request whose priority maps above its tenant's maxBand: "Lower" (default) serves it in
+	// the tenant's maxBand; "Reject" refuses it (reason "band_not_allowed", HTTP 403).
+	AboveMaxBand *string `json:"aboveMaxBand,omitempty"`
 }
 
 // APIBands configures the three bands.
@@ -201,6 +219,42 @@ type Config struct {
 
 	RetryAfterJitter float64
 	DrainRateWindow  time.Duration
+
+	// TenantHeader is the lower-case name of the header the caller reads each request's tenant from; the controller
+	// itself only sees Request.Tenant.
+	TenantHeader string
+	// AboveMaxBand decides requests whose priority maps above their tenant's MaxBand.
+	AboveMaxBand CapAction
+}
+
+// CapAction is what happens to a request whose priority maps above its tenant's MaxBand.
+type CapAction uint8
+
+const (
+	// CapLower serves the request in its tenant's MaxBand (Decision.Capped).
+	CapLower CapAction = iota
+	// CapReject rejects the request with ReasonBandNotAllowed.
+	CapReject
+)
+
+var capActionNames = [...]string{CapLower: "Lower", CapReject: "Reject"}
+
+// String returns the action's policy name ("Lower", "Reject").
+func (a CapAction) String() string {
+	if int(a) < len(capActionNames) {
+		return capActionNames[a]
+	}
+	return fmt.Sprintf("CapAction(%d)", uint8(a))
+}
+
+// ParseCapAction parses a policy's aboveMaxBand value, case-insensitively.
+func ParseCapAction(s string) (CapAction, error) {
+	for i, name := range capActionNames {
+		if strings.EqualFold(s, name) {
+			return CapAction(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown action %q (want %s or %s)", s, CapLower, CapReject)
 }
 
 // BandConfig is one band's validated configuration. See APIBandConfig for the meaning of each field.
@@ -342,6 +396,8 @@ func applyDefaults(api *APIConfig) {
 
 	api.RetryAfterJitter = orDefault(api.RetryAfterJitter, DefaultRetryAfterJitter)
 	api.DrainRateWindow = orDefaultDuration(api.DrainRateWindow, DefaultDrainRateWindow)
+	api.TenantHeader = orDefault(api.TenantHeader, DefaultTenantHeader)
+	api.AboveMaxBand = orDefault(api.AboveMaxBand, CapLower.String())
 }
 
 func (b *APIBands) slot(band Band) **APIBandConfig {
@@ -401,6 +457,7 @@ func toConfig(api *APIConfig) (*Config, error) {
 		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
 		RetryAfterJitter: *api.RetryAfterJitter,
 		DrainRateWindow:  api.DrainRateWindow.Duration,
+		TenantHeader:     strings.ToLower(*api.TenantHeader),
 	}
 	for _, b := range allBands {
 		bc := *api.Bands.slot(b)
@@ -439,6 +496,9 @@ func toConfig(api *APIConfig) (*Config, error) {
 		errs = append(errs, fmt.Errorf("defaultTenant.maxBand: %w", err))
 	}
 	cfg.DefaultTenant = TenantPolicy{Weight: *api.DefaultTenant.Weight, MaxBand: band}
+	if cfg.AboveMaxBand, err = ParseCapAction(*api.AboveMaxBand); err != nil {
+		errs = append(errs, fmt.Errorf("aboveMaxBand: %w", err))
+	}
 	return cfg, errors.Join(errs...)
 }
 
@@ -520,6 +580,14 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainRateWindow <= 0 {
 		errs = append(errs, fmt.Errorf("drainRateWindow must be positive, got %v", c.DrainRateWindow))
+	}
+	if !httpguts.ValidHeaderFieldName(c.TenantHeader) || c.TenantHeader != strings.ToLower(c.TenantHeader) ||
+		len(c.TenantHeader) > maxHeaderNameLen {
+		errs = append(errs, fmt.Errorf("tenantHeader must be a lower-case HTTP header name of at most %d bytes, got %q",
+			maxHeaderNameLen, c.TenantHeader))
+	}
+	if int(c.AboveMaxBand) >= len(capActionNames) {
+		errs = append(errs, fmt.Errorf("aboveMaxBand is not a valid action: %v", c.AboveMaxBand))
 	}
 	return errors.Join(errs...)
 }

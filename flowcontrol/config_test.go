@@ -37,6 +37,10 @@ func TestDefaultConfig(t *testing.T) {
 	if cfg.RetryAfterJitter != 0.2 || cfg.DrainRateWindow != 10*time.Second || cfg.MaxQueuedRequests != 10000 {
 		t.Errorf("globals = jitter %v window %v maxReq %d", cfg.RetryAfterJitter, cfg.DrainRateWindow, cfg.MaxQueuedRequests)
 	}
+	// By default the tenant is what the client sends in GIE's fairness header, and a cap lowers the band.
+	if cfg.TenantHeader != "x-gateway-inference-fairness-id" || cfg.AboveMaxBand != CapLower {
+		t.Errorf("identity defaults = header %q, aboveMaxBand %s", cfg.TenantHeader, cfg.AboveMaxBand)
+	}
 }
 
 func TestBandFor(t *testing.T) {
@@ -68,7 +72,9 @@ func TestParseConfig(t *testing.T) {
 		"endpoint": {"queueDepthThreshold": 3, "metricsStalenessThreshold": "1s"},
 		"tenants": [{"name": "free", "maxBand": "standard"}, {"name": "gold", "weight": 4}],
 		"retryAfterJitter": 0,
-		"drainRateWindow": "30s"
+		"drainRateWindow": "30s",
+		"tenantHeader": "X-Auth-Tenant",
+		"aboveMaxBand": "reject"
 	}`))
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +89,9 @@ func TestParseConfig(t *testing.T) {
 	if cfg.MaxQueuedRequests != 7 || cfg.Endpoint.QueueDepth != 3 || cfg.Endpoint.KVCacheUtil != 0.8 ||
 		cfg.Endpoint.MetricsStaleness != time.Second || cfg.RetryAfterJitter != 0 || cfg.DrainRateWindow != 30*time.Second {
 		t.Errorf("globals = %+v", cfg)
+	}
+	if cfg.TenantHeader != "x-auth-tenant" || cfg.AboveMaxBand != CapReject {
+		t.Errorf("identity = header %q, aboveMaxBand %s; want the header lower-cased and Reject", cfg.TenantHeader, cfg.AboveMaxBand)
 	}
 	if cfg.Tenants["free"] != (TenantPolicy{Weight: 1, MaxBand: Standard}) ||
 		cfg.Tenants["gold"] != (TenantPolicy{Weight: 4, MaxBand: Critical}) {
@@ -185,6 +194,11 @@ func TestConfigValidation(t *testing.T) {
 			[]string{"tenants[0].name must not be empty", `tenants[1] ("a").maxBand: unknown band "gold"`,
 				`tenants["b"].weight must be in (0, 1e6]`, `tenants[3]: duplicate tenant "b"`, `defaultTenant.name must be empty`}},
 		{"jitter", APIConfig{RetryAfterJitter: ptr.To(1.0)}, []string{"retryAfterJitter must be in [0, 1)"}},
+		{"tenant header with a space", APIConfig{TenantHeader: ptr.To("x auth")}, []string{`tenantHeader must be a lower-case HTTP header name of at most 256 bytes, got "x auth"`}},
+		{"empty tenant header", APIConfig{TenantHeader: ptr.To("")}, []string{`tenantHeader must be a lower-case HTTP header name of at most 256 bytes, got ""`}},
+		{"long tenant header", APIConfig{TenantHeader: ptr.To(strings.Repeat("x", 257))}, []string{`tenantHeader must be a lower-case HTTP header name`}},
+		{"pseudo-header as tenant header", APIConfig{TenantHeader: ptr.To(":authority")}, []string{`tenantHeader must be a lower-case HTTP header name`}},
+		{"unknown cap action", APIConfig{AboveMaxBand: ptr.To("drop")}, []string{`aboveMaxBand: unknown action "drop" (want Lower or Reject)`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewConfig(&tc.api)

@@ -939,6 +939,56 @@ func TestTenantCap(t *testing.T) {
 	})
 }
 
+// TestTenantCapReject: with AboveMaxBand CapReject, a request whose priority maps above its tenant's cap is refused
+// (band_not_allowed, no Retry-After, a cause naming tenant and bands) instead of lowered; requests within the cap, and
+// tenants without one, are unaffected, and the refusal queues nothing and does not switch the Critical reserve on.
+func TestTenantCapReject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Tenants = map[string]TenantPolicy{"free": {Weight: 1, MaxBand: Standard}}
+			c.DefaultTenant = TenantPolicy{Weight: 1, MaxBand: Sheddable}
+			c.AboveMaxBand = CapReject
+		}))
+		h.scrape(ep("a", 0))
+		for _, tc := range []struct {
+			priority int
+			tenant   string
+			want     Band
+			maxBand  Band
+		}{{10, "free", Critical, Standard}, {0, "anonymous", Standard, Sheddable}, {10, "anonymous", Critical, Sheddable}} {
+			cl := h.admit(tc.priority, tc.tenant, 1)
+			d := cl.wantOutcome(t, Rejected, ReasonBandNotAllowed)
+			if d.Band != tc.want || d.Capped || d.RetryAfter != 0 {
+				t.Errorf("%s at priority %d: decision %+v, want band %s, not capped, no Retry-After", tc.tenant, tc.priority, d, tc.want)
+			}
+			var cause *BandNotAllowedError
+			if !errors.Is(cl.err, ErrBandNotAllowed) || !errors.Is(cl.err, ErrRejected) || errors.Is(cl.err, ErrInvalidRequest) ||
+				!errors.As(cl.err, &cause) || *cause != (BandNotAllowedError{Tenant: tc.tenant, Band: tc.want, MaxBand: tc.maxBand}) {
+				t.Errorf("%s at priority %d: error %v", tc.tenant, tc.priority, cl.err)
+			}
+		}
+		if h.c.Stats().Queued != [NumBands]int{} || h.c.criticalReserveLocked(h.clk.Now()) {
+			t.Fatalf("refused requests queued (%v) or switched the Critical reserve on", h.c.Stats().Queued)
+		}
+		if d := h.admit(0, "free", 1).wantOutcome(t, Dispatched, ReasonNone); d.Band != Standard || d.Capped {
+			t.Errorf("within its cap: band %s capped=%v", d.Band, d.Capped)
+		}
+		if d := h.admit(-3, "anonymous", 1).wantOutcome(t, Dispatched, ReasonNone); d.Band != Sheddable {
+			t.Errorf("default tenant at its cap: band %s", d.Band)
+		}
+
+		// The same policy with CapLower serves them in their cap again, from the next arrival.
+		cfg := h.c.Config().clone()
+		cfg.AboveMaxBand = CapLower
+		if err := h.c.SetConfig(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if d := h.admit(10, "free", 1).wantOutcome(t, Dispatched, ReasonNone); d.Band != Standard || !d.Capped {
+			t.Errorf("lowered: band %s capped=%v", d.Band, d.Capped)
+		}
+	})
+}
+
 func TestInvalidRequests(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, testConfig(t, nil))

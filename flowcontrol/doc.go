@@ -8,7 +8,9 @@
 // # Algorithm
 //
 // A request's InferenceObjective priority maps to a Band (Critical, Standard, Sheddable), lowered to its tenant's
-// cap if it asks for more. An endpoint's saturation is the largest of its waiting queue plus the requests the EPP sent
+// cap if it asks for more, or, when the policy says so (Config.AboveMaxBand), rejected with ReasonBandNotAllowed. The
+// tenant is whatever the caller puts in Request.Tenant; Config.TenantHeader tells the caller which request header
+// to read it from (a header an authenticating gateway sets, when tenants' caps must hold against their clients). An endpoint's saturation is the largest of its waiting queue plus the requests the EPP sent
 // it since its last scrape over the queue-depth threshold, its KV-cache use over the KV threshold, optionally its
 // running count over a running threshold, and the time of its pending prompts over the pending time threshold. An
 // endpoint has headroom for a band when its metrics are fresh and its saturation is below the band's ceiling.

@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,8 +107,11 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 	return r, nil
 }
 
-// tenantLabel returns tenant if it is among the first maxTenants seen, else OtherTenant.
+// tenantLabel returns tenant if it is among the first maxTenants seen, else OtherTenant. A tenant is a header value
+// a client may choose, and a label value that is not valid UTF-8 makes the Prometheus client panic: invalid bytes
+// read as U+FFFD.
 func (r *PrometheusRecorder) tenantLabel(tenant string) string {
+	tenant = strings.ToValidUTF8(tenant, "\uFFFD")
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.tenants[tenant]; ok {

@@ -104,6 +104,31 @@ sluice_flowcontrol_stale_endpoints 2
 	}
 }
 
+// TestPrometheusRecorderTenantNotUTF8: a tenant is a client-chosen header value; bytes that are not UTF-8 are
+// labelled with U+FFFD instead of making the Prometheus client panic (which would end the EPP).
+func TestPrometheusRecorderTenantNotUTF8(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	r, err := NewPrometheusRecorder(reg, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RecordDecision("acme\xff", Decision{Outcome: Dispatched, Band: Standard})
+	r.RecordDecision("acme\xfe", Decision{Outcome: Dispatched, Band: Standard})
+	r.RecordDecision("\xc3", Decision{Outcome: Rejected, Reason: ReasonQueueFull, Band: Sheddable})
+	const want = `
+# HELP sluice_flowcontrol_dispatched_total Requests dispatched to the scheduler.
+# TYPE sluice_flowcontrol_dispatched_total counter
+sluice_flowcontrol_dispatched_total{band="Standard",tenant="acme�"} 2
+# HELP sluice_flowcontrol_shed_total Requests answered rejected (429/400) or unavailable (503), by reason.
+# TYPE sluice_flowcontrol_shed_total counter
+sluice_flowcontrol_shed_total{band="Sheddable",outcome="rejected",reason="queue_full",tenant="�"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"sluice_flowcontrol_dispatched_total", "sluice_flowcontrol_shed_total"); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestControllerFeedsRecorder: the controller reports each request's decision exactly once and its queue lengths.
 func TestControllerFeedsRecorder(t *testing.T) {
 	r, err := NewPrometheusRecorder(prometheus.NewRegistry(), 10)

@@ -8,8 +8,8 @@ import (
 
 // Outcome is the final state of one request. Every request given to Controller.Admit ends in exactly one Outcome.
 // Outcomes are a closed, low-cardinality set, fit for metric labels; the edge (plugins/ and the gRPC layer) maps them to
-// wire codes: Dispatched proceeds to scheduling, Rejected is HTTP 429 (400 for ReasonInvalidRequest), Unavailable is
-// HTTP 503, and Cancelled gets no answer because the client is gone.
+// wire codes: Dispatched proceeds to scheduling, Rejected is HTTP 429 (400 for ReasonInvalidRequest, 403 for
+// ReasonBandNotAllowed), Unavailable is HTTP 503, and Cancelled gets no answer because the client is gone.
 type Outcome uint8
 
 const (
@@ -17,7 +17,8 @@ const (
 
 	// Dispatched: the request may proceed to the scheduler now.
 	Dispatched
-	// Rejected: the request was shed (429 with Retry-After) or was invalid (400); Reason says which.
+	// Rejected: the request was shed (429 with Retry-After), was invalid (400) or asked for a band its tenant may not
+	// use (403); Reason says which.
 	Rejected
 	// Unavailable: no endpoint can serve it, or the controller is shutting down (503 with Retry-After).
 	Unavailable
@@ -67,6 +68,9 @@ const (
 	ReasonCancelled
 	// ReasonInvalidRequest: the request was malformed, e.g. an empty or duplicate ID (Outcome Rejected, HTTP 400).
 	ReasonInvalidRequest
+	// ReasonBandNotAllowed: the request's priority maps above its tenant's maxBand and the policy rejects such
+	// requests rather than lowering them (Config.AboveMaxBand CapReject; Outcome Rejected, HTTP 403, no Retry-After).
+	ReasonBandNotAllowed
 )
 
 var reasonNames = [...]string{
@@ -80,6 +84,7 @@ var reasonNames = [...]string{
 	ReasonShuttingDown:   "shutting_down",
 	ReasonCancelled:      "cancelled",
 	ReasonInvalidRequest: "invalid_request",
+	ReasonBandNotAllowed: "band_not_allowed",
 }
 
 // String returns the reason's header and label value ("" for ReasonNone).
@@ -95,14 +100,16 @@ type Decision struct {
 	Outcome Outcome
 	// Reason is ReasonNone for Dispatched, otherwise why the request was not dispatched.
 	Reason Reason
-	// Band is the band the request was served in, after priority mapping and the tenant's cap.
+	// Band is the band the request was served in, after priority mapping and the tenant's cap; for
+	// ReasonBandNotAllowed, the band its priority maps to, which its tenant may not use.
 	Band Band
 	// Capped is true when the tenant's cap lowered the request's band.
 	Capped bool
 	// Endpoints lists, for a Dispatched request, the endpoints that had headroom for its band at dispatch time, in
 	// snapshot order. The scheduler should be restricted to them.
 	Endpoints []string
-	// RetryAfter is set for Rejected (except invalid requests) and Unavailable: a whole number of seconds, at least 1.
+	// RetryAfter is set for Rejected (except ReasonInvalidRequest and ReasonBandNotAllowed, which a retry cannot
+	// change) and Unavailable: a whole number of seconds, at least 1.
 	RetryAfter time.Duration
 	// Waited is how long the request waited in the queue (0 on the fast path).
 	Waited time.Duration
@@ -121,6 +128,9 @@ var (
 	ErrRejected = errors.New("request rejected by flow control")
 	// ErrInvalidRequest: the request was malformed (HTTP 400). It also matches ErrRejected.
 	ErrInvalidRequest = errors.New("invalid flow control request")
+	// ErrBandNotAllowed: the request asked for a band its tenant may not use (HTTP 403). It also matches ErrRejected;
+	// the cause is a *BandNotAllowedError.
+	ErrBandNotAllowed = errors.New("band not allowed for the tenant")
 	// ErrUnavailable: no endpoint can take the request, or the controller is shutting down (HTTP 503).
 	ErrUnavailable = errors.New("no capacity available")
 	// ErrCancelled: the caller's context ended first. The error also wraps the context's error.
@@ -134,7 +144,8 @@ type Error struct {
 	Reason     Reason
 	Band       Band
 	RetryAfter time.Duration
-	// Err is the underlying cause, if any (the context's error for Cancelled, a description for invalid requests).
+	// Err is the underlying cause, if any (the context's error for Cancelled, a description for invalid requests, a
+	// *BandNotAllowedError for ReasonBandNotAllowed).
 	Err error
 }
 
@@ -161,6 +172,8 @@ func (e *Error) Is(target error) bool {
 		return e.Outcome == Rejected
 	case ErrInvalidRequest:
 		return e.Reason == ReasonInvalidRequest
+	case ErrBandNotAllowed:
+		return e.Reason == ReasonBandNotAllowed
 	case ErrUnavailable:
 		return e.Outcome == Unavailable
 	case ErrCancelled:
@@ -171,3 +184,16 @@ func (e *Error) Is(target error) bool {
 
 // Unwrap returns the underlying cause.
 func (e *Error) Unwrap() error { return e.Err }
+
+// BandNotAllowedError is the cause of a ReasonBandNotAllowed rejection: which tenant asked for which band, and the
+// highest band it may use.
+type BandNotAllowedError struct {
+	Tenant  string
+	Band    Band
+	MaxBand Band
+}
+
+// Error implements error.
+func (e *BandNotAllowedError) Error() string {
+	return fmt.Sprintf("tenant %q may not use the %s band; its highest band is %s", e.Tenant, e.Band, e.MaxBand)
+}

@@ -25,6 +25,7 @@ import (
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
 )
@@ -142,8 +143,9 @@ type FlowControlDeps struct {
 // FlowControl adapts a flowcontrol.Controller to upstream's EPP:
 //
 //   - Admit (requestcontrol.AdmissionController) turns the request into a flowcontrol.Request and waits for the
-//     controller's decision: Dispatched proceeds to scheduling; Rejected is 429 (400 for invalid requests);
-//     Unavailable is 503; Cancelled returns the context's error (the client is gone).
+//     controller's decision: Dispatched proceeds to scheduling; Rejected is 429 (400 for invalid requests, 403 for
+//     a band the tenant may not use); Unavailable is 503; Cancelled returns the context's error (the client is gone).
+//     The request's tenant is the value of the policy's tenant header (flowcontrol.Config.TenantHeader).
 //   - ShapeImmediateResponse (the runner's ResponseShaper) adds Retry-After, x-sluice-shed-reason and an OpenAI
 //     error body to the immediate response of every request Admit did not admit.
 //   - PreRequest binds the request's reservation to the endpoint the scheduler picked; ResponseBody reports a
@@ -174,6 +176,8 @@ type FlowControl struct {
 	// awaitingFirstChunk holds the IDs of dispatched Streamed requests until their first chunk, so that Started
 	// runs once per request rather than per chunk.
 	awaitingFirstChunk sync.Map
+	// tenantHeader is the configuration's TenantHeader, read for every request without the controller's lock.
+	tenantHeader atomic.Pointer[string]
 }
 
 // NewFlowControl builds the adapter around a new controller running cfg (nil means flowcontrol.DefaultConfig()).
@@ -191,12 +195,15 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 	if deps.Logger.GetSink() == nil {
 		deps.Logger = logr.Discard()
 	}
+	if cfg == nil {
+		cfg = flowcontrol.DefaultConfig()
+	}
 	ctrl, err := flowcontrol.New(cfg, flowcontrol.Deps{Clock: deps.Clock, Rand: deps.Rand, Recorder: deps.Recorder,
 		SynchronousTimers: deps.SynchronousTimers})
 	if err != nil {
 		return nil, err
 	}
-	return &FlowControl{
+	f := &FlowControl{
 		ctrl:      ctrl,
 		endpoints: deps.Endpoints,
 		clock:     deps.Clock,
@@ -204,7 +211,20 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 		opts:      opts,
 		shed:      newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
 		headroom:  newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
-	}, nil
+	}
+	f.tenantHeader.Store(&cfg.TenantHeader)
+	return f, nil
+}
+
+// SetConfig puts cfg in force (flowcontrol.Controller.SetConfig), including the header tenants are read from, which
+// applies from the next arrival. An invalid cfg is rejected and the configuration in force stays.
+func (f *FlowControl) SetConfig(cfg *flowcontrol.Config) error {
+	if err := f.ctrl.SetConfig(cfg); err != nil {
+		return err
+	}
+	header := cfg.TenantHeader
+	f.tenantHeader.Store(&header)
+	return nil
 }
 
 // TypedName implements fwkplugin.Plugin.
@@ -294,7 +314,7 @@ func (f *FlowControl) settle(req flowcontrol.Request, d flowcontrol.Decision, er
 
 // requestOf maps an upstream request to the controller's plain request.
 func (f *FlowControl) requestOf(reqCtx *handlers.RequestContext, priority int) flowcontrol.Request {
-	req := flowcontrol.Request{Tenant: reqCtx.FairnessID, Priority: priority, Bytes: int64(reqCtx.RequestSize)}
+	req := flowcontrol.Request{Tenant: f.tenantOf(reqCtx), Priority: priority, Bytes: int64(reqCtx.RequestSize)}
 	var body *fwksched.LLMRequestBody
 	if sr := reqCtx.SchedulingRequest; sr != nil {
 		req.ID, body = sr.RequestId, sr.Body
@@ -305,6 +325,22 @@ func (f *FlowControl) requestOf(reqCtx *handlers.RequestContext, priority int) f
 	req.EstimatedCost = EstimatedCost(reqCtx.RequestSize, body, f.opts.DefaultOutputTokens)
 	req.Streamed = body != nil && body.Stream && f.chunksSeen.Load()
 	return req
+}
+
+// tenantOf is the request's tenant: the value of the configured tenant header, or upstream's default fairness ID
+// when the request has none. With GIE's own fairness header that is the FairnessID upstream already read; no other
+// header (a client-sent x-gateway-inference-fairness-id included) names the tenant then.
+func (f *FlowControl) tenantOf(reqCtx *handlers.RequestContext) string {
+	header := *f.tenantHeader.Load()
+	if header == metadata.FlowFairnessIDKey {
+		return reqCtx.FairnessID
+	}
+	if reqCtx.Request != nil {
+		if v := reqCtx.Request.Headers[header]; v != "" {
+			return v
+		}
+	}
+	return metadata.DefaultFairnessID
 }
 
 // EstimatedCost is a request's expected work in tokens: its prompt, estimated as bodyBytes/4 rounded up, plus its
@@ -357,6 +393,8 @@ func errorCode(d flowcontrol.Decision) string {
 		return errcommon.ServiceUnavailable
 	case d.Reason == flowcontrol.ReasonInvalidRequest:
 		return errcommon.BadRequest
+	case d.Reason == flowcontrol.ReasonBandNotAllowed:
+		return errcommon.Forbidden
 	default:
 		return errcommon.ResourceExhausted
 	}
@@ -369,6 +407,8 @@ func httpStatus(d flowcontrol.Decision) int {
 		return http.StatusServiceUnavailable
 	case errcommon.BadRequest:
 		return http.StatusBadRequest
+	case errcommon.Forbidden:
+		return http.StatusForbidden
 	default:
 		return http.StatusTooManyRequests
 	}
@@ -398,6 +438,13 @@ func shedMessage(d flowcontrol.Decision, err error) string {
 			return "invalid request: " + fe.Err.Error()
 		}
 		return "invalid request"
+	case flowcontrol.ReasonBandNotAllowed:
+		var bna *flowcontrol.BandNotAllowedError
+		if errors.As(err, &bna) {
+			return fmt.Sprintf("Request not admitted: %s. Send an objective (%s) of the %s band or lower.",
+				bna.Error(), metadata.ObjectiveKey, bna.MaxBand)
+		}
+		return "Request not admitted: the request's objective is above its tenant's highest band."
 	default:
 		why = d.Reason.String()
 	}
@@ -449,13 +496,14 @@ func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMReque
 // ShapeImmediateResponse implements the runner's ResponseShaper. An immediate response ends its request, so a
 // request Admit dispatched that failed afterwards (no candidates, scheduling error) releases its reservation here. A
 // request Admit did not admit gets Retry-After (whenever the controller computed one: every 429 and 503),
-// x-sluice-shed-reason, and an OpenAI-style JSON error whose code is the reason.
+// x-sluice-shed-reason, and an OpenAI-style JSON error whose code is the reason; it holds no reservation, so any
+// reservation under its ID is another request's (one whose x-request-id it reused) and stays.
 func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string, resp *extprocv3.ImmediateResponse) {
-	f.headroom.delete(requestID)
-	f.awaitingFirstChunk.Delete(requestID)
-	f.ctrl.Release(requestID)
 	sd, ok := f.shed.take(requestID)
 	if !ok {
+		f.headroom.delete(requestID)
+		f.awaitingFirstChunk.Delete(requestID)
+		f.ctrl.Release(requestID)
 		return
 	}
 	d := sd.decision

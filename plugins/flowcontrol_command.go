@@ -72,7 +72,7 @@ func (c *FlowControlCommand) AddFlags(fs *pflag.FlagSet) {
 			"--flow-control-config turns it on too.")
 	fs.StringVar(&c.configFile, "flow-control-config", c.configFile,
 		"Sluice admission policy file (JSON or YAML of the FlowControlPolicy spec: bands, priorityMapping, endpoint "+
-			"thresholds, tenants). Turns Sluice admission on; unset fields take defaults.")
+			"thresholds, tenants, tenantHeader, aboveMaxBand). Turns Sluice admission on; unset fields take defaults.")
 	fs.IntVar(&c.opts.DefaultOutputTokens, "flow-control-default-output-tokens", c.opts.DefaultOutputTokens,
 		"Sluice admission: expected output tokens of a request without max_tokens, for its fair-queuing cost.")
 	fs.DurationVar(&c.opts.ShutdownGrace, "flow-control-shutdown-grace", c.opts.ShutdownGrace,
@@ -280,7 +280,7 @@ func (c *FlowControlCommand) Apply(cfg *flowcontrol.Config) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if fc := c.started.Load(); fc != nil {
-		return fc.ctrl.SetConfig(cfg)
+		return fc.SetConfig(cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid flow control configuration: %w", err)

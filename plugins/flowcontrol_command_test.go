@@ -19,6 +19,7 @@ import (
 	configapi "sigs.k8s.io/gateway-api-inference-extension/apix/config/v1alpha1"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	eppmetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metrics"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
@@ -248,10 +249,16 @@ func TestFlowControlMetricsBesideUpstream(t *testing.T) {
 }
 
 func TestFlowControlCommandApply(t *testing.T) {
-	capBatch := func(band flowcontrol.Band) *flowcontrol.Config {
+	capBatch := func(band flowcontrol.Band, tenantHeader string) *flowcontrol.Config {
 		cfg := flowcontrol.DefaultConfig()
 		cfg.Tenants = map[string]flowcontrol.TenantPolicy{"batch": {Weight: 1, MaxBand: band}}
+		cfg.TenantHeader = tenantHeader
 		return cfg
+	}
+	// tenant is the tenant the running adapter reads from a request carrying both headers.
+	tenant := func(fc *FlowControl) string {
+		return fc.tenantOf(&handlers.RequestContext{FairnessID: "from-client",
+			Request: &handlers.Request{Headers: map[string]string{"x-auth-tenant": "from-gateway", "x-gateway-inference-fairness-id": "from-client"}}})
 	}
 	invalid := flowcontrol.DefaultConfig()
 	invalid.Endpoint.QueueDepth = 0
@@ -278,7 +285,7 @@ func TestFlowControlCommandApply(t *testing.T) {
 	}{
 		{"nil", nil, "must not be nil"},
 		{"invalid", invalid, "queueDepthThreshold"},
-		{"valid", capBatch(flowcontrol.Sheddable), ""},
+		{"valid", capBatch(flowcontrol.Sheddable, "x-auth-tenant"), ""},
 	} {
 		err := c.Apply(tc.cfg)
 		if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
@@ -294,12 +301,18 @@ func TestFlowControlCommandApply(t *testing.T) {
 	if got := fc.Controller().Config().Tenants["batch"].MaxBand; got != flowcontrol.Sheddable {
 		t.Fatalf("Start ran maxBand %v for batch, want the applied Sheddable", got)
 	}
+	if got := tenant(fc); got != "from-gateway" {
+		t.Fatalf("Start reads the tenant %q, want the applied header's", got)
+	}
 	// After Start: live on the running controller; an invalid one leaves it in force.
-	if err := c.Apply(capBatch(flowcontrol.Standard)); err != nil {
+	if err := c.Apply(capBatch(flowcontrol.Standard, flowcontrol.DefaultTenantHeader)); err != nil {
 		t.Fatal(err)
 	}
 	if got := fc.Controller().Config().Tenants["batch"].MaxBand; got != flowcontrol.Standard {
 		t.Fatalf("running maxBand %v for batch, want the applied Standard", got)
+	}
+	if got := tenant(fc); got != "from-client" {
+		t.Fatalf("running adapter reads the tenant %q, want the applied (default) header's", got)
 	}
 	if err := c.Apply(invalid); err == nil || !strings.Contains(err.Error(), "queueDepthThreshold") {
 		t.Fatalf("Apply(invalid) after Start = %v", err)

@@ -146,3 +146,73 @@ func TestFlowControlProcessOffKeepsUpstreamAdmission(t *testing.T) {
 		return ""
 	})
 }
+
+// TestFlowControlProcessTenantIdentity runs the EPP with a policy that caps every tenant but "gold" at Standard and
+// refuses objectives above a cap (403). With tenantHeader set, only the gateway's header names the tenant: a client
+// claiming "gold" in x-gateway-inference-fairness-id is refused its Critical objective. With the default, the client's
+// fairness header is trusted, as it was before tenantHeader existed.
+func TestFlowControlProcessTenantIdentity(t *testing.T) {
+	server := runnertest.StartModelServer(t, "127.0.0.1:0")
+	dir := t.TempDir()
+	objectives := filepath.Join(dir, "objectives.yaml")
+	if err := os.WriteFile(objectives, []byte(`apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceObjective
+metadata: {name: chat-critical}
+spec: {priority: 10, poolRef: {name: static}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := func(t *testing.T, tenantHeader string) *runnertest.Process {
+		policy := filepath.Join(t.TempDir(), "policy.yaml")
+		if err := os.WriteFile(policy, []byte(tenantHeader+`
+aboveMaxBand: Reject
+tenants: [{name: gold}]
+defaultTenant: {maxBand: Standard}
+endpoint: {metricsStalenessThreshold: 3s}
+`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		epp := startFCEPP(t, "--static-endpoints="+server.Addr, "--flow-control-config="+policy, "--inference-objectives-file="+objectives)
+		runnertest.Eventually(t, "an idle endpoint admits and routes", func() string {
+			if a := send(t, epp, nil, fcCompletion()); a.Destination != server.Addr {
+				return fmt.Sprintf("answer %+v, want routed to %s", a, server.Addr)
+			}
+			return ""
+		})
+		return epp
+	}
+	const objective = "x-gateway-inference-objective"
+	refused := func(t *testing.T, a runnertest.Answer, tenant string) {
+		t.Helper()
+		var body struct {
+			Error struct{ Message, Type, Code string } `json:"error"`
+		}
+		if a.Status != http.StatusForbidden || a.Headers["retry-after"] != "" || a.Headers[plugins.ShedReasonHeader] != "band_not_allowed" ||
+			json.Unmarshal([]byte(a.Body), &body) != nil || body.Error.Type != "permission_error" || body.Error.Code != "band_not_allowed" ||
+			!strings.Contains(body.Error.Message, `tenant "`+tenant+`" may not use the Critical band`) {
+			t.Errorf("answer %+v, want 403 band_not_allowed for tenant %q without Retry-After", a, tenant)
+		}
+	}
+
+	t.Run("the gateway's header names the tenant", func(t *testing.T) {
+		epp := start(t, "tenantHeader: x-auth-tenant")
+		if a := send(t, epp, map[string]string{"x-auth-tenant": "gold", objective: "chat-critical"}, fcCompletion()); a.Destination != server.Addr {
+			t.Errorf("gold's Critical request: %+v, want routed", a)
+		}
+		refused(t, send(t, epp, map[string]string{"x-gateway-inference-fairness-id": "gold", objective: "chat-critical"}, fcCompletion()), "default-flow")
+		refused(t, send(t, epp, map[string]string{"x-auth-tenant": "silver", "x-gateway-inference-fairness-id": "gold", objective: "chat-critical"}, fcCompletion()), "silver")
+		if a := send(t, epp, map[string]string{"x-auth-tenant": "silver"}, fcCompletion()); a.Destination != server.Addr {
+			t.Errorf("silver's Standard request: %+v, want routed", a)
+		}
+		if want := `sluice_flowcontrol_shed_total{band="Critical",outcome="rejected",reason="band_not_allowed",tenant="silver"} 1`; !strings.Contains(epp.Metrics(t), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	})
+	t.Run("by default the client's fairness header is trusted", func(t *testing.T) {
+		epp := start(t, "")
+		if a := send(t, epp, map[string]string{"x-gateway-inference-fairness-id": "gold", objective: "chat-critical"}, fcCompletion()); a.Destination != server.Addr {
+			t.Errorf("a client claiming gold: %+v, want routed", a)
+		}
+		refused(t, send(t, epp, map[string]string{objective: "chat-critical"}, fcCompletion()), "default-flow")
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -218,6 +220,117 @@ func checkShedAnswer(t *testing.T, a answer, status int, reason string, retryAft
 	}
 	if body.Error.Type != errType || body.Error.Code == nil || *body.Error.Code != reason || body.Error.Message == "" || body.Error.Param != nil {
 		t.Errorf("body = %s, want type %q and code %q with a message", a.body, errType, reason)
+	}
+}
+
+// TestFlowControlTenantIdentity: the tenant whose cap applies is the value of the policy's tenant header. With the
+// default (GIE's fairness header, which clients send) it is upstream's FairnessID; with a header the gateway sets, a
+// client-sent fairness ID is ignored and a request without the header is upstream's default tenant. A request above
+// its tenant's cap is answered 403 band_not_allowed with an OpenAI-style error that says what to send instead.
+func TestFlowControlTenantIdentity(t *testing.T) {
+	policy := func(tenantHeader string) *flowcontrol.Config {
+		cfg, err := flowcontrol.NewConfig(&flowcontrol.APIConfig{
+			TenantHeader:  ptr.To(tenantHeader),
+			AboveMaxBand:  ptr.To("Reject"),
+			Tenants:       []flowcontrol.APITenantPolicy{{Name: "gold"}},
+			DefaultTenant: &flowcontrol.APITenantPolicy{MaxBand: ptr.To("Standard")},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	const critical = 10
+	for _, tc := range []struct {
+		name         string
+		tenantHeader string
+		fairnessID   string            // what upstream read from x-gateway-inference-fairness-id
+		headers      map[string]string // the request's other headers
+		admitted     bool
+		tenant       string // named in the 403's message
+	}{
+		{"default header: the client's fairness ID", "x-gateway-inference-fairness-id", "gold", nil, true, ""},
+		{"default header: another client's", "x-gateway-inference-fairness-id", "free", nil, false, "free"},
+		{"gateway header names the tenant", "x-auth-tenant", "free", map[string]string{"x-auth-tenant": "gold"}, true, ""},
+		{"gateway header: a client-sent fairness ID is ignored", "x-auth-tenant", "gold",
+			map[string]string{"x-gateway-inference-fairness-id": "gold"}, false, "default-flow"},
+		{"gateway header with another tenant", "x-auth-tenant", "gold", map[string]string{"x-auth-tenant": "free"}, false, "free"},
+		{"configured in any case", "X-Auth-Tenant", "", map[string]string{"x-auth-tenant": "gold"}, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := &fakePool{}
+			fc, clk := newTestFlowControl(t, policy(tc.tenantHeader), pool)
+			pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()))
+			if err := fc.SyncEndpoints(); err != nil {
+				t.Fatal(err)
+			}
+			rc := requestContext("req-1", tc.fairnessID, 100, nil)
+			maps.Copy(rc.Request.Headers, tc.headers)
+			err := fc.Admit(context.Background(), rc, critical)
+			if tc.admitted {
+				if err != nil {
+					t.Fatalf("Admit = %v, want the request admitted", err)
+				}
+				return
+			}
+			if errcommon.CanonicalCode(err) != errcommon.Forbidden {
+				t.Fatalf("Admit = %v, want errcommon code %s", err, errcommon.Forbidden)
+			}
+			a := immediateAnswer(t, fc, "req-1", err)
+			checkShedAnswer(t, a, 403, "band_not_allowed", false, "permission_error")
+			var body openAIErrorBody
+			_ = json.Unmarshal([]byte(a.body), &body)
+			for _, want := range []string{`tenant "` + tc.tenant + `"`, "Critical band", "x-gateway-inference-objective", "Standard band or lower"} {
+				if !strings.Contains(body.Error.Message, want) {
+					t.Errorf("message %q does not say %q", body.Error.Message, want)
+				}
+			}
+		})
+	}
+
+	t.Run("a new policy's header applies from the next request", func(t *testing.T) {
+		pool := &fakePool{}
+		fc, clk := newTestFlowControl(t, policy("x-gateway-inference-fairness-id"), pool)
+		pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()))
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		if err := fc.SetConfig(policy("x-auth-tenant")); err != nil {
+			t.Fatal(err)
+		}
+		rc := requestContext("req-1", "gold", 100, nil)
+		if err := fc.Admit(context.Background(), rc, critical); errcommon.CanonicalCode(err) != errcommon.Forbidden {
+			t.Fatalf("Admit = %v: the client's fairness ID still names the tenant", err)
+		}
+		fc.ShapeImmediateResponse(context.Background(), "req-1", &extprocv3.ImmediateResponse{})
+	})
+}
+
+// TestFlowControlDuplicateRequestIDLeavesTheOtherRequestAlone: a request that reuses the x-request-id of one in
+// flight (a client that picks its own ID, passed on by the gateway) is refused 400, and answering it does not
+// release the other request's reservation nor drop its headroom decision.
+func TestFlowControlDuplicateRequestIDLeavesTheOtherRequestAlone(t *testing.T) {
+	pool := &fakePool{}
+	fc, clk := newTestFlowControl(t, nil, pool)
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()))
+	if err := fc.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+	const id = "victim"
+	if err := fc.Admit(context.Background(), requestContext(id, "a", 100, nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	err := fc.Admit(context.Background(), requestContext(id, "b", 100, nil), 0)
+	if errcommon.CanonicalCode(err) != errcommon.BadRequest {
+		t.Fatalf("the duplicate: %v, want 400", err)
+	}
+	checkShedAnswer(t, immediateAnswer(t, fc, id, err), 400, "invalid_request", false, "invalid_request_error")
+	if s := fc.ctrl.Stats(); s.Reserved != 1 {
+		t.Errorf("answering the duplicate released the first request's reservation: %d left", s.Reserved)
+	}
+	if _, ok := fc.headroom.get(id); !ok {
+		t.Errorf("answering the duplicate dropped the first request's headroom decision")
 	}
 }
 

@@ -1,11 +1,13 @@
 package runner
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -93,6 +95,7 @@ func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	if err != nil {
 		return req, err
 	}
+	validHeaderValues(req)
 	h := req.GetRequestHeaders()
 	if h != nil {
 		s.requestID = ensureRequestID(h)
@@ -129,6 +132,31 @@ func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
 		}
 	}
 	return s.ExternalProcessor_ProcessServer.Send(resp)
+}
+
+// validHeaderValues replaces the bytes of req's header and trailer values
+// that are not UTF-8 with U+FFFD. Clients choose header values, and some end
+// up as Prometheus label values (upstream's target model from
+// x-gateway-model-name-rewrite, Sluice's tenant): a label value that is not
+// UTF-8 makes the Prometheus client panic, which would end the EPP. Only
+// raw_value can hold such bytes; protobuf refuses them in value.
+func validHeaderValues(req *extprocv3.ProcessingRequest) {
+	var hm *corev3.HeaderMap
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		hm = r.RequestHeaders.GetHeaders()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		hm = r.ResponseHeaders.GetHeaders()
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		hm = r.RequestTrailers.GetTrailers()
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		hm = r.ResponseTrailers.GetTrailers()
+	}
+	for _, hv := range hm.GetHeaders() {
+		if !utf8.Valid(hv.RawValue) {
+			hv.RawValue = bytes.ToValidUTF8(hv.RawValue, []byte(string(utf8.RuneError)))
+		}
+	}
 }
 
 // ensureRequestID returns the request's x-request-id, adding a fresh one to

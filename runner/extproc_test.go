@@ -90,6 +90,44 @@ func TestShapingStreamPassesRequestIDToShapers(t *testing.T) {
 	}
 }
 
+// TestShapingStreamMakesHeaderValuesUTF8: header values that are not UTF-8 reach upstream with U+FFFD in place of the
+// bad bytes (as Prometheus label values they would panic the EPP); valid values are untouched.
+func TestShapingStreamMakesHeaderValuesUTF8(t *testing.T) {
+	hm := func(kv ...string) *corev3.HeaderMap { return headers(kv...).GetRequestHeaders().Headers }
+	tests := []struct {
+		name string
+		req  *extprocv3.ProcessingRequest
+		get  func(*extprocv3.ProcessingRequest) *corev3.HeaderMap
+	}{
+		{"request headers", headers("x-request-id", "id", "x-gateway-model-name-rewrite", "\xc3base", "x-tenant", "gold\xff\xfe", "x-ok", "café"),
+			func(r *extprocv3.ProcessingRequest) *corev3.HeaderMap { return r.GetRequestHeaders().GetHeaders() }},
+		{"response headers", &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: hm("x-gateway-model-name-rewrite", "\xc3base", "x-tenant", "gold\xff\xfe", "x-ok", "café")}}},
+			func(r *extprocv3.ProcessingRequest) *corev3.HeaderMap { return r.GetResponseHeaders().GetHeaders() }},
+		{"request trailers", &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{
+			Trailers: hm("x-gateway-model-name-rewrite", "\xc3base", "x-tenant", "gold\xff\xfe", "x-ok", "café")}}},
+			func(r *extprocv3.ProcessingRequest) *corev3.HeaderMap { return r.GetRequestTrailers().GetTrailers() }},
+		{"response trailers", &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{
+			Trailers: hm("x-gateway-model-name-rewrite", "\xc3base", "x-tenant", "gold\xff\xfe", "x-ok", "café")}}},
+			func(r *extprocv3.ProcessingRequest) *corev3.HeaderMap { return r.GetResponseTrailers().GetTrailers() }},
+	}
+	want := map[string]string{"x-gateway-model-name-rewrite": "\uFFFDbase", "x-tenant": "gold\uFFFD", "x-ok": "café"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &shapingStream{ExternalProcessor_ProcessServer: &fakeStream{in: []*extprocv3.ProcessingRequest{tt.req}}}
+			req, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range tt.get(req).GetHeaders() {
+				if w, ok := want[h.Key]; ok && string(h.RawValue) != w {
+					t.Errorf("%s = %q, want %q", h.Key, h.RawValue, w)
+				}
+			}
+		})
+	}
+}
+
 func TestOpenAIErrorBody(t *testing.T) {
 	tests := []struct {
 		name     string

@@ -47,9 +47,18 @@ import (
 var _ manager.Runnable = (*plugins.FlowControl)(nil)
 
 func main() {
+	if err := newRunner().Run(ctrl.SetupSignalHandler(), os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "epp:", err)
+		os.Exit(1)
+	}
+}
+
+// newRunner is the Sluice EPP: upstream's, assembled by the runner, with Sluice admission, its policies, and model
+// rewrites. Run it once per process (it registers metrics on the process-wide registry).
+func newRunner() *runner.Runner {
 	admission := plugins.NewFlowControlCommand()
 	rewrites := &modelRewrites{cmd: plugins.NewModelRewriteCommand()}
-	r := runner.New().
+	return runner.New().
 		WithFlags(admission.AddFlags, func(opts *runner.Options) error { return admission.Complete(opts.Options) }).
 		WithFlags(rewrites.cmd.AddFlags, func(opts *runner.Options) error { return rewrites.cmd.Complete(opts.StaticMode()) }).
 		WithModelSelector(rewrites.selector).
@@ -68,10 +77,6 @@ func main() {
 		WithResponseShapers(admission).
 		WithManagerSetup(policySetup(admission)).
 		WithManagerSetup(rewrites.managerSetup())
-	if err := r.Run(ctrl.SetupSignalHandler(), os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "epp:", err)
-		os.Exit(1)
-	}
 }
 
 // policySetup watches the FlowControlPolicies of the EPP's InferencePool and applies the one in force to Sluice

@@ -143,6 +143,13 @@ func StartEPP(t *testing.T, env []string, args ...string) *Process {
 	return StartBinary(t, EPPPath(t), env, "readiness", args...)
 }
 
+// StartUpstreamEPP is StartEPP for upstream's EPP binary, for tests that
+// show Sluice behaves as upstream does.
+func StartUpstreamEPP(t *testing.T, env []string, args ...string) *Process {
+	t.Helper()
+	return StartBinary(t, UpstreamEPPPath(t), env, "readiness", args...)
+}
+
 // StartEPPUnready is StartEPP for a replica that is not meant to become
 // ready (a follower under leader election): it waits for liveness only.
 func StartEPPUnready(t *testing.T, env []string, args ...string) *Process {
@@ -224,6 +231,22 @@ func StartBinary(t testing.TB, path string, env []string, waitFor string, args .
 	}
 }
 
+// Metrics returns the EPP's /metrics page (the process runs with
+// --metrics-endpoint-auth off or in static mode, where it needs no token).
+func (p *Process) Metrics(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", p.MetricsPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
+	}
+	return string(page)
+}
+
 // Interrupt sends the EPP SIGINT, as Kubernetes stops a pod, and waits up to
 // limit for it to exit. It returns the EPP's exit status (nil for 0), or err
 // if the EPP did not exit in time and was killed. Once the EPP has exited it
@@ -255,7 +278,7 @@ type ModelServer struct {
 }
 
 // StartModelServer listens on hostPort (port 0 picks one) until the test ends.
-func StartModelServer(t *testing.T, hostPort string) *ModelServer {
+func StartModelServer(t testing.TB, hostPort string) *ModelServer {
 	t.Helper()
 	l, err := net.Listen("tcp", hostPort)
 	if err != nil {
@@ -290,6 +313,9 @@ type Answer struct {
 	// Destination is the x-gateway-destination-endpoint header mutation;
 	// Metadata the envoy.lb dynamic metadata value.
 	Destination, Metadata string
+	// SetHeaders are all the headers the EPP's request-headers answer
+	// sets, by lower-case name, values in order.
+	SetHeaders map[string][]string
 	// Status, Headers and Body describe an immediate response; Status is 0
 	// when the request was routed.
 	Status  int
@@ -365,9 +391,12 @@ func Route(t *testing.T, port int, useTLS bool, headers map[string]string, body 
 			break
 		}
 		if rh := resp.GetRequestHeaders(); rh != nil {
+			a.SetHeaders = map[string][]string{}
 			for _, h := range rh.GetResponse().GetHeaderMutation().GetSetHeaders() {
-				if h.Header.Key == "x-gateway-destination-endpoint" {
-					a.Destination = string(h.Header.RawValue) + h.Header.Value
+				key, value := strings.ToLower(h.Header.Key), string(h.Header.RawValue)+h.Header.Value
+				a.SetHeaders[key] = append(a.SetHeaders[key], value)
+				if key == "x-gateway-destination-endpoint" {
+					a.Destination = value
 				}
 			}
 			if lb := resp.GetDynamicMetadata().GetFields()["envoy.lb"]; lb != nil {

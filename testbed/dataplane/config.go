@@ -87,8 +87,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Recorder receives per-request outcomes; nil records nothing.
 	Recorder Recorder
-	// NewRequestID generates x-request-id for requests without one, as Envoy
-	// does. Nil means random UUIDs.
+	// NewRequestID generates every request's x-request-id, replacing any the
+	// client sent, as Envoy does at the edge (use_remote_address, and
+	// preserve_external_request_id false, its default). Nil means random UUIDs.
 	NewRequestID func() string
 }
 

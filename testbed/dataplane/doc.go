@@ -16,8 +16,8 @@
 // message. Per request, on one ext_proc stream:
 //
 //  1. Request headers (:method, :path, :authority, :scheme and the client's
-//     headers in lower case, plus x-request-id, generated when absent,
-//     x-forwarded-for and x-forwarded-proto) with end_of_stream set when
+//     headers in lower case, plus x-request-id, generated for every request
+//     as Envoy does at the edge, x-forwarded-for and x-forwarded-proto) with end_of_stream set when
 //     there is no body; then the body in chunks of at most 32 KiB, the last
 //     with end_of_stream. The proxy reads the whole client body (bounded by
 //     MaxRequestBodyBytes) before opening the stream, so the EPP sees the
@@ -66,7 +66,8 @@
 //     the EPP is skipped like an unreachable one.
 //   - Clients cannot pick their destination: x-gateway-destination-endpoint
 //     and x-gateway-destination-endpoint-served are removed from incoming
-//     requests.
+//     requests. Nor their x-request-id, which the EPP keys requests by: a
+//     client's is replaced.
 //
 // # Concurrency
 //

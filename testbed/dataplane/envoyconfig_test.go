@@ -8,6 +8,7 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // resolves the router's @type
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3" // resolves UpstreamTlsContext
@@ -47,11 +48,26 @@ func TestEnvoyExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	filters := hcm.GetHttpFilters()
-	if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.ext_proc" || filters[1].GetName() != "envoy.filters.http.router" {
-		t.Fatalf("http filters %v, want ext_proc then router", filters)
+	if len(filters) != 3 || filters[0].GetName() != "envoy.filters.http.header_mutation" ||
+		filters[1].GetName() != "envoy.filters.http.ext_proc" || filters[2].GetName() != "envoy.filters.http.router" {
+		t.Fatalf("http filters %v, want header_mutation, ext_proc, router", filters)
+	}
+	// The data plane drops the client's destination headers before asking the EPP; the example must too.
+	var strip headermutationv3.HeaderMutation
+	if err := filters[0].GetTypedConfig().UnmarshalTo(&strip); err != nil {
+		t.Fatal(err)
+	}
+	var removed []string
+	for _, m := range strip.GetMutations().GetRequestMutations() {
+		removed = append(removed, m.GetRemove())
+	}
+	for _, h := range []string{metadata.DestinationEndpointKey, metadata.DestinationEndpointServedKey} {
+		if !slices.Contains(removed, h) {
+			t.Errorf("the example passes a client-sent %s on (request mutations remove %v)", h, removed)
+		}
 	}
 	var ep extprocfilterv3.ExternalProcessor
-	if err := filters[0].GetTypedConfig().UnmarshalTo(&ep); err != nil {
+	if err := filters[1].GetTypedConfig().UnmarshalTo(&ep); err != nil {
 		t.Fatal(err)
 	}
 	pm := ep.GetProcessingMode()

@@ -160,8 +160,9 @@ func (ex *exchange) run() Outcome {
 
 // requestHead builds the head that the EPP and the upstream see, adding the
 // headers Envoy adds (x-request-id, x-forwarded-for, x-forwarded-proto) and
-// dropping what a client must not choose: hop-by-hop headers and the
-// destination headers, which only the EPP may set.
+// dropping what a client must not choose: hop-by-hop headers, the
+// destination headers, which only the EPP may set, and its own x-request-id,
+// which the EPP keys per-request state by.
 func (ex *exchange) requestHead() *requestHead {
 	r := ex.r
 	h := r.Header.Clone()
@@ -169,9 +170,7 @@ func (ex *exchange) requestHead() *requestHead {
 	h.Del("Host")
 	h.Del(metadata.DestinationEndpointKey)
 	h.Del(metadata.DestinationEndpointServedKey)
-	if h.Get("X-Request-Id") == "" {
-		h.Set("X-Request-Id", ex.p.cfg.NewRequestID())
-	}
+	h.Set("X-Request-Id", ex.p.cfg.NewRequestID())
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"

@@ -47,7 +47,8 @@ func TestEPPMutatesAndRoutes(t *testing.T) {
 	proxy, rec := startProxy(t, Config{EPPAddress: epp.addr, ReportServedHeader: true})
 
 	code, hdr, body := post(t, proxy.URL+"/v1/completions?x=1", `{"model":"orig","prompt":"hi"}`,
-		"X-Remove-Me", "1", "X-Gateway-Destination-Endpoint", a.addr(), "X-Gateway-Inference-Objective", "critical")
+		"X-Remove-Me", "1", "X-Gateway-Destination-Endpoint", a.addr(), "X-Gateway-Inference-Objective", "critical",
+		"X-Request-Id", "chosen-by-client")
 	if code != http.StatusOK {
 		t.Fatalf("status %d, body %s", code, body)
 	}
@@ -92,8 +93,8 @@ func TestEPPMutatesAndRoutes(t *testing.T) {
 			t.Errorf("EPP saw %s=%q, want %q", k, s.requestHeaders[k], want)
 		}
 	}
-	if s.requestHeaders[":authority"] == "" || s.requestHeaders["x-request-id"] == "" {
-		t.Errorf("EPP headers lack :authority or a generated x-request-id: %v", s.requestHeaders)
+	if id := s.requestHeaders["x-request-id"]; s.requestHeaders[":authority"] == "" || id == "" || id == "chosen-by-client" {
+		t.Errorf("EPP headers lack :authority or a generated x-request-id (the client's must be replaced): %v", s.requestHeaders)
 	}
 	if _, ok := s.requestHeaders["x-gateway-destination-endpoint"]; ok {
 		t.Errorf("client-supplied destination header reached the EPP")
