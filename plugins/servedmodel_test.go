@@ -1,11 +1,13 @@
 package plugins
 
 import (
+	"context"
 	"testing"
 
 	"github.com/go-logr/logr"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	configapi "sigs.k8s.io/gateway-api-inference-extension/apix/config/v1alpha1"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -19,10 +21,17 @@ type modelServer struct {
 	waiting        int
 }
 
-// scheduleWithDefaultProfile admits a request for model through Sluice admission and schedules it with Sluice's
-// default profile, loaded by upstream's loader and run by upstream's scheduler, over servers. It returns the endpoint
-// the scheduler picked, or "" with the scheduler's error.
-func scheduleWithDefaultProfile(t *testing.T, servers []modelServer, model string) (string, error) {
+// defaultProfilePool is Sluice's default profile, loaded by upstream's loader, with Sluice admission attached, over a
+// pool of model servers.
+type defaultProfilePool struct {
+	raw        *configapi.EndpointPickerConfig
+	plugins    map[string]fwkplugin.Plugin
+	scheduler  *scheduling.Scheduler
+	fc         *FlowControl
+	candidates []fwksched.Endpoint
+}
+
+func newDefaultProfilePool(t *testing.T, servers []modelServer) *defaultProfilePool {
 	t.Helper()
 	reg, err := Default()
 	if err != nil {
@@ -42,32 +51,40 @@ func scheduleWithDefaultProfile(t *testing.T, servers []modelServer, model strin
 	if err != nil {
 		t.Fatal(err)
 	}
-
+	p := &defaultProfilePool{raw: raw, plugins: handle.GetAllPluginsWithNames(), scheduler: scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig)}
 	pool := &fakePool{}
 	fc, clk := newTestFlowControl(t, nil, pool)
 	var poolEndpoints []fwkdl.Endpoint
-	var candidates []fwksched.Endpoint
 	for _, s := range servers {
 		ep := upstreamEndpoint(s.address, s.waiting, 0.1, clk.Now())
 		poolEndpoints = append(poolEndpoints, ep)
 		attrs := fwkdl.NewAttributes()
 		attrs.Put(LoRAResidencyKey, &LoRAResidency{BaseModels: map[string]struct{}{s.model: {}}, ObservedAt: clk.Now()})
-		candidates = append(candidates, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), attrs))
+		p.candidates = append(p.candidates, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), attrs))
 	}
 	pool.set(poolEndpoints...)
 	if err := fc.SyncEndpoints(); err != nil {
 		t.Fatal(err)
 	}
-	if fc.Attach(handle.GetAllPluginsWithNames()) != 1 {
+	if fc.Attach(p.plugins) != 1 {
 		t.Fatal("the default profile's headroom filter was not attached")
 	}
-	const id = "req-1"
-	if err := fc.Admit(t.Context(), requestContext(id, "tenant", 100, nil), 0); err != nil {
+	p.fc = fc
+	return p
+}
+
+// route admits request id for model through Sluice admission and schedules it with scheduler, all with ctx. It
+// returns the endpoint the scheduler picked, or the scheduler's error.
+func (p *defaultProfilePool) route(ctx context.Context, t *testing.T, scheduler *scheduling.Scheduler, id, model string) (string, error) {
+	t.Helper()
+	reqCtx := requestContext(id, "tenant", 100, nil)
+	reqCtx.TargetModelName = model
+	if err := p.fc.Admit(ctx, reqCtx, 0); err != nil {
 		t.Fatalf("admission: %v", err)
 	}
 	req := &fwksched.LLMRequest{RequestId: id, TargetModel: model, Headers: map[string]string{}, RequestSizeBytes: 100,
 		Body: &fwksched.LLMRequestBody{Completions: &fwksched.CompletionsRequest{Prompt: fwksched.Prompt{Raw: "hello"}}}}
-	result, err := scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig).Schedule(t.Context(), req, candidates)
+	result, err := scheduler.Schedule(ctx, req, p.candidates)
 	if err != nil {
 		return "", err
 	}
@@ -96,7 +113,8 @@ func TestDefaultProfileRoutesToServersOfTheRequestedModel(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := scheduleWithDefaultProfile(t, tt.servers, tt.model)
+			p := newDefaultProfilePool(t, tt.servers)
+			got, err := p.route(t.Context(), t, p.scheduler, "req-1", tt.model)
 			if err != nil {
 				t.Fatalf("scheduling failed: %v", err)
 			}
