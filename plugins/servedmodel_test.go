@@ -31,7 +31,7 @@ type defaultProfilePool struct {
 	candidates []fwksched.Endpoint
 }
 
-func newDefaultProfilePool(t *testing.T, servers []modelServer) *defaultProfilePool {
+func newDefaultProfilePool(t testing.TB, servers []modelServer) *defaultProfilePool {
 	t.Helper()
 	reg, err := Default()
 	if err != nil {
@@ -75,7 +75,7 @@ func newDefaultProfilePool(t *testing.T, servers []modelServer) *defaultProfileP
 
 // route admits request id for model through Sluice admission and schedules it with scheduler, all with ctx. It
 // returns the endpoint the scheduler picked, or the scheduler's error.
-func (p *defaultProfilePool) route(ctx context.Context, t *testing.T, scheduler *scheduling.Scheduler, id, model string) (string, error) {
+func (p *defaultProfilePool) route(ctx context.Context, t testing.TB, scheduler *scheduling.Scheduler, id, model string) (string, error) {
 	t.Helper()
 	reqCtx := requestContext(id, "tenant", 100, nil)
 	reqCtx.TargetModelName = model

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -12,6 +15,7 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
 	"github.com/sluice-gw/sluice/decisiontrace"
@@ -164,5 +168,144 @@ func TestTracedSchedulingRecordsTheDecision(t *testing.T) {
 	tr.Routed("10.0.0.1:8000")
 	if n := len(rec.Records("", 0)) + len(headerOnly.Records("", 0)); n != 1 {
 		t.Errorf("%d records, want only the traced request's", n)
+	}
+}
+
+// TestTraceMatchesTheDecision routes requests over seeded random pools of two base models, traced and untraced, and
+// holds every record to what the scheduler did: the endpoint it names is the one the request went to and the one
+// the untraced scheduler picks; each filter's removals, in order, are what that filter removes when called itself,
+// and the served-model filter's are the other model's servers; the headroom filter removed no endpoint admission
+// found headroom on; every scorer's score is the scorer's own (for the stateless ones, called again); each total is
+// the weighted sum of the clamped scores; and the pick is the highest total. Whenever a server of the requested model
+// exists the request goes to one, even when only another model's servers have headroom (the mixed-model regression
+// of TestDefaultProfileRoutesToServersOfTheRequestedModel, over random pools).
+func TestTraceMatchesTheDecision(t *testing.T) {
+	const seed, pools = 18, 40
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 4))
+	for i := range pools {
+		models := []string{"base", "other"}
+		// Distinct queues, so the picker has no tie to break at random, and one idle server, so admission
+		// dispatches at once.
+		waiting := rng.Perm(60)[:2+rng.IntN(6)]
+		if !slices.Contains(waiting, 0) {
+			waiting[rng.IntN(len(waiting))] = 0
+		}
+		servers := make([]modelServer, len(waiting))
+		for j := range servers {
+			servers[j] = modelServer{fmt.Sprintf("10.0.0.%d", j+1), models[rng.IntN(2)], waiting[j]}
+		}
+		model := models[rng.IntN(2)]
+		t.Run(fmt.Sprintf("pool %d", i), func(t *testing.T) {
+			p := newDefaultProfilePool(t, servers)
+			traced, err := TracedSchedulerConfig(p.raw.SchedulingProfiles, p.plugins)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, err := decisiontrace.New(decisiontrace.Config{Size: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, tr := rec.Start(t.Context())
+			tr.Begin("req", false)
+			got, err := p.route(ctx, t, scheduling.NewSchedulerWithConfig(traced), "req", model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.Routed(got)
+			req := &fwksched.LLMRequest{RequestId: "req", TargetModel: model, Headers: map[string]string{}, RequestSizeBytes: 100,
+				Body: &fwksched.LLMRequestBody{Completions: &fwksched.CompletionsRequest{Prompt: fwksched.Prompt{Raw: "hello"}}}}
+			untraced, err := p.scheduler.Schedule(t.Context(), req, p.candidates) // the same admission decision
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := EndpointName(untraced.ProfileResults[untraced.PrimaryProfileName].TargetEndpoints[0].GetMetadata())
+
+			records := rec.Records("", 0)
+			if len(records) != 1 || len(records[0].Profiles) != 1 {
+				t.Fatalf("records %+v, want one of one profile", records)
+			}
+			r, prof := records[0], records[0].Profiles[0]
+			js, _ := json.MarshalIndent(r, "", " ")
+			t.Logf("servers %+v, model %s; record\n%s", servers, model, js)
+			if got != want || r.Endpoint != got || !reflect.DeepEqual(prof.Picked, []string{got}) {
+				t.Errorf("traced request went to %s, untraced to %s; record says %s, picked %v", got, want, r.Endpoint, prof.Picked)
+			}
+			if r.Model != model || r.Admission == nil || r.Admission.Outcome != "dispatched" {
+				t.Errorf("record of model %q, admission %+v; want %q, dispatched", r.Model, r.Admission, model)
+			}
+
+			// Filters: each one's removals are what it removes itself, in the profile's order.
+			remaining := p.candidates
+			var wantFilters []decisiontrace.Filter
+			for _, ref := range p.raw.SchedulingProfiles[0].Plugins {
+				f, ok := p.plugins[ref.PluginRef].(fwksched.Filter)
+				if !ok {
+					continue
+				}
+				kept := f.Filter(t.Context(), fwksched.NewCycleState(), req, remaining)
+				wf := decisiontrace.Filter{Plugin: ref.PluginRef, Kept: len(kept)}
+				for _, ep := range remaining {
+					if !slices.Contains(kept, ep) {
+						wf.Removed = append(wf.Removed, EndpointName(ep.GetMetadata()))
+					}
+				}
+				wantFilters = append(wantFilters, wf)
+				remaining = kept
+			}
+			if !reflect.DeepEqual(prof.Filters, wantFilters) {
+				t.Errorf("filters %+v, want %+v", prof.Filters, wantFilters)
+			}
+			var otherModel []string
+			serves := false
+			for _, s := range servers {
+				if s.model != model {
+					otherModel = append(otherModel, s.address+":8000")
+				} else {
+					serves = true
+				}
+			}
+			if len(prof.Filters) != 2 || prof.Filters[0].Plugin != ServedModelFilterType || prof.Filters[1].Plugin != HeadroomFilterType {
+				t.Fatalf("filters %+v, want the served-model filter, then the headroom filter", prof.Filters)
+			}
+			if serves && slices.Contains(otherModel, got) {
+				t.Errorf("a request for %s went to %s, a server of another model", model, got)
+			}
+			if serves && !slices.Equal(prof.Filters[0].Removed, otherModel) {
+				t.Errorf("served-model filter removed %v, want the servers of other models %v", prof.Filters[0].Removed, otherModel)
+			}
+			for _, removed := range prof.Filters[1].Removed {
+				if slices.Contains(r.Admission.Headroom, removed) {
+					t.Errorf("headroom filter removed %s, which had headroom (%v)", removed, r.Admission.Headroom)
+				}
+			}
+
+			// Scores: the scorers' own, weighed as the scheduler weighs them, and the pick is the best total.
+			if len(prof.Endpoints) != len(remaining) {
+				t.Fatalf("%d endpoints scored, want the %d the filters left", len(prof.Endpoints), len(remaining))
+			}
+			for _, stateless := range []string{"queue-scorer", "kv-cache-utilization-scorer"} {
+				own := p.plugins[stateless].(fwksched.Scorer).Score(t.Context(), fwksched.NewCycleState(), req, remaining)
+				for ep, s := range own {
+					name := EndpointName(ep.GetMetadata())
+					i := slices.IndexFunc(prof.Endpoints, func(e decisiontrace.EndpointScores) bool { return e.Endpoint == name })
+					if i < 0 || prof.Endpoints[i].Scores[stateless] != s {
+						t.Errorf("%s scored %s %v; the record says %+v", stateless, name, s, prof.Endpoints)
+					}
+				}
+			}
+			for _, e := range prof.Endpoints {
+				var total float64
+				for _, s := range prof.Scorers {
+					total += s.Weight * min(max(e.Scores[s.Plugin], 0), 1)
+				}
+				if math.Abs(total-e.Total) > 1e-9 {
+					t.Errorf("%s: total %v, want the weighted sum of its scores %v", e.Endpoint, e.Total, total)
+				}
+			}
+			if prof.Endpoints[0].Endpoint != got {
+				t.Errorf("the best total is %s's, but the request went to %s", prof.Endpoints[0].Endpoint, got)
+			}
+		})
 	}
 }
