@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/go-logr/logr"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
 	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/flowcontrol"
 )
 
 // TestTracedSchedulerConfigIsUpstreams: the traced configuration has upstream's profiles exactly (filters in order,
@@ -308,4 +311,80 @@ func TestTraceMatchesTheDecision(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTraceRecordsTheQueueWait: a traced request that waits in its band's queue is recorded with the time it waited,
+// on the adapter's clock: dispatched when headroom returns, and rejected with its reason and Retry-After when its
+// band's queue time runs out.
+func TestTraceRecordsTheQueueWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := flowcontrol.DefaultConfig()
+		cfg.Bands[flowcontrol.Standard].MaxQueueTime = 2 * time.Second
+		pool := &fakePool{}
+		fc, clk := newTestFlowControl(t, cfg, pool)
+		saturated := func() {
+			pool.set(upstreamEndpoint("10.0.0.1", 40, 0.2, clk.Now().Add(time.Hour))) // saturated in both tiers
+			if err := fc.SyncEndpoints(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec, err := decisiontrace.New(decisiontrace.Config{Size: 4, Clock: clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// admit starts request id's admission, traced, and returns a function that waits for it and commits its record.
+		admit := func(id string) func() error {
+			ctx, tr := rec.Start(context.Background())
+			tr.Begin(id, false)
+			done := make(chan error, 1)
+			go func() { done <- fc.Admit(ctx, requestContext(id, "tenant", 100, nil), 0) }()
+			synctest.Wait()
+			return func() error {
+				err := <-done
+				tr.End()
+				return err
+			}
+		}
+
+		saturated()
+		waited := admit("waited")
+		clk.Step(1500 * time.Millisecond)
+		pool.set(upstreamEndpoint("10.0.0.1", 0, 0.1, clk.Now().Add(time.Hour)))
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		if err := waited(); err != nil {
+			t.Fatalf("the request that waited was not dispatched: %v", err)
+		}
+
+		fc.ctrl.Release("waited")
+		saturated()
+		timedOut := admit("timed-out")
+		clk.Step(2 * time.Second)
+		synctest.Wait()
+		if err := timedOut(); err == nil {
+			t.Fatal("the request past its queue time was dispatched")
+		}
+
+		want := map[string]decisiontrace.Admission{
+			"waited":    {Tenant: "tenant", Band: "Standard", Outcome: "dispatched", WaitSeconds: 1.5, Headroom: []string{"10.0.0.1:8000"}},
+			"timed-out": {Tenant: "tenant", Band: "Standard", Outcome: "rejected", Reason: "queue_timeout", WaitSeconds: 2},
+		}
+		for id, w := range want {
+			recs := rec.Records(id, 0)
+			if len(recs) != 1 || recs[0].Admission == nil {
+				t.Fatalf("records of %s: %+v", id, recs)
+			}
+			got := *recs[0].Admission
+			if id == "timed-out" {
+				if got.RetryAfterSeconds < 1 {
+					t.Errorf("%s: Retry-After %d, want at least 1", id, got.RetryAfterSeconds)
+				}
+				got.RetryAfterSeconds = 0
+			}
+			if !reflect.DeepEqual(got, w) {
+				t.Errorf("%s: admission %+v, want %+v", id, got, w)
+			}
+		}
+	})
 }
