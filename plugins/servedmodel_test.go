@@ -8,6 +8,7 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	configapi "sigs.k8s.io/gateway-api-inference-extension/apix/config/v1alpha1"
+	eppconfig "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -31,18 +32,16 @@ type defaultProfilePool struct {
 	candidates []fwksched.Endpoint
 }
 
-func newDefaultProfilePool(t testing.TB, servers []modelServer) *defaultProfilePool {
+// loadEndpointPickerConfig installs Sluice's plugins in upstream's registry and loads config ("" for upstream's
+// default) as the EPP does, with upstream's loader.
+func loadEndpointPickerConfig(t testing.TB, config string) (*configapi.EndpointPickerConfig, fwkplugin.Handle, *eppconfig.Config) {
 	t.Helper()
 	reg, err := Default()
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg.InstallMissing()
-	text, err := DefaultEndpointPickerConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _, err := loader.LoadRawConfig([]byte(text), logr.Discard())
+	raw, _, err := loader.LoadRawConfig([]byte(config), logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,6 +50,16 @@ func newDefaultProfilePool(t testing.TB, servers []modelServer) *defaultProfileP
 	if err != nil {
 		t.Fatal(err)
 	}
+	return raw, handle, cfg
+}
+
+func newDefaultProfilePool(t testing.TB, servers []modelServer) *defaultProfilePool {
+	t.Helper()
+	text, err := DefaultEndpointPickerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, handle, cfg := loadEndpointPickerConfig(t, text)
 	p := &defaultProfilePool{raw: raw, plugins: handle.GetAllPluginsWithNames(), scheduler: scheduling.NewSchedulerWithConfig(cfg.SchedulerConfig)}
 	pool := &fakePool{}
 	fc, clk := newTestFlowControl(t, nil, pool)

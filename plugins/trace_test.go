@@ -12,10 +12,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/go-logr/logr"
-	k8stypes "k8s.io/apimachinery/pkg/types"
-
-	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
@@ -28,11 +24,6 @@ import (
 // scorers with their weights, the picker), for Sluice's default profile, upstream's default and a profile with an
 // unweighted scorer.
 func TestTracedSchedulerConfigIsUpstreams(t *testing.T) {
-	reg, err := Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.InstallMissing()
 	sluiceDefault, err := DefaultEndpointPickerConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -61,15 +52,7 @@ dataLayer:
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			raw, _, err := loader.LoadRawConfig([]byte(tt.config), logr.Discard())
-			if err != nil {
-				t.Fatal(err)
-			}
-			handle := fwkplugin.NewEppHandle(t.Context(), func() []k8stypes.NamespacedName { return nil })
-			cfg, err := loader.InstantiateAndConfigure(raw, handle, logr.Discard())
-			if err != nil {
-				t.Fatal(err)
-			}
+			raw, handle, cfg := loadEndpointPickerConfig(t, tt.config)
 			traced, err := TracedSchedulerConfig(raw.SchedulingProfiles, handle.GetAllPluginsWithNames())
 			if err != nil {
 				t.Fatal(err)
