@@ -71,6 +71,11 @@ func BenchmarkDecisionTrace(b *testing.B) {
 		return rec
 	}
 
+	// Warm up: the request-ID maps and the prefix index reach their steady size before any variant is timed.
+	for k := range 2 * len(ids) {
+		decide(b, context.Background(), p.scheduler, k%len(ids))
+	}
+
 	b.Run("off", func(b *testing.B) {
 		ctx := context.Background()
 		b.ReportAllocs()
