@@ -270,6 +270,7 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
 	req := f.requestOf(reqCtx, priority)
 	d, err := f.ctrl.Admit(ctx, req)
+	traceAdmission(ctx, reqCtx, priority, req.Tenant, d)
 	if d.Outcome == flowcontrol.Cancelled {
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr

@@ -36,7 +36,7 @@ const flowControlMetricTenants = 32
 //   - The policy is a flowcontrol.APIConfig (JSON or YAML) read from --flow-control-config, or the defaults. In
 //     Kubernetes mode cmd/epp feeds the FlowControlPolicy CRD (same schema) through Apply, live.
 //   - Without --config-file/--config-text, the EPP runs Sluice's default profile (DefaultEndpointPickerConfig:
-//     headroom and served-model filters, queue and KV scorers, Sluice's prefix-cache and LoRA-affinity scorers). A
+//     served-model and headroom filters, queue and KV scorers, Sluice's prefix-cache and LoRA-affinity scorers). A
 //     given configuration is used as is; add the headroom filter to its scheduling profiles (Start logs a warning
 //     when it is missing).
 //   - Bind and Release run as request-control hooks of the admission controller itself; nothing to declare.
@@ -140,10 +140,12 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 // by the virtual-time suite against upstream's default (`make bench ENGINE=virtual`); testbed/bench/scenarios/README.md
 // records what the alternatives measured.
 //
-//   - sluice-headroom-filter first: only endpoints Sluice admission found headroom on are scheduled, and those that
-//     hold much more of the request's prompt than any of them.
-//   - sluice-served-model-filter: in a pool of servers of several base models (a canary Deployment beside the
-//     stable one) a request goes to a server of its target model; a no-op otherwise.
+//   - sluice-served-model-filter first: in a pool of servers of several base models (a canary Deployment beside the
+//     stable one) a request goes to a server of its target model; a no-op otherwise. It must precede the headroom
+//     filter: admission dispatches on the whole pool's headroom, whatever the model, so restricting to headroom first
+//     could leave only servers of another model, which answer 404.
+//   - sluice-headroom-filter: among those, only endpoints Sluice admission found headroom on are scheduled, and those
+//     that hold much more of the request's prompt than any of them (all of them when none has headroom).
 //   - sluice-saturation-scorer (weight 2): ranks endpoints by admission's saturation, which counts each dispatch at
 //     once, so requests between two scrapes do not all go to the endpoint that looked best at the last one, and each
 //     streamed prompt until its first token, so prompts spread over the endpoints that are not computing others;
@@ -156,8 +158,8 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 const sluiceDefaultProfile = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
-- type: ` + HeadroomFilterType + `
 - type: ` + ServedModelFilterType + `
+- type: ` + HeadroomFilterType + `
 - type: ` + SaturationScorerType + `
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
@@ -173,8 +175,8 @@ parser:
 schedulingProfiles:
 - name: default
   plugins:
-  - pluginRef: ` + HeadroomFilterType + `
   - pluginRef: ` + ServedModelFilterType + `
+  - pluginRef: ` + HeadroomFilterType + `
   - pluginRef: ` + SaturationScorerType + `
     weight: 2
   - pluginRef: queue-scorer

@@ -76,9 +76,9 @@ tenants:
 	}
 }
 
-// TestDefaultEndpointPickerConfig checks Sluice's default profile as upstream's loader reads it: the headroom filter
-// schedules first, the scorers carry their documented weights, and the residency extractor and the parser that
-// reads cached tokens are wired, so the profile is what its documentation says.
+// TestDefaultEndpointPickerConfig checks Sluice's default profile as upstream's loader reads it: the served-model
+// filter, then the headroom filter, schedule first, the scorers carry their documented weights, and the residency
+// extractor and the parser that reads cached tokens are wired, so the profile is what its documentation says.
 func TestDefaultEndpointPickerConfig(t *testing.T) {
 	text, err := DefaultEndpointPickerConfig()
 	if err != nil {
@@ -92,8 +92,9 @@ func TestDefaultEndpointPickerConfig(t *testing.T) {
 		t.Fatalf("profiles = %+v, want one", raw.SchedulingProfiles)
 	}
 	prof := raw.SchedulingProfiles[0].Plugins
-	if prof[0].PluginRef != HeadroomFilterType {
-		t.Errorf("first profile plugin = %s, want %s", prof[0].PluginRef, HeadroomFilterType)
+	if len(prof) < 2 || prof[0].PluginRef != ServedModelFilterType || prof[1].PluginRef != HeadroomFilterType {
+		t.Errorf("profile = %+v, want %s, then %s (see TestDefaultProfileRoutesToServersOfTheRequestedModel)", prof,
+			ServedModelFilterType, HeadroomFilterType)
 	}
 	weights := map[string]float64{}
 	for _, p := range prof {

@@ -62,7 +62,7 @@ func upstreamEndpoint(address string, waiting int, kv float64, scraped time.Time
 }
 
 // newTestFlowControl returns an adapter on a fake clock with jitter off, over pool.
-func newTestFlowControl(t *testing.T, cfg *flowcontrol.Config, pool *fakePool) (*FlowControl, *clocktesting.FakeClock) {
+func newTestFlowControl(t testing.TB, cfg *flowcontrol.Config, pool *fakePool) (*FlowControl, *clocktesting.FakeClock) {
 	t.Helper()
 	if cfg == nil {
 		cfg = flowcontrol.DefaultConfig()

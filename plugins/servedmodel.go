@@ -31,6 +31,9 @@ var (
 // reports base models) the candidates pass unchanged: the filter never turns
 // a servable request into a scheduling failure on missing information.
 //
+// List it before any filter that narrows candidates for another reason, such as sluice-headroom-filter: that one
+// knows nothing of models, and could leave only servers of another model, which this filter would then let through.
+//
 // Concurrency: stateless; safe for concurrent use.
 type ServedModelFilter struct {
 	typedName fwkplugin.TypedName

@@ -34,6 +34,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
+
+	"github.com/sluice-gw/sluice/decisiontrace"
 )
 
 // The steps of Runner.setup, in the order it takes them.
@@ -109,11 +111,19 @@ func (r *Runner) newDatastore(ctx context.Context, opts *Options, epf datalayer.
 
 // newProcess creates the controller-runtime manager, extended by the
 // ManagerSetups' Options, in Kubernetes mode (and follows its leader
-// election into isLeader), or the metrics server alone in static mode.
-func (r *Runner) newProcess(ctx context.Context, opts *Options, gknn common.GKNN, kube *kubernetes, isLeader *atomic.Bool) (*process, error) {
+// election into isLeader), or the metrics server alone in static mode. The
+// metrics server serves the profiles and, when on, the decision trace.
+func (r *Runner) newProcess(ctx context.Context, opts *Options, gknn common.GKNN, kube *kubernetes, isLeader *atomic.Bool,
+	decisions *decisiontrace.Recorder) (*process, error) {
 	metricsOpts := metricsserver.Options{
 		BindAddress:   fmt.Sprintf(":%d", opts.MetricsPort),
 		ExtraHandlers: pprofHandlers(opts.EnablePprof),
+	}
+	if decisions != nil {
+		if metricsOpts.ExtraHandlers == nil {
+			metricsOpts.ExtraHandlers = map[string]http.Handler{}
+		}
+		metricsOpts.ExtraHandlers[DecisionTracePath] = decisions
 	}
 	if opts.MetricsEndpointAuth {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
@@ -189,6 +199,7 @@ type requestPath struct {
 	director  *requestcontrol.Director
 	parser    fwkrh.Parser
 	selector  ModelSelector
+	decisions *decisiontrace.Recorder // nil when the decision trace is off
 }
 
 // newRequestPath builds the admission controller (a plugin one joins the
@@ -305,6 +316,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		selector:     req.selector,
 		maxBodyBytes: opts.ModelSelectionMaxBodyBytes,
 		clock:        r.clock,
+		decisions:    req.decisions,
 	})
 	if opts.HealthChecking {
 		hc := health.NewServer()

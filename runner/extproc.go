@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/utils/clock"
 
+	"github.com/sluice-gw/sluice/decisiontrace"
 	"github.com/sluice-gw/sluice/plugins"
 )
 
@@ -52,6 +53,9 @@ type shapingServer struct {
 	selector     ModelSelector
 	maxBodyBytes int64
 	clock        clock.PassiveClock
+
+	// decisions (nil when --decision-trace is off) traces requests' decisions.
+	decisions *decisiontrace.Recorder
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
@@ -59,6 +63,11 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 	if s.selector != nil {
 		ss.selection = &modelSelection{selector: s.selector, maxBodyBytes: s.maxBodyBytes, clock: s.clock}
 		defer ss.selection.finish()
+	}
+	if s.decisions != nil {
+		ts := newTracedStream(ss, s.decisions)
+		defer ts.end()
+		return s.upstream.Process(ts)
 	}
 	return s.upstream.Process(ss)
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/pflag"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
+
+	"github.com/sluice-gw/sluice/decisiontrace"
 )
 
 // Options holds every upstream v1.5.0 EPP option, with upstream's flag names
@@ -28,6 +30,15 @@ type Options struct {
 	// ModelSelector chooses the request's model; larger requests are
 	// answered 413.
 	ModelSelectionMaxBodyBytes int64
+	// DecisionTrace is how many routing decisions the decision trace keeps
+	// (DecisionTracePath on the metrics port); 0 turns it off.
+	DecisionTrace int
+	// DecisionTraceHeader, when set, traces only requests carrying this
+	// header.
+	DecisionTraceHeader string
+	// DecisionTraceRate bounds the requests traced per second; 0 means no
+	// bound.
+	DecisionTraceRate float64
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -40,6 +51,7 @@ func NewOptions() *Options {
 		Options:                       runserver.NewOptions(),
 		StaticEndpointsReloadInterval: 2 * time.Second,
 		ModelSelectionMaxBodyBytes:    DefaultModelSelectionMaxBodyBytes,
+		DecisionTraceRate:             decisiontrace.DefaultRate,
 	}
 }
 
@@ -61,6 +73,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.ModelSelectionMaxBodyBytes, "model-selection-max-body-bytes", o.ModelSelectionMaxBodyBytes,
 		"Model rewrites (InferenceModelRewrite): the largest request body the EPP holds to choose a request's model; "+
 			"larger requests are answered 413 with an OpenAI-style error.")
+	fs.IntVar(&o.DecisionTrace, "decision-trace", o.DecisionTrace,
+		"Decision trace: keep the last N routing decisions (band, queue wait, each filter's and scorer's effect per endpoint, "+
+			"the endpoint chosen or why the request was shed), served as JSON at "+DecisionTracePath+" on the metrics port and "+
+			"logged at -v=3. 0 (the default) turns it off.")
+	fs.StringVar(&o.DecisionTraceHeader, "decision-trace-header", o.DecisionTraceHeader,
+		"Decision trace: trace only requests that carry this header (any value); empty traces any request.")
+	fs.Float64Var(&o.DecisionTraceRate, "decision-trace-rate", o.DecisionTraceRate,
+		"Decision trace: at most this many requests are traced per second; 0 means no bound.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -83,6 +103,9 @@ const staticPoolName = "static"
 func (o *Options) Validate() error {
 	if o.ModelSelectionMaxBodyBytes <= 0 {
 		return fmt.Errorf("--model-selection-max-body-bytes must be positive, got %d", o.ModelSelectionMaxBodyBytes)
+	}
+	if err := o.validateDecisionTrace(); err != nil {
+		return err
 	}
 	if !o.StaticMode() {
 		if o.ObjectivesFile != "" {
@@ -127,6 +150,19 @@ func (o *Options) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateDecisionTrace checks the decision trace's flags, also while it is off (0), so that turning it on later
+// does not find a mistake.
+func (o *Options) validateDecisionTrace() error {
+	cfg := decisiontrace.Config{Size: o.DecisionTrace, Header: o.DecisionTraceHeader, Rate: o.DecisionTraceRate}
+	if cfg.Size == 0 {
+		cfg.Size = 1
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("--decision-trace: %w", err)
+	}
+	return nil
 }
 
 func (o *Options) flagChanged(name string) bool {

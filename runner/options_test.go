@@ -115,6 +115,9 @@ func TestFlagsReachOptions(t *testing.T) {
 		{[]string{"--static-endpoints=127.0.0.1:1,127.0.0.1:2"}, func(o *Options) bool { return len(o.StaticEndpoints) == 2 }},
 		{[]string{"--static-endpoints-file=/f"}, func(o *Options) bool { return o.StaticEndpointsFile == "/f" }},
 		{[]string{"--version"}, func(o *Options) bool { return o.ShowVersion }},
+		{[]string{"--decision-trace=7"}, func(o *Options) bool { return o.DecisionTrace == 7 }},
+		{[]string{"--decision-trace-header=x-t"}, func(o *Options) bool { return o.DecisionTraceHeader == "x-t" }},
+		{[]string{"--decision-trace-rate=2.5"}, func(o *Options) bool { return o.DecisionTraceRate == 2.5 }},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -152,6 +155,11 @@ func TestValidate(t *testing.T) {
 		{"objectives file outside static mode", []string{"--pool-name=p", "--inference-objectives-file=/o.yaml"}, "is for static mode"},
 		{"static objectives file", []string{"--static-endpoints=127.0.0.1:8001", "--inference-objectives-file=/o.yaml"}, ""},
 		{"static bad reload interval", []string{"--static-endpoints-file=/x", "--static-endpoints-reload-interval=0s"}, "must be positive"},
+		{"decision trace", []string{"--pool-name=p", "--decision-trace=100", "--decision-trace-header=x-t", "--decision-trace-rate=0"}, ""},
+		{"decision trace negative", []string{"--pool-name=p", "--decision-trace=-1"}, "--decision-trace: decision trace size must be between 1 and"},
+		{"decision trace too large", []string{"--pool-name=p", "--decision-trace=10001"}, "--decision-trace: decision trace size"},
+		{"decision trace negative rate", []string{"--pool-name=p", "--decision-trace=1", "--decision-trace-rate=-1"}, "decision trace rate"},
+		{"decision trace off, a bad rate", []string{"--pool-name=p", "--decision-trace-rate=-1"}, "decision trace rate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -241,8 +241,8 @@ var installPlugins = sync.OnceValue(func() error {
 // setup assembles the EPP in upstream's order: plugins and configuration, the
 // metrics data layer, the datastore, the configured plugins, the manager (or,
 // in static mode, the metrics server), the running data layer, the request
-// path (admission, model selection, Director), the manager's reconcilers, and
-// the gRPC servers.
+// path (admission, model selection, Director; with the decision trace, a
+// scheduler that traces), the manager's reconcilers, and the gRPC servers.
 func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 	if err := installPlugins(); err != nil {
 		return nil, fmt.Errorf("registering plugins: %w", err)
@@ -269,16 +269,27 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 	}
 	metrics.Register(collectors.NewInferencePoolMetricsCollector(ds))
 	metrics.RecordInferenceExtensionInfo(gieversion.CommitSHA, gieversion.BuildRef)
+	decisions, err := newDecisionRecorder(opts)
+	if err != nil {
+		return nil, err
+	}
 	isLeader := &atomic.Bool{}
 	isLeader.Store(!opts.EnableLeaderElection)
-	p, err := r.newProcess(ctx, opts, *gknn, kube, isLeader)
+	p, err := r.newProcess(ctx, opts, *gknn, kube, isLeader, decisions)
 	if err != nil {
 		return nil, err
 	}
 	if eppConfig.SchedulerConfig == nil {
 		return nil, errors.New("scheduler config must be set either by config api or through code")
 	}
-	scheduler := scheduling.NewSchedulerWithConfig(eppConfig.SchedulerConfig)
+	schedulerConfig := eppConfig.SchedulerConfig
+	if decisions != nil {
+		// The decision trace sees the scheduler's plugins through wrappers; without it, upstream's configuration runs.
+		if schedulerConfig, err = plugins.TracedSchedulerConfig(rawConfig.SchedulingProfiles, configured); err != nil {
+			return nil, fmt.Errorf("decision trace: %w", err)
+		}
+	}
+	scheduler := scheduling.NewSchedulerWithConfig(schedulerConfig)
 	if err := r.startDataLayer(ctx, opts, p, dl, eppConfig.DataConfig, ds, gknn.Namespace); err != nil {
 		return nil, err
 	}
@@ -286,6 +297,7 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.decisions = decisions
 	if p.mgr != nil {
 		if err := r.extendManager(p.mgr, *gknn, ds, kube); err != nil {
 			return nil, err

@@ -277,8 +277,16 @@ type ModelServer struct {
 	Waiting atomic.Int64
 }
 
-// StartModelServer listens on hostPort (port 0 picks one) until the test ends.
+// StartModelServer listens on hostPort (port 0 picks one) until the test ends,
+// serving the base model "base".
 func StartModelServer(t testing.TB, hostPort string) *ModelServer {
+	t.Helper()
+	return StartModelServerOf(t, hostPort, "base")
+}
+
+// StartModelServerOf is StartModelServer for a server whose metrics name
+// model as its base model (vLLM's model_name label).
+func StartModelServerOf(t testing.TB, hostPort, model string) *ModelServer {
 	t.Helper()
 	l, err := net.Listen("tcp", hostPort)
 	if err != nil {
@@ -291,16 +299,16 @@ func StartModelServer(t testing.TB, hostPort string) *ModelServer {
 			return
 		}
 		fmt.Fprintf(w, `# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{model_name="base"} %d
+vllm:num_requests_waiting{model_name=%[2]q} %[1]d
 # TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{model_name="base"} 1
+vllm:num_requests_running{model_name=%[2]q} 1
 # TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{model_name="base"} 0.1
+vllm:kv_cache_usage_perc{model_name=%[2]q} 0.1
 # TYPE vllm:lora_requests_info gauge
 vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",num_gpu_blocks="8192"} 1
-`, s.Waiting.Load())
+`, s.Waiting.Load(), model)
 	})}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
