@@ -2,10 +2,7 @@ package benchsuite
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/testbed/loadgen"
+	"github.com/sluice-gw/sluice/testbed/procs"
 )
 
 // Defaults of RealTime.
@@ -85,7 +83,7 @@ type realRun struct {
 	c      Contender
 	dir    string
 	client *http.Client
-	procs  []*process
+	procs  []*procs.Process
 
 	fleetMetrics []string // the servers' /metrics URLs
 	eppMetrics   string   // the EPP's /metrics URL, "" for round-robin
@@ -106,7 +104,7 @@ func (e *RealTime) Run(ctx context.Context, sc *Scenario, c Contender) (res *Run
 	defer func() {
 		// Last started, first stopped: the data plane, the EPP, the fleet.
 		for i := len(r.procs) - 1; i >= 0; i-- {
-			r.procs[i].stop()
+			r.procs[i].Stop()
 		}
 	}()
 	if err := r.start(ctx); err != nil {
@@ -133,7 +131,7 @@ func (r *realRun) start(ctx context.Context) error {
 	// One block of ports: the fleet's, then the data plane's and the EPP's
 	// (ext_proc, health, metrics).
 	n := r.sc.FleetSize
-	base, err := freePortRange(n + 4)
+	base, err := procs.FreePortRange(n+4, "127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -155,7 +153,7 @@ func (r *realRun) start(ctx context.Context) error {
 		return err
 	}
 	for _, ep := range endpoints {
-		if err := waitReady(ctx, timeout, "simulated server "+ep, r.procs, httpOK(r.client, "http://"+ep+"/health")); err != nil {
+		if err := procs.WaitReady(ctx, timeout, "simulated server "+ep, r.procs, procs.HTTPOK(r.client, "http://"+ep+"/health")); err != nil {
 			return err
 		}
 	}
@@ -176,7 +174,7 @@ func (r *realRun) start(ctx context.Context) error {
 			return err
 		}
 		r.eppMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
-		if err := waitReady(ctx, timeout, "the EPP", r.procs, httpOK(r.client, r.eppMetrics)); err != nil {
+		if err := procs.WaitReady(ctx, timeout, "the EPP", r.procs, procs.HTTPOK(r.client, r.eppMetrics)); err != nil {
 			return err
 		}
 		dpArgs = append(dpArgs, "--epp=127.0.0.1:"+strconv.Itoa(grpc))
@@ -186,7 +184,7 @@ func (r *realRun) start(ctx context.Context) error {
 	if _, err := r.startProcess(DataPlaneBinary, dpArgs...); err != nil {
 		return err
 	}
-	if err := waitReady(ctx, timeout, "the data plane", r.procs, tcpAccepts(listen)); err != nil {
+	if err := procs.WaitReady(ctx, timeout, "the data plane", r.procs, procs.TCPAccepts(listen)); err != nil {
 		return err
 	}
 	settle := r.e.Settle
@@ -231,8 +229,8 @@ func (r *realRun) eppArgs(endpoints []string, grpc, health, metrics int) ([]stri
 	return args, nil
 }
 
-func (r *realRun) startProcess(bin string, args ...string) (*process, error) {
-	p, err := startProcess(bin, filepath.Join(r.dir, bin+".log"), filepath.Join(r.e.Bin, bin), args...)
+func (r *realRun) startProcess(bin string, args ...string) (*procs.Process, error) {
+	p, err := procs.Start(bin, filepath.Join(r.dir, bin+".log"), filepath.Join(r.e.Bin, bin), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -275,8 +273,8 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		return nil, err
 	}
 	for _, p := range r.procs {
-		if p.exited() {
-			return nil, fmt.Errorf("during the load: %w", p.exitError())
+		if p.Exited() {
+			return nil, fmt.Errorf("during the load: %w", p.ExitError())
 		}
 	}
 	res := &RunResult{
@@ -288,7 +286,7 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		res.CPU = &ProcessCPU{}
 		for _, p := range r.procs {
 			used := cpuAfter[p] - cpuBefore[p]
-			switch p.name {
+			switch p.Name {
 			case SimulatorBinary:
 				res.CPU.Fleet += used
 			case EPPBinary:
@@ -312,10 +310,10 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 }
 
 // cpu reads the CPU time each process has used so far.
-func (r *realRun) cpu() (map[*process]time.Duration, error) {
-	used := make(map[*process]time.Duration, len(r.procs))
+func (r *realRun) cpu() (map[*procs.Process]time.Duration, error) {
+	used := make(map[*procs.Process]time.Duration, len(r.procs))
 	for _, p := range r.procs {
-		d, err := p.cpu()
+		d, err := p.CPU()
 		if err != nil {
 			return nil, err
 		}
@@ -379,42 +377,4 @@ func (r *realRun) fleetCounters(ctx context.Context) (FleetCounters, error) {
 		f.Preemptions += page.sum(metricPreemptions)
 	}
 	return f, nil
-}
-
-// Where freePortRange looks: above the usual service ports, below Linux's
-// default ephemeral range (32768-60999), so the load's own connections do
-// not take a port between the check and the bind.
-const (
-	portRangeLow  = 20000
-	portRangeHigh = 32000
-)
-
-// freePortRange returns the first of n consecutive ports that were free on
-// 127.0.0.1 a moment ago (vllm-sim --fleet numbers its servers from a base
-// port).
-func freePortRange(n int) (int, error) {
-	for range 100 {
-		base := portRangeLow + rand.IntN(portRangeHigh-portRangeLow-n)
-		if portsFree(base, n) {
-			return base, nil
-		}
-	}
-	return 0, errors.New("no block of free ports found")
-}
-
-func portsFree(base, n int) bool {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for p := base; p < base+n; p++ {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return false
-		}
-		ls = append(ls, l)
-	}
-	return true
 }

@@ -129,3 +129,15 @@ spec: {priority: 0, poolRef: {name: static}}
 		t.Errorf("report:\n%s", report)
 	}
 }
+
+func TestCheckBinaries(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, EPPBinary), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := CheckBinaries(dir)
+	if err == nil || !strings.Contains(err.Error(), SimulatorBinary) || !strings.Contains(err.Error(), DataPlaneBinary) ||
+		strings.Contains(err.Error(), filepath.Join(dir, EPPBinary)+",") || !strings.Contains(err.Error(), "make build") {
+		t.Errorf("CheckBinaries: %v", err)
+	}
+}
