@@ -18,7 +18,10 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -246,7 +249,9 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 	return len(filters)
 }
 
-// Admit implements requestcontrol.AdmissionController. It blocks while the request waits in its band.
+// Admit implements requestcontrol.AdmissionController. It blocks while the request waits in its band. A request not
+// admitted is logged once, at verbosity VERBOSE (3): shedding is designed behaviour, which the shed metrics count, not
+// an error (the runner keeps upstream's error lines for it out of the log; see Shed).
 func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
 	req := f.requestOf(reqCtx, priority)
 	d, err := f.ctrl.Admit(ctx, req)
@@ -256,7 +261,18 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 		}
 		return err
 	}
+	if d.Outcome != flowcontrol.Dispatched {
+		log.FromContext(ctx).V(logutil.VERBOSE).Info("Request not admitted", "status", httpStatus(d), "band", d.Band.String(),
+			"reason", d.Reason.String(), "retryAfterSeconds", d.RetryAfterSeconds(), "waited", d.Waited)
+	}
 	return f.settle(req, d, err)
+}
+
+// Shed reports whether admission turned the request away and its answer has not been sent yet: the runner asks it
+// (runner.Shedder) to keep upstream's error lines for designed shedding out of the log.
+func (f *FlowControl) Shed(requestID string) bool {
+	_, ok := f.shed.get(requestID)
+	return ok
 }
 
 // settle keeps what later hooks need about a decision that is not Cancelled (the headroom of a dispatched request,

@@ -285,6 +285,12 @@ func (c *FlowControlCommand) Apply(cfg *flowcontrol.Config) error {
 	return nil
 }
 
+// Shed implements the runner's Shedder by delegating to the started FlowControl.
+func (c *FlowControlCommand) Shed(requestID string) bool {
+	fc := c.started.Load()
+	return fc != nil && fc.Shed(requestID)
+}
+
 // ShapeImmediateResponse implements the runner's ResponseShaper by delegating to the started FlowControl.
 func (c *FlowControlCommand) ShapeImmediateResponse(ctx context.Context, requestID string, resp *extprocv3.ImmediateResponse) {
 	if fc := c.started.Load(); fc != nil {

@@ -90,7 +90,7 @@ endpoint:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	epp := startFCEPP(t, "--static-endpoints="+server.Addr, "--flow-control-config="+policy)
+	epp := startFCEPP(t, "--static-endpoints="+server.Addr, "--flow-control-config="+policy, "--v=3")
 	batch := map[string]string{"x-gateway-inference-fairness-id": "batch"}
 
 	runnertest.Eventually(t, "an idle endpoint admits and routes", func() string {
@@ -123,6 +123,28 @@ endpoint:
 	for _, want := range []string{`sluice_flowcontrol_shed_total{band="Sheddable",outcome="rejected",reason="saturated"`, "inference_pool_"} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// Shedding is designed behaviour: one info line per shed request at -v=3, no error lines, no stack traces.
+	var shedLines []string
+	for _, line := range strings.Split(epp.Output.String(), "\n") {
+		if !strings.Contains(line, "Request not admitted") {
+			continue
+		}
+		if strings.Contains(line, `"level":"error"`) {
+			t.Errorf("shedding logged as an error: %s", line)
+		}
+		if strings.Contains(line, `"status":429`) {
+			shedLines = append(shedLines, line)
+		}
+	}
+	if len(shedLines) != 2 {
+		t.Errorf("%d log lines about the 2 requests shed with 429, want 2:\n%s", len(shedLines), strings.Join(shedLines, "\n"))
+	}
+	for _, line := range shedLines {
+		if !strings.Contains(line, `"level":"info"`) || strings.Contains(line, "stacktrace") {
+			t.Errorf("shed logged as %s, want one info line", line)
 		}
 	}
 }

@@ -49,6 +49,9 @@ import (
 // requests still waiting in it are answered before the process exits.
 var _ manager.Runnable = (*plugins.FlowControl)(nil)
 
+// Sluice admission's rejections are designed shedding: the runner keeps upstream's error lines for them out of the log.
+var _ runner.Shedder = (*plugins.FlowControlCommand)(nil)
+
 func main() {
 	admission := plugins.NewFlowControlCommand()
 	rewrites := &modelRewrites{cmd: plugins.NewModelRewriteCommand()}
