@@ -77,6 +77,11 @@ type FlowControlOptions struct {
 	MaxPendingDecisions int
 	// DecisionTTL drops a stored decision whose consumer never ran. Default 1m.
 	DecisionTTL time.Duration
+	// WarmUp bounds how long, from the start, admission holds requests that arrive before any endpoint's metrics
+	// have been scraped: they are decided as soon as the first metrics arrive (then, as ever, on fresh metrics only),
+	// instead of being answered 503 no_endpoints by an EPP that has not looked yet. After WarmUp without metrics
+	// they are decided as they are: 503 no_endpoints. Default 5s.
+	WarmUp time.Duration
 }
 
 // Defaults of FlowControlOptions.
@@ -86,6 +91,7 @@ const (
 	DefaultShutdownGrace       = 10 * time.Second
 	DefaultMaxPendingDecisions = 1 << 16
 	DefaultDecisionTTL         = time.Minute
+	DefaultWarmUp              = 5 * time.Second
 )
 
 func (o *FlowControlOptions) applyDefaults() {
@@ -103,6 +109,9 @@ func (o *FlowControlOptions) applyDefaults() {
 	}
 	if o.DecisionTTL == 0 {
 		o.DecisionTTL = DefaultDecisionTTL
+	}
+	if o.WarmUp == 0 {
+		o.WarmUp = DefaultWarmUp
 	}
 }
 
@@ -122,6 +131,9 @@ func (o *FlowControlOptions) validate() error {
 	}
 	if o.DecisionTTL < 0 {
 		errs = append(errs, fmt.Errorf("decision TTL must be positive, got %s", o.DecisionTTL))
+	}
+	if o.WarmUp < 0 {
+		errs = append(errs, fmt.Errorf("warm-up must not be negative, got %s", o.WarmUp))
 	}
 	return errors.Join(errs...)
 }
@@ -146,7 +158,9 @@ type FlowControlDeps struct {
 //
 //   - Admit (requestcontrol.AdmissionController) turns the request into a flowcontrol.Request and waits for the
 //     controller's decision: Dispatched proceeds to scheduling; Rejected is 429 (400 for invalid requests);
-//     Unavailable is 503; Cancelled returns the context's error (the client is gone).
+//     Unavailable is 503; Cancelled returns the context's error (the client is gone). Until the first snapshot that
+//     holds a scraped endpoint (at most WarmUp from the start), arrivals wait for it rather than being answered 503
+//     no_endpoints by an EPP that has not looked at its pool yet.
 //   - ShapeImmediateResponse (the runner's ResponseShaper) adds Retry-After, x-sluice-shed-reason and an OpenAI
 //     error body to the immediate response of every request Admit did not admit.
 //   - PreRequest binds the request's reservation to the endpoint the scheduler picked; ResponseBody reports a
@@ -177,6 +191,13 @@ type FlowControl struct {
 	// awaitingFirstChunk holds the IDs of dispatched Streamed requests until their first chunk, so that Started
 	// runs once per request rather than per chunk.
 	awaitingFirstChunk sync.Map
+
+	// warm is closed once a snapshot holds an endpoint that has been scraped, or Run stops; until then, and at most
+	// until warmUntil, Admit holds arrivals (FlowControlOptions.WarmUp).
+	warm      chan struct{}
+	warmOnce  sync.Once
+	started   time.Time
+	warmUntil time.Time
 }
 
 // NewFlowControl builds the adapter around a new controller running cfg (nil means flowcontrol.DefaultConfig()).
@@ -207,6 +228,9 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 		opts:      opts,
 		shed:      newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
 		headroom:  newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
+		warm:      make(chan struct{}),
+		started:   deps.Clock.Now(),
+		warmUntil: deps.Clock.Now().Add(opts.WarmUp),
 	}, nil
 }
 
@@ -253,6 +277,9 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 // admitted is logged once, at verbosity VERBOSE (3): shedding is designed behaviour, which the shed metrics count, not
 // an error (the runner keeps upstream's error lines for it out of the log; see Shed).
 func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
+	if err := f.awaitWarm(ctx); err != nil {
+		return err
+	}
 	req := f.requestOf(reqCtx, priority)
 	d, err := f.ctrl.Admit(ctx, req)
 	if d.Outcome == flowcontrol.Cancelled {
@@ -266,6 +293,38 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 			"reason", d.Reason.String(), "retryAfterSeconds", d.RetryAfterSeconds(), "waited", d.Waited)
 	}
 	return f.settle(req, d, err)
+}
+
+// awaitWarm holds a request that arrives before any endpoint's metrics were scraped until they are, Run stops, the
+// warm-up ends or ctx does (the client is gone: its error is returned). A new EPP replica answers its pool's first
+// requests on real metrics then, instead of 503 no_endpoints for the moments before its first scrape lands.
+func (f *FlowControl) awaitWarm(ctx context.Context) error {
+	select {
+	case <-f.warm:
+		return nil
+	default:
+	}
+	left := f.warmUntil.Sub(f.clock.Now())
+	if left <= 0 {
+		return nil
+	}
+	t := f.clock.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-f.warm:
+	case <-t.C():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// markWarm ends the warm-up: requests are decided on arrival from now on.
+func (f *FlowControl) markWarm(why string) {
+	f.warmOnce.Do(func() {
+		close(f.warm)
+		f.logger.Info("Admission deciding requests", "after", f.clock.Since(f.started), "because", why)
+	})
 }
 
 // Shed reports whether admission turned the request away and its answer has not been sent yet: the runner asks it
@@ -503,10 +562,16 @@ func allEndpoints(fwkdl.Endpoint) bool { return true }
 func (f *FlowControl) SyncEndpoints() error {
 	pool := f.endpoints.PodList(allEndpoints)
 	eps := make([]flowcontrol.Endpoint, len(pool))
+	scraped := false
 	for i, ep := range pool {
 		eps[i] = EndpointSnapshot(ep)
+		scraped = scraped || !eps[i].ScrapedAt.IsZero()
 	}
-	return f.ctrl.UpdateEndpoints(eps)
+	err := f.ctrl.UpdateEndpoints(eps)
+	if scraped {
+		f.markWarm("endpoint metrics arrived")
+	}
+	return err
 }
 
 // Run takes a snapshot at once and then every SnapshotInterval, until ctx ends. Then it shuts the controller down:
@@ -531,6 +596,7 @@ func (f *FlowControl) Run(ctx context.Context) {
 		case <-done:
 			f.logger.Info("Shutting down flow control", "grace", f.opts.ShutdownGrace)
 			done, drained = nil, f.ctrl.Shutdown(f.opts.ShutdownGrace)
+			f.markWarm("shutting down") // requests held for metrics are answered too
 		case <-drained:
 			return
 		case <-ticker.C():

@@ -150,8 +150,10 @@ endpoint:
 }
 
 func TestFlowControlProcessUnavailableWithoutFreshEndpoints(t *testing.T) {
-	// Nothing listens on the endpoint, so its metrics are never fresh.
-	epp := startFCEPP(t, fmt.Sprintf("--static-endpoints=127.0.0.1:%d", runnertest.FreePort(t)), "--sluice-admission")
+	// Nothing listens on the endpoint, so its metrics are never fresh: once the warm-up has passed without any,
+	// requests are answered 503.
+	epp := startFCEPP(t, fmt.Sprintf("--static-endpoints=127.0.0.1:%d", runnertest.FreePort(t)), "--sluice-admission",
+		"--flow-control-warmup=300ms")
 	checkShed(t, send(t, epp, nil, fcCompletion()), 503, "service_unavailable_error", "no_endpoints")
 }
 
