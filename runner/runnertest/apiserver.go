@@ -28,6 +28,7 @@ type APIServer struct {
 	Kubeconfig string
 
 	config *rest.Config
+	env    *envtest.Environment
 }
 
 // StartAPIServer starts the API server for the test, installing the GIE CRDs
@@ -66,6 +67,9 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 		CRDDirectoryPaths:     crdPaths,
 		ErrorIfCRDPathMissing: true,
 	}
+	// A certificate folder of the test's own survives Stop, so Restart serves the same certificates and clients
+	// keep trusting the API server (a folder envtest creates itself is deleted on stop).
+	env.ControlPlane.GetAPIServer().CertDir = t.TempDir()
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("starting envtest: %v", err)
@@ -97,7 +101,27 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &APIServer{Client: c, Kubeconfig: path, config: cfg}
+	return &APIServer{Client: c, Kubeconfig: path, config: cfg, env: env}
+}
+
+// Stop stops the kube-apiserver process, as an API server outage does; etcd
+// keeps running, so Restart brings back the same objects. Clients see
+// connections refused until then.
+func (s *APIServer) Stop(t *testing.T) {
+	t.Helper()
+	if err := s.env.ControlPlane.GetAPIServer().Stop(); err != nil {
+		t.Fatalf("stopping the API server: %v", err)
+	}
+}
+
+// Restart starts the kube-apiserver stopped by Stop again, on the same
+// address with the same certificates and data, and returns once it is
+// healthy.
+func (s *APIServer) Restart(t *testing.T) {
+	t.Helper()
+	if err := s.env.ControlPlane.GetAPIServer().Start(); err != nil {
+		t.Fatalf("restarting the API server: %v", err)
+	}
 }
 
 // InstallCRDs installs the CRDs in paths (directories or files) into the

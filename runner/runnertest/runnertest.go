@@ -12,9 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +75,8 @@ func FreePort(t *testing.T) int {
 // Process is a running EPP binary.
 type Process struct {
 	cmd *exec.Cmd
+	// env and args (ports included) start it again (Restart).
+	env, args []string
 	// exited closes when the process has ended; waitErr is its exit status.
 	exited  chan struct{}
 	waitErr error
@@ -132,15 +136,37 @@ func Serving(t *testing.T, p *Process, service string) bool {
 func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 	t.Helper()
 	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
-	args = append(args,
+	p.env = env
+	p.args = append(slices.Clip(args),
 		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
 		fmt.Sprintf("--grpc-health-port=%d", p.HealthPort),
 		fmt.Sprintf("--metrics-port=%d", p.MetricsPort),
 		"--tracing=false",
 		"--refresh-metrics-interval=50ms",
 	)
-	p.cmd = exec.Command(EPPPath(t), args...)
-	p.cmd.Env = append(os.Environ(), env...)
+	return p.run(t, waitFor)
+}
+
+// Restart starts the EPP again with the same environment, flags and ports,
+// its output appended to the same Output, once this process has exited (it
+// must have been stopped: Interrupt, Terminate or Kill), and waits until its
+// readiness check passes. The returned Process is the new one.
+func (p *Process) Restart(t *testing.T) *Process {
+	t.Helper()
+	select {
+	case <-p.exited:
+	default:
+		t.Fatal("Restart of an EPP that is still running")
+	}
+	q := &Process{env: p.env, args: p.args, GRPCPort: p.GRPCPort, HealthPort: p.HealthPort, MetricsPort: p.MetricsPort, Output: p.Output}
+	return q.run(t, "readiness")
+}
+
+// run starts the process and waits for its waitFor health check.
+func (p *Process) run(t *testing.T, waitFor string) *Process {
+	t.Helper()
+	p.cmd = exec.Command(EPPPath(t), p.args...)
+	p.cmd.Env = append(os.Environ(), p.env...)
 	p.cmd.Stdout = p.Output
 	p.cmd.Stderr = p.Output
 	if err := p.cmd.Start(); err != nil {
@@ -176,24 +202,48 @@ func start(t *testing.T, env []string, waitFor string, args []string) *Process {
 	}
 }
 
-// Interrupt sends the EPP SIGINT, as Kubernetes stops a pod, and waits up to
-// limit for it to exit. It returns the EPP's exit status (nil for 0), or err
-// if the EPP did not exit in time and was killed. Once the EPP has exited it
-// returns the same status without signalling again.
+// Interrupt sends the EPP SIGINT and waits up to limit for it to exit. It
+// returns the EPP's exit status (nil for 0), or err if the EPP did not exit
+// in time and was killed. Once the EPP has exited it returns the same status
+// without signalling again.
 func (p *Process) Interrupt(limit time.Duration) (exit, err error) {
+	return p.stop(os.Interrupt, limit)
+}
+
+// Terminate is Interrupt with SIGTERM, which is how Kubernetes stops a pod.
+func (p *Process) Terminate(limit time.Duration) (exit, err error) {
+	return p.stop(syscall.SIGTERM, limit)
+}
+
+// Kill ends the EPP with SIGKILL, as an OOM kill or a lost node would, and
+// returns once it has exited.
+func (p *Process) Kill() {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// Exited is closed once the EPP has exited.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+func (p *Process) stop(sig os.Signal, limit time.Duration) (exit, err error) {
 	select {
 	case <-p.exited:
 		return p.waitErr, nil
 	default:
 	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
+	_ = p.cmd.Process.Signal(sig)
 	select {
 	case <-p.exited:
 		return p.waitErr, nil
 	case <-time.After(limit):
 		_ = p.cmd.Process.Kill()
 		<-p.exited
-		return p.waitErr, fmt.Errorf("EPP did not stop on SIGINT within %s", limit)
+		return p.waitErr, fmt.Errorf("EPP did not stop on %v within %s", sig, limit)
 	}
 }
 

@@ -300,7 +300,7 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		return nil, err
 	}
 	if r.eppMetrics != "" {
-		page, err := scrape(ctx, r.client, r.eppMetrics)
+		page, err := Scrape(ctx, r.client, r.eppMetrics)
 		if err != nil {
 			return nil, fmt.Errorf("reading the EPP's counters: %w", err)
 		}
@@ -341,16 +341,16 @@ func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
 		s := QueueSample{At: time.Since(began)}
 		ok := true
 		for _, u := range r.fleetMetrics {
-			page, err := scrape(ctx, r.client, u)
+			page, err := Scrape(ctx, r.client, u)
 			if err != nil {
 				ok = false
 				break
 			}
-			s.ServerWaiting += page.sum(metricServerWaiting)
-			s.ServerRunning += page.sum(metricServerRunning)
+			s.ServerWaiting += page.Sum(metricServerWaiting)
+			s.ServerRunning += page.Sum(metricServerRunning)
 		}
 		if ok && r.eppMetrics != "" {
-			page, err := scrape(ctx, r.client, r.eppMetrics)
+			page, err := Scrape(ctx, r.client, r.eppMetrics)
 			if err != nil {
 				ok = false
 			} else {
@@ -367,14 +367,14 @@ func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
 func (r *realRun) fleetCounters(ctx context.Context) (FleetCounters, error) {
 	var f FleetCounters
 	for _, u := range r.fleetMetrics {
-		page, err := scrape(ctx, r.client, u)
+		page, err := Scrape(ctx, r.client, u)
 		if err != nil {
 			return f, fmt.Errorf("reading the fleet's counters: %w", err)
 		}
-		f.PrefixHitTokens += page.sum(metricPrefixHits)
-		f.PrefixQueryTokens += page.sum(metricPrefixQueries)
-		f.AdapterLoads += page.sum(metricAdapterLoads)
-		f.Preemptions += page.sum(metricPreemptions)
+		f.PrefixHitTokens += page.Sum(metricPrefixHits)
+		f.PrefixQueryTokens += page.Sum(metricPrefixQueries)
+		f.AdapterLoads += page.Sum(metricAdapterLoads)
+		f.Preemptions += page.Sum(metricPreemptions)
 	}
 	return f, nil
 }
