@@ -188,7 +188,11 @@ func (r *Runner) run(ctx context.Context, opts *Options) error {
 			return fmt.Errorf("failed to init tracing: %w", err)
 		}
 	}
-	p, err := r.setup(ctx, opts)
+	// Endpoint metrics are collected until the process has stopped, not only until the stop signal: admission
+	// keeps dispatching the requests queued in it during its shutdown grace, and decides only on fresh metrics.
+	collect, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCollecting()
+	p, err := r.setup(ctx, collect, opts)
 	if err != nil {
 		return err
 	}
@@ -240,8 +244,9 @@ var installPlugins = sync.OnceValue(func() error {
 // metrics data layer, the datastore, the configured plugins, the manager (or,
 // in static mode, the metrics server), the running data layer, the request
 // path (admission, model selection, Director), the manager's reconcilers, and
-// the gRPC servers.
-func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
+// the gRPC servers. The datastore's metrics collectors run under collect,
+// which outlives ctx until the process has stopped.
+func (r *Runner) setup(ctx, collect context.Context, opts *Options) (*process, error) {
 	if err := installPlugins(); err != nil {
 		return nil, fmt.Errorf("registering plugins: %w", err)
 	}
@@ -257,7 +262,7 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, kube, err := r.newDatastore(ctx, opts, dl.endpoints, *gknn)
+	ds, kube, err := r.newDatastore(collect, opts, dl.endpoints, *gknn)
 	if err != nil {
 		return nil, err
 	}
