@@ -28,6 +28,10 @@ type Options struct {
 	// ModelSelector chooses the request's model; larger requests are
 	// answered 413.
 	ModelSelectionMaxBodyBytes int64
+	// MetricsMaxLabelValues bounds the distinct values of each metric label
+	// that clients choose (model_name, target_model_name, fairness_id); later
+	// values are counted under "other".
+	MetricsMaxLabelValues int
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -40,6 +44,7 @@ func NewOptions() *Options {
 		Options:                       runserver.NewOptions(),
 		StaticEndpointsReloadInterval: 2 * time.Second,
 		ModelSelectionMaxBodyBytes:    DefaultModelSelectionMaxBodyBytes,
+		MetricsMaxLabelValues:         DefaultMaxLabelValues,
 	}
 }
 
@@ -61,6 +66,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.ModelSelectionMaxBodyBytes, "model-selection-max-body-bytes", o.ModelSelectionMaxBodyBytes,
 		"Model rewrites (InferenceModelRewrite): the largest request body the EPP holds to choose a request's model; "+
 			"larger requests are answered 413 with an OpenAI-style error.")
+	fs.IntVar(&o.MetricsMaxLabelValues, "metrics-max-label-values", o.MetricsMaxLabelValues,
+		"The most distinct values each metric label that clients choose (model_name, target_model_name, fairness_id) "+
+			"keeps on /metrics; later values are counted under \"other\", so no client can grow the EPP's series without bound.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -83,6 +91,9 @@ const staticPoolName = "static"
 func (o *Options) Validate() error {
 	if o.ModelSelectionMaxBodyBytes <= 0 {
 		return fmt.Errorf("--model-selection-max-body-bytes must be positive, got %d", o.ModelSelectionMaxBodyBytes)
+	}
+	if o.MetricsMaxLabelValues < 1 {
+		return fmt.Errorf("--metrics-max-label-values must be at least 1, got %d", o.MetricsMaxLabelValues)
 	}
 	if !o.StaticMode() {
 		if o.ObjectivesFile != "" {

@@ -152,6 +152,7 @@ func TestValidate(t *testing.T) {
 		{"objectives file outside static mode", []string{"--pool-name=p", "--inference-objectives-file=/o.yaml"}, "is for static mode"},
 		{"static objectives file", []string{"--static-endpoints=127.0.0.1:8001", "--inference-objectives-file=/o.yaml"}, ""},
 		{"static bad reload interval", []string{"--static-endpoints-file=/x", "--static-endpoints-reload-interval=0s"}, "must be positive"},
+		{"no label values", []string{"--static-endpoints=10.0.0.1:8000", "--metrics-max-label-values=0"}, "must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

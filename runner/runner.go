@@ -157,6 +157,7 @@ func (r *Runner) Run(ctx context.Context, args []string) error {
 	fs.VisitAll(func(f *pflag.Flag) { flags[f.Name] = f.Value })
 	setupLog.Info("Flags processed", "flags", flags)
 	logutil.InitLogging(&opts.ZapOptions)
+	boundMetricLabels(opts.MetricsMaxLabelValues)
 	return r.run(ctx, opts)
 }
 
