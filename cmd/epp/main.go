@@ -29,8 +29,10 @@ import (
 	"fmt"
 	"os"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -93,6 +95,11 @@ func policySetup(admission *plugins.FlowControlCommand) runner.ManagerSetup {
 			if !watched(pool) {
 				return nil
 			}
+			// A cache entry for a kind the API server does not serve fails the manager's creation: without the
+			// CRD, Setup logs it and admission runs on the defaults.
+			if served, err := policyCRDServed(); err != nil || !served {
+				return err
+			}
 			if err := crds.AddToScheme(opts.Scheme); err != nil {
 				return fmt.Errorf("registering %s types: %w", crds.GroupVersion, err)
 			}
@@ -131,4 +138,30 @@ func policySetup(admission *plugins.FlowControlCommand) runner.ManagerSetup {
 			return rec.SetupWithManager(mgr)
 		},
 	}
+}
+
+// policyCRDServed reports whether the API server (KUBECONFIG or in-cluster, as the runner connects) serves
+// FlowControlPolicies.
+func policyCRDServed() (bool, error) {
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return false, err
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false, err
+	}
+	list, err := dc.ServerResourcesForGroupVersion(crds.GroupVersion.String())
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discovering %s: %w", crds.GroupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Kind == "FlowControlPolicy" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
