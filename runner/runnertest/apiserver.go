@@ -69,7 +69,11 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 	}
 	// A certificate folder of the test's own survives Stop, so Restart serves the same certificates and clients
 	// keep trusting the API server (a folder envtest creates itself is deleted on stop).
-	env.ControlPlane.GetAPIServer().CertDir = t.TempDir()
+	apiServer := env.ControlPlane.GetAPIServer()
+	apiServer.CertDir = t.TempDir()
+	// Without a bound, kube-apiserver's graceful stop waits for open watches (the EPP's) and envtest kills it after
+	// 20 s; with one it stops in about a second, as after an outage.
+	apiServer.Configure().Set("shutdown-watch-termination-grace-period", "1s")
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("starting envtest: %v", err)
