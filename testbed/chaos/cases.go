@@ -33,6 +33,11 @@ type Case struct {
 	// accepts admission's designed answers only. Hung and lost answers never
 	// are.
 	Expect func(r *Run, rec loadgen.Record, o Outcome) bool
+	// MustLeave fails the case when requests still reached the faulty
+	// endpoint at the end of the fault's window: the fault takes it out of
+	// the pool, so the EPP must stop routing there (how fast is reported,
+	// not asserted).
+	MustLeave bool
 	// Check makes the case's own checks once the load is over.
 	Check func(r *Run) error
 }
@@ -101,17 +106,19 @@ func Cases() []Case {
 			Clear: func(r *Run) { r.Stack.SetInPool(0, true) },
 		},
 		{
-			Name:   "pod-deleted",
-			Fault:  "server 0 leaves the pool for good (Kubernetes: pod deleted; static: removed from the endpoints file); it finishes what it serves",
-			Modes:  both,
-			Inject: func(r *Run) { r.Faulty(0); r.Stack.DeleteFromPool(0) },
+			Name:      "pod-deleted",
+			MustLeave: true,
+			Fault:     "server 0 leaves the pool for good (Kubernetes: pod deleted; static: removed from the endpoints file); it finishes what it serves",
+			Modes:     both,
+			Inject:    func(r *Run) { r.Faulty(0); r.Stack.DeleteFromPool(0) },
 		},
 		{
-			Name:   "pool-edited",
-			Fault:  "the InferencePool's selector is edited to leave server 0 out; restored at the clear",
-			Modes:  kube,
-			Inject: func(r *Run) { r.Faulty(0); r.Stack.SelectPool(func(i int) bool { return i != 0 }) },
-			Clear:  func(r *Run) { r.Stack.SelectPool(nil) },
+			Name:      "pool-edited",
+			MustLeave: true,
+			Fault:     "the InferencePool's selector is edited to leave server 0 out; restored at the clear",
+			Modes:     kube,
+			Inject:    func(r *Run) { r.Faulty(0); r.Stack.SelectPool(func(i int) bool { return i != 0 }) },
+			Clear:     func(r *Run) { r.Stack.SelectPool(nil) },
 		},
 		{
 			Name:  "epp-sigterm",
@@ -140,6 +147,7 @@ func Cases() []Case {
 		eppKilled(true),
 		{
 			Name:      "apiserver-restart",
+			MustLeave: true,
 			Fault:     "the API server is stopped; restarted at the clear, after which server 0's pod is deleted (resync)",
 			Modes:     kube,
 			ExtraLoad: 12 * time.Second, // the API server takes up to ~10 s to start again

@@ -174,9 +174,9 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 	c.Inject(r)
 	if c.Clear != nil {
 		at(tl.ClearAt)
+		r.Mark("clear")
 		c.Clear(r)
 	}
-	r.Mark("clear")
 	main := <-done
 	if main == nil {
 		t.Fatal("the load did not run (invalid configuration)")
@@ -250,10 +250,19 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 		all = append(all, br.Records...)
 	}
 
+	// The fault's window ends at its clear, or with the load for a fault that is never cleared or whose faulty
+	// endpoint is named in Clear.
 	fault, end := r.At("fault"), r.At("clear")
+	if c.Clear == nil || r.leave.After(r.marks["clear"]) {
+		end = main.Config.Duration
+	}
 	if r.faulty != "" {
 		l := TrafficLeft(all, r.faulty, r.leave.Sub(r.started), end)
 		res.Leave = &l
+		if c.MustLeave && !l.Left {
+			res.CheckError = fmt.Sprintf("traffic never left %s: it still got requests in the last part of the fault's window (%.0f%% of them)",
+				r.faulty, 100*l.Share)
+		}
 	}
 	res.CriticalBefore = p99(CriticalTTFT(main.Records, criticalClass, 0, fault))
 	during := CriticalTTFT(main.Records, criticalClass, fault, end)
