@@ -62,6 +62,23 @@ type RealTime struct {
 
 var _ Engine = (*RealTime)(nil)
 
+// LocateBinaries returns the absolute folder of vllm-sim, epp and dataplane
+// for the test bed's process tests (run from a package two levels below the
+// repository): $SLUICE_BENCH_BIN, the folder of $SLUICE_EPP_BINARY (make
+// test's bin/), or the repository's bin/; an error when one is missing.
+func LocateBinaries() (string, error) {
+	dir := filepath.Join("..", "..", "bin")
+	if d := os.Getenv("SLUICE_BENCH_BIN"); d != "" {
+		dir = d
+	} else if epp := os.Getenv("SLUICE_EPP_BINARY"); epp != "" {
+		dir = filepath.Dir(epp)
+	}
+	if err := CheckBinaries(dir); err != nil {
+		return "", err
+	}
+	return filepath.Abs(dir)
+}
+
 // CheckBinaries reports the binaries missing from bin.
 func CheckBinaries(bin string) error {
 	var missing []string

@@ -89,7 +89,7 @@ func TestMissingFinals(t *testing.T) {
 	recs := []loadgen.Record{
 		{Seq: 0, Attempt: 1, Final: true},
 		{Seq: 1, Attempt: 1}, {Seq: 1, Attempt: 2, Final: true}, // retried once
-		{Seq: 2, Attempt: 1}, // no final record
+		{Seq: 2, Attempt: 1},                                                 // no final record
 		{Seq: 4, Attempt: 1, Final: true}, {Seq: 4, Attempt: 1, Final: true}, // two finals; seq 3 missing
 	}
 	if got := MissingFinals(recs); got != 3 {

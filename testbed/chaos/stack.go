@@ -65,29 +65,20 @@ metadata: {name: sheddable}
 spec: {priority: -1, poolRef: {name: vllm}}
 `
 
-// Binaries returns the folder of vllm-sim and dataplane (and of the EPP when
-// $SLUICE_EPP_BINARY is unset): $SLUICE_BENCH_BIN, the folder of
-// $SLUICE_EPP_BINARY (make's bin/), or the repository's bin/. The test is
-// skipped when they are missing.
+// Binaries returns the folder of vllm-sim, dataplane and the EPP
+// (benchsuite.LocateBinaries) and points $SLUICE_EPP_BINARY, which
+// runnertest starts, at its EPP when unset. The test is skipped when they
+// are missing.
 func Binaries(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join("..", "..", "bin")
-	if d := os.Getenv("SLUICE_BENCH_BIN"); d != "" {
-		dir = d
-	} else if epp := os.Getenv("SLUICE_EPP_BINARY"); epp != "" {
-		dir = filepath.Dir(epp)
-	}
-	if err := benchsuite.CheckBinaries(dir); err != nil {
+	dir, err := benchsuite.LocateBinaries()
+	if err != nil {
 		t.Skipf("the chaos suite runs the real binaries (%v); set SLUICE_BENCH_BIN to their folder", err)
 	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if os.Getenv("SLUICE_EPP_BINARY") == "" {
-		t.Setenv("SLUICE_EPP_BINARY", filepath.Join(abs, benchsuite.EPPBinary))
+		t.Setenv("SLUICE_EPP_BINARY", filepath.Join(dir, benchsuite.EPPBinary))
 	}
-	return abs
+	return dir
 }
 
 // Cluster is a real API server (envtest) shared by the Kubernetes-mode runs
