@@ -26,7 +26,10 @@ type Case struct {
 	// ExtraLoad lengthens the load beyond the timeline's, for a case whose
 	// Clear takes long.
 	ExtraLoad time.Duration
-	// Inject runs at the timeline's FaultAt, Clear (if set) at its ClearAt
+	// FaultAt, when set, replaces the timeline's: a fault whose timing is
+	// part of the case.
+	FaultAt time.Duration
+	// Inject runs at FaultAt (the case's or the timeline's), Clear (if set) at the timeline's ClearAt
 	// (or at once if Inject ran past it). Both run on the test goroutine.
 	Inject, Clear func(r *Run)
 	// Expect reports whether an answer is acceptable under the fault; nil
@@ -179,10 +182,13 @@ func Cases() []Case {
 			Name:  "epp-first-seconds",
 			Smoke: true,
 			Fault: "the load starts as soon as the EPP reports ready, while every server's /metrics hangs; " +
-				"the hang ends at the fault time (the first scrapes land)",
+				"the hang ends 1.5 s into the load (the first scrapes land)",
 			Modes:    both,
 			Stack:    func(o *StackOptions) { o.ServerArgs = append(o.ServerArgs, "--fault-metrics-delay=1h") },
 			NoSettle: true,
+			// First scrapes that land 1.5 s late, well within admission's warm-up (--flow-control-warmup, 5 s),
+			// whatever the timeline.
+			FaultAt: 1500 * time.Millisecond,
 			Inject: func(r *Run) {
 				for i := range r.Stack.Servers {
 					r.Stack.SetFaults(i, simulator.Faults{})

@@ -169,7 +169,11 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 			t.Fatal(err)
 		}
 	}
-	at(tl.FaultAt)
+	faultAt := tl.FaultAt
+	if c.FaultAt > 0 {
+		faultAt = c.FaultAt
+	}
+	at(faultAt)
 	r.Mark("fault")
 	c.Inject(r)
 	if c.Clear != nil {
