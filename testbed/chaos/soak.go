@@ -74,7 +74,7 @@ type SoakResult struct {
 	Probes       int            `json:"probes"`
 	ProbeAnswers map[string]int `json:"probe_answers"`
 	// Baseline is the idle EPP before the load, Peak the largest figures
-	// during it, After the idle EPP after the cool-down.
+	// during it and the cool-down, After the idle EPP after the cool-down.
 	Baseline SoakSample `json:"baseline"`
 	Peak     SoakSample `json:"peak"`
 	After    SoakSample `json:"after"`
