@@ -231,5 +231,6 @@ func (c *Controller) queueSampleLocked(now time.Time) QueueSample {
 		s.PoolSaturation = sum / float64(n)
 	}
 	s.StaleEndpoints = len(c.endpoints) - n
+	s.Reserved = len(c.reservations)
 	return s
 }

@@ -239,8 +239,8 @@ func TestCriticalReserve(t *testing.T) {
 		h.step(50 * time.Millisecond)
 		h.scrape(Endpoint{Name: "a", Running: 2})
 		next.wantWaiting(t)
-		if s := h.c.Stats(); s.Reserved != 2 {
-			t.Fatalf("%d reservations after the scrape, want the 2 pending ones", s.Reserved)
+		if s := h.c.Stats(); s.Reserved != 2 || h.rec.lastSample().Reserved != 2 {
+			t.Fatalf("%d reservations (queue sample: %d) after the scrape, want the 2 pending ones", s.Reserved, h.rec.lastSample().Reserved)
 		}
 		var sat [1]float64
 		h.c.Saturations("", []string{"a"}, sat[:])

@@ -28,6 +28,10 @@ type QueueSample struct {
 	// StaleEndpoints counts the endpoints whose metrics are older than the staleness threshold: admission sends them
 	// nothing until a scrape refreshes them, so a pool whose scrapes lag holds requests in the EPP.
 	StaleEndpoints int
+	// Reserved counts the dispatched requests still counted against an endpoint: not yet covered by a scrape, or
+	// streamed and without a first chunk. Once traffic stops it returns to 0 within a scrape; a count that stays up
+	// is a reservation nothing will release (the chaos suite checks this after every fault).
+	Reserved int
 }
 
 // noopRecorder is the default Recorder.
@@ -54,6 +58,7 @@ type PrometheusRecorder struct {
 	retryAfter     *prometheus.HistogramVec
 	poolSaturation prometheus.Gauge
 	staleEndpoints prometheus.Gauge
+	reserved       prometheus.Gauge
 	drainRate      prometheus.Gauge
 
 	maxTenants int
@@ -91,6 +96,8 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 			Buckets: []float64{1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144}}, []string{"band", "reason"}),
 		staleEndpoints: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "stale_endpoints", Help: "Endpoints whose metrics are older than the staleness threshold: admission sends them nothing."}),
+		reserved: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "reserved_requests", Help: "Dispatched requests still counted against an endpoint (not yet covered by a scrape, or streamed without a first chunk)."}),
 		poolSaturation: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "pool_saturation", Help: "Mean saturation of endpoints with fresh metrics (informational)."}),
 		drainRate: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -99,7 +106,7 @@ func NewPrometheusRecorder(reg prometheus.Registerer, maxTenants int) (*Promethe
 		tenants:    make(map[string]struct{}),
 	}
 	for _, c := range []prometheus.Collector{r.queueLength, r.queueWait, r.dispatched, r.burst, r.shed, r.cancelled, r.capped,
-		r.retryAfter, r.poolSaturation, r.staleEndpoints, r.drainRate} {
+		r.retryAfter, r.poolSaturation, r.staleEndpoints, r.reserved, r.drainRate} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -154,5 +161,6 @@ func (r *PrometheusRecorder) RecordQueue(s QueueSample) {
 	}
 	r.poolSaturation.Set(s.PoolSaturation)
 	r.staleEndpoints.Set(float64(s.StaleEndpoints))
+	r.reserved.Set(float64(s.Reserved))
 	r.drainRate.Set(s.DrainRate)
 }

@@ -33,7 +33,7 @@ func TestPrometheusRecorder(t *testing.T) {
 	r.RecordDecision("dave", Decision{Outcome: Rejected, Reason: ReasonQueueFull, Band: Sheddable, RetryAfter: 3 * time.Second})
 	r.RecordDecision("alice", Decision{Outcome: Unavailable, Reason: ReasonNoEndpoints, Band: Critical, RetryAfter: time.Second})
 	r.RecordDecision("bob", Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: Standard})
-	r.RecordQueue(QueueSample{Queued: [NumBands]int{1, 2, 3}, PoolSaturation: 0.75, DrainRate: 1234, StaleEndpoints: 2})
+	r.RecordQueue(QueueSample{Queued: [NumBands]int{1, 2, 3}, PoolSaturation: 0.75, DrainRate: 1234, StaleEndpoints: 2, Reserved: 4})
 
 	const want = `
 # HELP sluice_flowcontrol_burst_dispatched_total Requests dispatched in the burst tier (no endpoint had headroom under the normal thresholds), per band.
@@ -61,6 +61,9 @@ sluice_flowcontrol_pool_saturation 0.75
 sluice_flowcontrol_queue_length{band="Critical"} 1
 sluice_flowcontrol_queue_length{band="Sheddable"} 3
 sluice_flowcontrol_queue_length{band="Standard"} 2
+# HELP sluice_flowcontrol_reserved_requests Dispatched requests still counted against an endpoint (not yet covered by a scrape, or streamed without a first chunk).
+# TYPE sluice_flowcontrol_reserved_requests gauge
+sluice_flowcontrol_reserved_requests 4
 # HELP sluice_flowcontrol_shed_total Requests answered rejected (429/400) or unavailable (503), by reason.
 # TYPE sluice_flowcontrol_shed_total counter
 sluice_flowcontrol_shed_total{band="Critical",outcome="unavailable",reason="no_endpoints",tenant="alice"} 1
@@ -73,7 +76,8 @@ sluice_flowcontrol_stale_endpoints 2
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"sluice_flowcontrol_burst_dispatched_total", "sluice_flowcontrol_cancelled_total", "sluice_flowcontrol_capped_total",
 		"sluice_flowcontrol_dispatched_total", "sluice_flowcontrol_drain_rate", "sluice_flowcontrol_pool_saturation",
-		"sluice_flowcontrol_queue_length", "sluice_flowcontrol_shed_total", "sluice_flowcontrol_stale_endpoints"); err != nil {
+		"sluice_flowcontrol_queue_length", "sluice_flowcontrol_reserved_requests", "sluice_flowcontrol_shed_total",
+		"sluice_flowcontrol_stale_endpoints"); err != nil {
 		t.Error(err)
 	}
 	if n := testutil.CollectAndCount(r.queueWait); n != 5 {

@@ -18,7 +18,10 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -75,6 +78,11 @@ type FlowControlOptions struct {
 	MaxPendingDecisions int
 	// DecisionTTL drops a stored decision whose consumer never ran. Default 1m.
 	DecisionTTL time.Duration
+	// WarmUp bounds how long, from the start, admission holds requests that arrive before any endpoint's metrics
+	// have been scraped: they are decided as soon as the first metrics arrive (then, as ever, on fresh metrics only),
+	// instead of being answered 503 no_endpoints by an EPP that has not looked yet. After WarmUp without metrics
+	// they are decided as they are: 503 no_endpoints. Default 5s.
+	WarmUp time.Duration
 }
 
 // Defaults of FlowControlOptions.
@@ -84,6 +92,7 @@ const (
 	DefaultShutdownGrace       = 10 * time.Second
 	DefaultMaxPendingDecisions = 1 << 16
 	DefaultDecisionTTL         = time.Minute
+	DefaultWarmUp              = 5 * time.Second
 )
 
 func (o *FlowControlOptions) applyDefaults() {
@@ -101,6 +110,9 @@ func (o *FlowControlOptions) applyDefaults() {
 	}
 	if o.DecisionTTL == 0 {
 		o.DecisionTTL = DefaultDecisionTTL
+	}
+	if o.WarmUp == 0 {
+		o.WarmUp = DefaultWarmUp
 	}
 }
 
@@ -120,6 +132,9 @@ func (o *FlowControlOptions) validate() error {
 	}
 	if o.DecisionTTL < 0 {
 		errs = append(errs, fmt.Errorf("decision TTL must be positive, got %s", o.DecisionTTL))
+	}
+	if o.WarmUp < 0 {
+		errs = append(errs, fmt.Errorf("warm-up must not be negative, got %s", o.WarmUp))
 	}
 	return errors.Join(errs...)
 }
@@ -146,6 +161,8 @@ type FlowControlDeps struct {
 //     controller's decision: Dispatched proceeds to scheduling; Rejected is 429 (400 for invalid requests, 403 for
 //     a band the tenant may not use); Unavailable is 503; Cancelled returns the context's error (the client is gone).
 //     The request's tenant is the value of the policy's tenant header (flowcontrol.Config.TenantHeader).
+//     Until the first snapshot that holds a scraped endpoint (at most WarmUp from the start), arrivals wait for it
+//     rather than being answered 503 no_endpoints by an EPP that has not looked at its pool yet.
 //   - ShapeImmediateResponse (the runner's ResponseShaper) adds Retry-After, x-sluice-shed-reason and an OpenAI
 //     error body to the immediate response of every request Admit did not admit.
 //   - PreRequest binds the request's reservation to the endpoint the scheduler picked; ResponseBody reports a
@@ -178,6 +195,13 @@ type FlowControl struct {
 	awaitingFirstChunk sync.Map
 	// tenantHeader is the configuration's TenantHeader, read for every request without the controller's lock.
 	tenantHeader atomic.Pointer[string]
+
+	// warm is closed once a snapshot holds an endpoint that has been scraped, or Run stops; until then, and at most
+	// until warmUntil, Admit holds arrivals (FlowControlOptions.WarmUp).
+	warm      chan struct{}
+	warmOnce  sync.Once
+	started   time.Time
+	warmUntil time.Time
 }
 
 // NewFlowControl builds the adapter around a new controller running cfg (nil means flowcontrol.DefaultConfig()).
@@ -211,6 +235,9 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 		opts:      opts,
 		shed:      newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
 		headroom:  newDecisionStore(deps.Clock, opts.DecisionTTL, opts.MaxPendingDecisions),
+		warm:      make(chan struct{}),
+		started:   deps.Clock.Now(),
+		warmUntil: deps.Clock.Now().Add(opts.WarmUp),
 	}
 	f.tenantHeader.Store(&cfg.TenantHeader)
 	return f, nil
@@ -266,8 +293,13 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 	return len(filters)
 }
 
-// Admit implements requestcontrol.AdmissionController. It blocks while the request waits in its band.
+// Admit implements requestcontrol.AdmissionController. It blocks while the request waits in its band. A request not
+// admitted is logged once, at verbosity VERBOSE (3): shedding is designed behaviour, which the shed metrics count, not
+// an error (the runner keeps upstream's error lines for it out of the log; see Shed).
 func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
+	if err := f.awaitWarm(ctx); err != nil {
+		return err
+	}
 	req := f.requestOf(reqCtx, priority)
 	d, err := f.ctrl.Admit(ctx, req)
 	traceAdmission(ctx, reqCtx, priority, req.Tenant, d)
@@ -276,6 +308,10 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 			return cerr
 		}
 		return err
+	}
+	if d.Outcome != flowcontrol.Dispatched {
+		log.FromContext(ctx).V(logutil.VERBOSE).Info("Request not admitted", "status", httpStatus(d), "band", d.Band.String(),
+			"reason", d.Reason.String(), "retryAfterSeconds", d.RetryAfterSeconds(), "waited", d.Waited)
 	}
 	return f.settle(req, d, err)
 }
@@ -293,6 +329,45 @@ func (f *FlowControl) Submit(reqCtx *handlers.RequestContext, priority int, deci
 		}
 		decided(f.settle(req, d, err), false)
 	})
+}
+
+// awaitWarm holds a request that arrives before any endpoint's metrics were scraped until they are, Run stops, the
+// warm-up ends or ctx does (the client is gone: its error is returned). A new EPP replica answers its pool's first
+// requests on real metrics then, instead of 503 no_endpoints for the moments before its first scrape lands.
+func (f *FlowControl) awaitWarm(ctx context.Context) error {
+	select {
+	case <-f.warm:
+		return nil
+	default:
+	}
+	left := f.warmUntil.Sub(f.clock.Now())
+	if left <= 0 {
+		return nil
+	}
+	t := f.clock.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-f.warm:
+	case <-t.C():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// markWarm ends the warm-up: requests are decided on arrival from now on.
+func (f *FlowControl) markWarm(why string) {
+	f.warmOnce.Do(func() {
+		close(f.warm)
+		f.logger.Info("Admission deciding requests", "after", f.clock.Since(f.started), "because", why)
+	})
+}
+
+// Shed reports whether admission turned the request away and its answer has not been sent yet: the runner asks it
+// (runner.Shedder) to keep upstream's error lines for designed shedding out of the log.
+func (f *FlowControl) Shed(requestID string) bool {
+	_, ok := f.shed.get(requestID)
+	return ok
 }
 
 // settle keeps what later hooks need about a decision that is not Cancelled (the headroom of a dispatched request,
@@ -551,10 +626,16 @@ func allEndpoints(fwkdl.Endpoint) bool { return true }
 func (f *FlowControl) SyncEndpoints() error {
 	pool := f.endpoints.PodList(allEndpoints)
 	eps := make([]flowcontrol.Endpoint, len(pool))
+	scraped := false
 	for i, ep := range pool {
 		eps[i] = EndpointSnapshot(ep)
+		scraped = scraped || !eps[i].ScrapedAt.IsZero()
 	}
-	return f.ctrl.UpdateEndpoints(eps)
+	err := f.ctrl.UpdateEndpoints(eps)
+	if scraped {
+		f.markWarm("endpoint metrics arrived")
+	}
+	return err
 }
 
 // Run takes a snapshot at once and then every SnapshotInterval, until ctx ends. Then it shuts the controller down:
@@ -579,6 +660,7 @@ func (f *FlowControl) Run(ctx context.Context) {
 		case <-done:
 			f.logger.Info("Shutting down flow control", "grace", f.opts.ShutdownGrace)
 			done, drained = nil, f.ctrl.Shutdown(f.opts.ShutdownGrace)
+			f.markWarm("shutting down") // requests held for metrics are answered too
 		case <-drained:
 			return
 		case <-ticker.C():

@@ -77,6 +77,9 @@ func (c *FlowControlCommand) AddFlags(fs *pflag.FlagSet) {
 		"Sluice admission: expected output tokens of a request without max_tokens, for its fair-queuing cost.")
 	fs.DurationVar(&c.opts.ShutdownGrace, "flow-control-shutdown-grace", c.opts.ShutdownGrace,
 		"Sluice admission: on shutdown, how long queued requests may still be dispatched before they are answered 503.")
+	fs.DurationVar(&c.opts.WarmUp, "flow-control-warmup", c.opts.WarmUp,
+		"Sluice admission: at most how long, from the start, requests that arrive before any endpoint's metrics were "+
+			"scraped wait for them (instead of 503 no_endpoints).")
 }
 
 // PolicyFile returns the --flow-control-config path; "" when none was given.
@@ -289,6 +292,12 @@ func (c *FlowControlCommand) Apply(cfg *flowcontrol.Config) error {
 	}
 	c.applied = cfg
 	return nil
+}
+
+// Shed implements the runner's Shedder by delegating to the started FlowControl.
+func (c *FlowControlCommand) Shed(requestID string) bool {
+	fc := c.started.Load()
+	return fc != nil && fc.Shed(requestID)
 }
 
 // ShapeImmediateResponse implements the runner's ResponseShaper by delegating to the started FlowControl.

@@ -180,7 +180,7 @@ func TestFlowControlCommandStart(t *testing.T) {
 	if _, err := c.Start(context.Background(), FlowControlEnv{Endpoints: &fakePool{}}); err == nil {
 		t.Fatal("Start succeeded with Sluice admission off")
 	}
-	if err := fs.Parse([]string{"--sluice-admission"}); err != nil {
+	if err := fs.Parse([]string{"--sluice-admission", "--flow-control-warmup=1ms"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Start(context.Background(), FlowControlEnv{Endpoints: &fakePool{}}); err == nil {

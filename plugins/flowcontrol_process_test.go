@@ -90,7 +90,7 @@ endpoint:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	epp := startFCEPP(t, "--static-endpoints="+server.Addr, "--flow-control-config="+policy)
+	epp := startFCEPP(t, "--static-endpoints="+server.Addr, "--flow-control-config="+policy, "--v=3")
 	batch := map[string]string{"x-gateway-inference-fairness-id": "batch"}
 
 	runnertest.Eventually(t, "an idle endpoint admits and routes", func() string {
@@ -125,11 +125,35 @@ endpoint:
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+
+	// Shedding is designed behaviour: one info line per shed request at -v=3, no error lines, no stack traces.
+	var shedLines []string
+	for _, line := range strings.Split(epp.Output.String(), "\n") {
+		if !strings.Contains(line, "Request not admitted") {
+			continue
+		}
+		if strings.Contains(line, `"level":"error"`) {
+			t.Errorf("shedding logged as an error: %s", line)
+		}
+		if strings.Contains(line, `"status":429`) {
+			shedLines = append(shedLines, line)
+		}
+	}
+	if len(shedLines) != 2 {
+		t.Errorf("%d log lines about the 2 requests shed with 429, want 2:\n%s", len(shedLines), strings.Join(shedLines, "\n"))
+	}
+	for _, line := range shedLines {
+		if !strings.Contains(line, `"level":"info"`) || strings.Contains(line, "stacktrace") {
+			t.Errorf("shed logged as %s, want one info line", line)
+		}
+	}
 }
 
 func TestFlowControlProcessUnavailableWithoutFreshEndpoints(t *testing.T) {
-	// Nothing listens on the endpoint, so its metrics are never fresh.
-	epp := startFCEPP(t, fmt.Sprintf("--static-endpoints=127.0.0.1:%d", runnertest.FreePort(t)), "--sluice-admission")
+	// Nothing listens on the endpoint, so its metrics are never fresh: once the warm-up has passed without any,
+	// requests are answered 503.
+	epp := startFCEPP(t, fmt.Sprintf("--static-endpoints=127.0.0.1:%d", runnertest.FreePort(t)), "--sluice-admission",
+		"--flow-control-warmup=300ms")
 	checkShed(t, send(t, epp, nil, fcCompletion()), 503, "service_unavailable_error", "no_endpoints")
 }
 

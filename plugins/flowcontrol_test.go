@@ -613,20 +613,20 @@ func TestFlowControlRunSnapshotsAndShutdown(t *testing.T) {
 		ran := make(chan struct{})
 		go func() { fc.Run(ctx); close(ran) }()
 		synctest.Wait()
-		// No endpoints yet: unavailable.
-		if err := fc.Admit(context.Background(), requestContext("early", "t", 10, nil), 0); errcommon.CanonicalCode(err) != errcommon.ServiceUnavailable {
-			t.Fatalf("before any endpoint: %v", err)
+		waitErr := make(chan error, 2)
+		go func() { waitErr <- fc.Admit(context.Background(), requestContext("early", "t", 10, nil), 0) }()
+		synctest.Wait()
+		if len(waitErr) != 0 {
+			t.Fatalf("answered before any endpoint was scraped: %v", <-waitErr)
 		}
-		fc.shed.delete("early")
 
 		pool.set(upstreamEndpoint("10.0.0.1", 40, 0.1, clk.Now().Add(100*time.Millisecond))) // saturated in both tiers
 		clk.Step(100 * time.Millisecond)
 		synctest.Wait()
-		waitErr := make(chan error, 1)
 		go func() { waitErr <- fc.Admit(context.Background(), requestContext("waiting", "t", 10, nil), 0) }()
 		synctest.Wait()
-		if s := fc.ctrl.Stats(); s.Queued[flowcontrol.Standard] != 1 {
-			t.Fatalf("the snapshot did not reach the controller: queued %v", s.Queued)
+		if s := fc.ctrl.Stats(); s.Queued[flowcontrol.Standard] != 2 {
+			t.Fatalf("the snapshot did not reach the controller: queued %v, want the early and the waiting request", s.Queued)
 		}
 
 		cancel()
@@ -640,9 +640,96 @@ func TestFlowControlRunSnapshotsAndShutdown(t *testing.T) {
 		}
 		clk.Step(5 * time.Second)
 		synctest.Wait()
-		checkShedAnswer(t, immediateAnswer(t, fc, "waiting", <-waitErr), 503, "shutting_down", true, "service_unavailable_error")
+		for range 2 {
+			err := <-waitErr
+			var id string
+			switch {
+			case fc.Shed("early"):
+				id = "early"
+			case fc.Shed("waiting"):
+				id = "waiting"
+			default:
+				t.Fatalf("an answer without a stored decision: %v", err)
+			}
+			checkShedAnswer(t, immediateAnswer(t, fc, id, err), 503, "shutting_down", true, "service_unavailable_error")
+		}
 		<-ran
 	})
+}
+
+// TestFlowControlWarmUp covers the EPP's first moments: requests that arrive before any endpoint was scraped wait for
+// the first scrape and are then decided on it; if none comes within the warm-up, they are answered 503 no_endpoints
+// then; a client that leaves meanwhile gets its context's error; once warm, arrivals are decided at once.
+func TestFlowControlWarmUp(t *testing.T) {
+	tests := []struct {
+		name string
+		// then acts after the request arrived and waits; the request is then answered.
+		then       func(fc *FlowControl, pool *fakePool, clk *clocktesting.FakeClock, cancel context.CancelFunc)
+		wantStatus int // 0: dispatched; -1: the context's error
+	}{
+		{"the first scrape dispatches it", func(fc *FlowControl, pool *fakePool, clk *clocktesting.FakeClock, _ context.CancelFunc) {
+			clk.Step(time.Second)
+			pool.set(upstreamEndpoint("10.0.0.1", 0, 0.1, clk.Now()))
+			_ = fc.SyncEndpoints()
+		}, 0},
+		{"no scrape within the warm-up is 503", func(_ *FlowControl, _ *fakePool, clk *clocktesting.FakeClock, _ context.CancelFunc) {
+			clk.Step(3 * time.Second)
+		}, 503},
+		{"a scrape of an unreachable pool ends it too", func(fc *FlowControl, pool *fakePool, clk *clocktesting.FakeClock, _ context.CancelFunc) {
+			pool.set(upstreamEndpoint("10.0.0.1", 0, 0.1, clk.Now().Add(-time.Hour)))
+			_ = fc.SyncEndpoints()
+		}, 503},
+		{"a client that leaves gets its error", func(_ *FlowControl, _ *fakePool, _ *clocktesting.FakeClock, cancel context.CancelFunc) {
+			cancel()
+		}, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				pool := &fakePool{}
+				clk := clocktesting.NewFakeClock(fcT0)
+				fc, err := NewFlowControl(nil, FlowControlOptions{WarmUp: 3 * time.Second}, FlowControlDeps{Endpoints: pool, Clock: clk})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pool.set(upstreamEndpoint("10.0.0.1", 0, 0, time.Time{})) // known, never scraped
+				if err := fc.SyncEndpoints(); err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				answered := make(chan error, 1)
+				go func() { answered <- fc.Admit(ctx, requestContext("r", "t", 10, nil), 0) }()
+				synctest.Wait()
+				if len(answered) != 0 {
+					t.Fatalf("answered before the first scrape or the end of the warm-up: %v", <-answered)
+				}
+				tt.then(fc, pool, clk, cancel)
+				synctest.Wait()
+				err = <-answered
+				switch tt.wantStatus {
+				case 0:
+					if err != nil {
+						t.Fatalf("Admit = %v, want dispatched", err)
+					}
+				case -1:
+					if !errors.Is(err, context.Canceled) {
+						t.Fatalf("Admit = %v, want the context's error", err)
+					}
+				default:
+					checkShedAnswer(t, immediateAnswer(t, fc, "r", err), tt.wantStatus, "no_endpoints", true, "service_unavailable_error")
+				}
+				if tt.wantStatus == -1 {
+					return
+				}
+				// Warm from now on: an arrival is decided at once, on the same metrics.
+				later := fc.Admit(context.Background(), requestContext("later", "t", 10, nil), 0)
+				if (later == nil) != (tt.wantStatus == 0) {
+					t.Fatalf("after the warm-up: %v, want what the first request got", later)
+				}
+			})
+		})
+	}
 }
 
 func TestFlowControlDecisionStoreIsBoundedAndExpires(t *testing.T) {

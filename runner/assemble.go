@@ -78,8 +78,8 @@ type kubernetes struct {
 	controllerCfg runserver.ControllerConfig
 }
 
-// newDatastore creates the datastore and, in Kubernetes mode, the connection
-// to the API server. Static endpoints are loaded later (startDataLayer): an
+// newDatastore creates the datastore, whose endpoints' metrics are collected
+// until ctx ends, and, in Kubernetes mode, the connection to the API server. Static endpoints are loaded later (startDataLayer): an
 // endpoint added before the data layer is configured gets no metrics
 // collector.
 func (r *Runner) newDatastore(ctx context.Context, opts *Options, epf datalayer.EndpointFactory, gknn common.GKNN) (datastore.Datastore, *kubernetes, error) {

@@ -59,7 +59,17 @@ type shapingServer struct {
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers}
+	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context()}
+	if shedders := shedders(s.shapers); len(shedders) > 0 {
+		ss.ctx = withShedQuietLogger(ss.ctx, func() bool {
+			for _, sh := range shedders {
+				if sh.Shed(ss.requestID) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 	if s.selector != nil {
 		ss.selection = &modelSelection{selector: s.selector, maxBodyBytes: s.maxBodyBytes, clock: s.clock}
 		defer ss.selection.finish()
@@ -72,9 +82,21 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 	return s.upstream.Process(ss)
 }
 
+// shedders returns the shapers that shed by design.
+func shedders(shapers []ResponseShaper) []Shedder {
+	var out []Shedder
+	for _, sh := range shapers {
+		if s, ok := sh.(Shedder); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // shapingStream wraps one ext_proc stream (one HTTP request). Recv learns the
 // request ID, adding one when the proxy sent none so that upstream and the
-// shapers agree on it; Send shapes immediate responses.
+// shapers agree on it; Send shapes immediate responses; Context carries a
+// logger that keeps designed shedding out of the error log (Shedder).
 //
 // With model selection, Recv holds a request's headers back until its body
 // is complete (upstream answers nothing before that either), asks the
@@ -84,9 +106,14 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 type shapingStream struct {
 	extprocv3.ExternalProcessor_ProcessServer
 	shapers   []ResponseShaper
+	ctx       context.Context
 	requestID string
 	selection *modelSelection // nil without a ModelSelector
 }
+
+// Context is the stream's context, with the shed-quiet logger when a shaper
+// is a Shedder: upstream's handler logs through it.
+func (s *shapingStream) Context() context.Context { return s.ctx }
 
 func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	ms := s.selection

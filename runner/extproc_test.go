@@ -16,11 +16,17 @@ import (
 // fakeStream replays requests and records responses.
 type fakeStream struct {
 	grpc.ServerStream
+	ctx context.Context // nil means context.Background()
 	in  []*extprocv3.ProcessingRequest
 	out []*extprocv3.ProcessingResponse
 }
 
-func (f *fakeStream) Context() context.Context { return context.Background() }
+func (f *fakeStream) Context() context.Context {
+	if f.ctx == nil {
+		return context.Background()
+	}
+	return f.ctx
+}
 
 func (f *fakeStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	r := f.in[0]
@@ -61,6 +67,7 @@ func TestShapingStreamPassesRequestIDToShapers(t *testing.T) {
 			var gotID string
 			s := &shapingStream{
 				ExternalProcessor_ProcessServer: &fakeStream{in: []*extprocv3.ProcessingRequest{tt.req}},
+				ctx:                             context.Background(),
 				shapers: []ResponseShaper{ResponseShaperFunc(func(_ context.Context, id string, r *extprocv3.ImmediateResponse) {
 					gotID = id
 					plugins.SetImmediateHeader(r, "retry-after", "3")

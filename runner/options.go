@@ -39,6 +39,10 @@ type Options struct {
 	// DecisionTraceRate bounds the requests traced per second; 0 means no
 	// bound.
 	DecisionTraceRate float64
+	// MetricsMaxLabelValues bounds the distinct values of each metric label
+	// that clients choose (model_name, target_model_name, fairness_id); later
+	// values are counted under "other".
+	MetricsMaxLabelValues int
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -52,6 +56,7 @@ func NewOptions() *Options {
 		StaticEndpointsReloadInterval: 2 * time.Second,
 		ModelSelectionMaxBodyBytes:    DefaultModelSelectionMaxBodyBytes,
 		DecisionTraceRate:             decisiontrace.DefaultRate,
+		MetricsMaxLabelValues:         DefaultMaxLabelValues,
 	}
 }
 
@@ -81,6 +86,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Decision trace: trace only requests that carry this header (any value); empty traces any request.")
 	fs.Float64Var(&o.DecisionTraceRate, "decision-trace-rate", o.DecisionTraceRate,
 		"Decision trace: at most this many requests are traced per second; 0 means no bound.")
+	fs.IntVar(&o.MetricsMaxLabelValues, "metrics-max-label-values", o.MetricsMaxLabelValues,
+		"The most distinct values each metric label that clients choose (model_name, target_model_name, fairness_id) "+
+			"keeps on /metrics; later values are counted under \"other\", so no client can grow the EPP's series without bound.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -106,6 +114,9 @@ func (o *Options) Validate() error {
 	}
 	if err := o.validateDecisionTrace(); err != nil {
 		return err
+	}
+	if o.MetricsMaxLabelValues < 1 {
+		return fmt.Errorf("--metrics-max-label-values must be at least 1, got %d", o.MetricsMaxLabelValues)
 	}
 	if !o.StaticMode() {
 		if o.ObjectivesFile != "" {

@@ -160,6 +160,7 @@ func TestValidate(t *testing.T) {
 		{"decision trace too large", []string{"--pool-name=p", "--decision-trace=10001"}, "--decision-trace: decision trace size"},
 		{"decision trace negative rate", []string{"--pool-name=p", "--decision-trace=1", "--decision-trace-rate=-1"}, "decision trace rate"},
 		{"decision trace off, a bad rate", []string{"--pool-name=p", "--decision-trace-rate=-1"}, "decision trace rate"},
+		{"no label values", []string{"--static-endpoints=10.0.0.1:8000", "--metrics-max-label-values=0"}, "must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -158,6 +158,7 @@ func (r *Runner) Run(ctx context.Context, args []string) error {
 	fs.VisitAll(func(f *pflag.Flag) { flags[f.Name] = f.Value })
 	setupLog.Info("Flags processed", "flags", flags)
 	logutil.InitLogging(&opts.ZapOptions)
+	boundMetricLabels(opts.MetricsMaxLabelValues)
 	return r.run(ctx, opts)
 }
 
@@ -189,7 +190,11 @@ func (r *Runner) run(ctx context.Context, opts *Options) error {
 			return fmt.Errorf("failed to init tracing: %w", err)
 		}
 	}
-	p, err := r.setup(ctx, opts)
+	// Endpoint metrics are collected until the process has stopped, not only until the stop signal: admission
+	// keeps dispatching the requests queued in it during its shutdown grace, and decides only on fresh metrics.
+	collect, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCollecting()
+	p, err := r.setup(ctx, collect, opts)
 	if err != nil {
 		return err
 	}
@@ -243,7 +248,9 @@ var installPlugins = sync.OnceValue(func() error {
 // in static mode, the metrics server), the running data layer, the request
 // path (admission, model selection, Director; with the decision trace, a
 // scheduler that traces), the manager's reconcilers, and the gRPC servers.
-func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
+// The datastore's metrics collectors run under collect, which outlives ctx
+// until the process has stopped.
+func (r *Runner) setup(ctx, collect context.Context, opts *Options) (*process, error) {
 	if err := installPlugins(); err != nil {
 		return nil, fmt.Errorf("registering plugins: %w", err)
 	}
@@ -259,7 +266,7 @@ func (r *Runner) setup(ctx context.Context, opts *Options) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, kube, err := r.newDatastore(ctx, opts, dl.endpoints, *gknn)
+	ds, kube, err := r.newDatastore(collect, opts, dl.endpoints, *gknn)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -271,4 +272,45 @@ schedulingProfiles:
 			t.Fatalf("err %v, output:\n%s", err, out)
 		}
 	})
+}
+
+// TestMetricLabelsBounded sends requests for more distinct models than
+// --metrics-max-label-values allows: upstream's request metrics, labelled by
+// the model each client names, keep the first ones and count the rest under
+// "other" on the EPP's /metrics.
+func TestMetricLabelsBounded(t *testing.T) {
+	server := runnertest.StartModelServer(t, "127.0.0.1:0")
+	epp := runnertest.StartEPP(t, nil, "--static-endpoints="+server.Addr, "--secure-serving=false", "--metrics-max-label-values=2")
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", epp.MetricsPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		page, _ := io.ReadAll(resp.Body)
+		return string(page)
+	}
+	for i := range 5 {
+		body := map[string]any{"model": fmt.Sprintf("model-%d", i), "prompt": "hi", "max_tokens": 1}
+		if a := runnertest.Route(t, epp.GRPCPort, false, nil, body, nil); a.Destination != server.Addr {
+			t.Fatalf("request %d: %+v", i, a)
+		}
+		scrape() // values are admitted in the order scrapes first see them
+	}
+	page := scrape()
+	var series []string
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(line, "inference_objective_request_total{") {
+			series = append(series, line)
+		}
+	}
+	want := []string{
+		`inference_objective_request_total{model_name="model-0",priority="0",target_model_name="model-0"} 1`,
+		`inference_objective_request_total{model_name="model-1",priority="0",target_model_name="model-1"} 1`,
+		`inference_objective_request_total{model_name="other",priority="0",target_model_name="other"} 3`,
+	}
+	if !slices.Equal(series, want) {
+		t.Errorf("request_total series:\n%s\nwant:\n%s", strings.Join(series, "\n"), strings.Join(want, "\n"))
+	}
 }

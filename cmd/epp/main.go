@@ -46,6 +46,9 @@ import (
 // requests still waiting in it are answered before the process exits.
 var _ manager.Runnable = (*plugins.FlowControl)(nil)
 
+// Sluice admission's rejections are designed shedding: the runner keeps upstream's error lines for them out of the log.
+var _ runner.Shedder = (*plugins.FlowControlCommand)(nil)
+
 func main() {
 	if err := newRunner().Run(ctrl.SetupSignalHandler(), os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "epp:", err)

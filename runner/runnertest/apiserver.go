@@ -69,6 +69,13 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 		CRDDirectoryPaths:     crdPaths,
 		ErrorIfCRDPathMissing: true,
 	}
+	// A certificate folder of the test's own survives Stop, so Restart serves the same certificates and clients
+	// keep trusting the API server (a folder envtest creates itself is deleted on stop).
+	apiServer := env.ControlPlane.GetAPIServer()
+	apiServer.CertDir = t.TempDir()
+	// Without a bound, kube-apiserver's graceful stop waits for open watches (the EPP's) and envtest kills it after
+	// 20 s; with one it stops in about a second, as after an outage.
+	apiServer.Configure().Set("shutdown-watch-termination-grace-period", "1s")
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("starting envtest: %v", err)
@@ -114,6 +121,26 @@ func (s *APIServer) KubeconfigFor(t testing.TB, name string, groups ...string) s
 		t.Fatal(err)
 	}
 	return path
+}
+
+// Stop stops the kube-apiserver process, as an API server outage does; etcd
+// keeps running, so Restart brings back the same objects. Clients see
+// connections refused until then.
+func (s *APIServer) Stop(t *testing.T) {
+	t.Helper()
+	if err := s.env.ControlPlane.GetAPIServer().Stop(); err != nil {
+		t.Fatalf("stopping the API server: %v", err)
+	}
+}
+
+// Restart starts the kube-apiserver stopped by Stop again, on the same
+// address with the same certificates and data, and returns once it is
+// healthy.
+func (s *APIServer) Restart(t *testing.T) {
+	t.Helper()
+	if err := s.env.ControlPlane.GetAPIServer().Start(); err != nil {
+		t.Fatalf("restarting the API server: %v", err)
+	}
 }
 
 // InstallCRDs installs the CRDs in paths (directories or files) into the

@@ -12,9 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,6 +94,9 @@ func FreePort(t testing.TB) int {
 // Process is a running EPP binary.
 type Process struct {
 	cmd *exec.Cmd
+	// path, env and args (ports included) start it again (Restart).
+	path      string
+	env, args []string
 	// exited closes when the process has ended; waitErr is its exit status.
 	exited  chan struct{}
 	waitErr error
@@ -187,16 +192,38 @@ func HealthStatus(p *Process, service string) (healthpb.HealthCheckResponse_Serv
 // the health server answers at all.
 func StartBinary(t testing.TB, path string, env []string, waitFor string, args ...string) *Process {
 	t.Helper()
-	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}, exited: make(chan struct{})}
-	args = append(args,
+	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
+	p.path, p.env = path, env
+	p.args = append(slices.Clip(args),
 		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
 		fmt.Sprintf("--grpc-health-port=%d", p.HealthPort),
 		fmt.Sprintf("--metrics-port=%d", p.MetricsPort),
 		"--tracing=false",
 		"--refresh-metrics-interval=50ms",
 	)
-	p.cmd = exec.Command(path, args...)
-	p.cmd.Env = append(os.Environ(), env...)
+	return p.run(t, waitFor)
+}
+
+// Restart starts the EPP again with the same environment, flags and ports,
+// its output appended to the same Output, once this process has exited (it
+// must have been stopped: Interrupt, Terminate or Kill), and waits until its
+// readiness check passes. The returned Process is the new one.
+func (p *Process) Restart(t testing.TB) *Process {
+	t.Helper()
+	select {
+	case <-p.exited:
+	default:
+		t.Fatal("Restart of an EPP that is still running")
+	}
+	q := &Process{path: p.path, env: p.env, args: p.args, GRPCPort: p.GRPCPort, HealthPort: p.HealthPort, MetricsPort: p.MetricsPort, Output: p.Output}
+	return q.run(t, "readiness")
+}
+
+// run starts the process and waits for its waitFor health check.
+func (p *Process) run(t testing.TB, waitFor string) *Process {
+	t.Helper()
+	p.cmd = exec.Command(p.path, p.args...)
+	p.cmd.Env = append(os.Environ(), p.env...)
 	p.cmd.Stdout = p.Output
 	p.cmd.Stderr = p.Output
 	if err := p.cmd.Start(); err != nil {
@@ -252,19 +279,40 @@ func (p *Process) Metrics(t *testing.T) string {
 // if the EPP did not exit in time and was killed. Once the EPP has exited it
 // returns the same status without signalling again.
 func (p *Process) Interrupt(limit time.Duration) (exit, err error) {
+	return p.stop(os.Interrupt, limit)
+}
+
+// Terminate is Interrupt with SIGTERM, which is how Kubernetes stops a pod.
+func (p *Process) Terminate(limit time.Duration) (exit, err error) {
+	return p.stop(syscall.SIGTERM, limit)
+}
+
+// Kill ends the EPP with SIGKILL, as an OOM kill or a lost node would, and
+// returns once it has exited.
+func (p *Process) Kill() {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+func (p *Process) stop(sig os.Signal, limit time.Duration) (exit, err error) {
 	select {
 	case <-p.exited:
 		return p.waitErr, nil
 	default:
 	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
+	_ = p.cmd.Process.Signal(sig)
 	select {
 	case <-p.exited:
 		return p.waitErr, nil
 	case <-time.After(limit):
 		_ = p.cmd.Process.Kill()
 		<-p.exited
-		return p.waitErr, fmt.Errorf("EPP did not stop on SIGINT within %s", limit)
+		return p.waitErr, fmt.Errorf("EPP did not stop on %v within %s", sig, limit)
 	}
 }
 

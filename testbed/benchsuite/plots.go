@@ -73,7 +73,7 @@ func WritePlots(dir string, res *SuiteResult) (map[string][]Plot, error) {
 				SVG:   filepath.Join(name, c.file+".svg"),
 				PNG:   filepath.Join(name, c.file+".png"),
 			}
-			if err := savePlot(filepath.Join(dir, pl.SVG), filepath.Join(dir, pl.PNG), drawFn); err != nil {
+			if err := SavePlot(filepath.Join(dir, pl.SVG), filepath.Join(dir, pl.PNG), plotWidth, plotHeight, drawFn); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", pl.Title, err))
 				continue
 			}
@@ -89,7 +89,7 @@ func WritePlots(dir string, res *SuiteResult) (map[string][]Plot, error) {
 		if err := os.MkdirAll(filepath.Join(dir, ScaleName), 0o755); err != nil {
 			return out, err
 		}
-		if err := savePlot(filepath.Join(dir, pl.SVG), filepath.Join(dir, pl.PNG), scaleChart(st)); err != nil {
+		if err := SavePlot(filepath.Join(dir, pl.SVG), filepath.Join(dir, pl.PNG), plotWidth, plotHeight, scaleChart(st)); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", pl.Title, err))
 		} else {
 			out[ScaleName] = append(out[ScaleName], pl)
@@ -149,14 +149,15 @@ func scaleChart(st *ScaleStudy) func(draw.Canvas) {
 	return sideBySide(left, right)
 }
 
-// savePlot draws once into an SVG and once into a PNG canvas.
-func savePlot(svgPath, pngPath string, drawFn func(draw.Canvas)) error {
-	svg := vgsvg.New(plotWidth, plotHeight)
+// SavePlot draws a chart of the given size once into an SVG and once into a
+// PNG canvas.
+func SavePlot(svgPath, pngPath string, width, height vg.Length, drawFn func(draw.Canvas)) error {
+	svg := vgsvg.New(width, height)
 	drawFn(draw.New(svg))
 	if err := writeCanvas(svgPath, svg); err != nil {
 		return err
 	}
-	img := vgimg.NewWith(vgimg.UseWH(plotWidth, plotHeight), vgimg.UseDPI(pngDPI))
+	img := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(pngDPI))
 	drawFn(draw.New(img))
 	return writeCanvas(pngPath, vgimg.PngCanvas{Canvas: img})
 }

@@ -2,10 +2,7 @@ package benchsuite
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/testbed/loadgen"
+	"github.com/sluice-gw/sluice/testbed/procs"
 )
 
 // Defaults of RealTime.
@@ -64,6 +62,23 @@ type RealTime struct {
 
 var _ Engine = (*RealTime)(nil)
 
+// LocateBinaries returns the absolute folder of vllm-sim, epp and dataplane
+// for the test bed's process tests (run from a package two levels below the
+// repository): $SLUICE_BENCH_BIN, the folder of $SLUICE_EPP_BINARY (make
+// test's bin/), or the repository's bin/; an error when one is missing.
+func LocateBinaries() (string, error) {
+	dir := filepath.Join("..", "..", "bin")
+	if d := os.Getenv("SLUICE_BENCH_BIN"); d != "" {
+		dir = d
+	} else if epp := os.Getenv("SLUICE_EPP_BINARY"); epp != "" {
+		dir = filepath.Dir(epp)
+	}
+	if err := CheckBinaries(dir); err != nil {
+		return "", err
+	}
+	return filepath.Abs(dir)
+}
+
 // CheckBinaries reports the binaries missing from bin.
 func CheckBinaries(bin string) error {
 	var missing []string
@@ -85,7 +100,7 @@ type realRun struct {
 	c      Contender
 	dir    string
 	client *http.Client
-	procs  []*process
+	procs  []*procs.Process
 
 	fleetMetrics []string // the servers' /metrics URLs
 	eppMetrics   string   // the EPP's /metrics URL, "" for round-robin
@@ -106,7 +121,7 @@ func (e *RealTime) Run(ctx context.Context, sc *Scenario, c Contender) (res *Run
 	defer func() {
 		// Last started, first stopped: the data plane, the EPP, the fleet.
 		for i := len(r.procs) - 1; i >= 0; i-- {
-			r.procs[i].stop()
+			r.procs[i].Stop()
 		}
 	}()
 	if err := r.start(ctx); err != nil {
@@ -133,7 +148,7 @@ func (r *realRun) start(ctx context.Context) error {
 	// One block of ports: the fleet's, then the data plane's and the EPP's
 	// (ext_proc, health, metrics).
 	n := r.sc.FleetSize
-	base, err := freePortRange(n + 4)
+	base, err := procs.FreePortRange(n+4, "127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -155,7 +170,7 @@ func (r *realRun) start(ctx context.Context) error {
 		return err
 	}
 	for _, ep := range endpoints {
-		if err := waitReady(ctx, timeout, "simulated server "+ep, r.procs, httpOK(r.client, "http://"+ep+"/health")); err != nil {
+		if err := procs.WaitReady(ctx, timeout, "simulated server "+ep, r.procs, procs.HTTPOK(r.client, "http://"+ep+"/health")); err != nil {
 			return err
 		}
 	}
@@ -176,7 +191,7 @@ func (r *realRun) start(ctx context.Context) error {
 			return err
 		}
 		r.eppMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
-		if err := waitReady(ctx, timeout, "the EPP", r.procs, httpOK(r.client, r.eppMetrics)); err != nil {
+		if err := procs.WaitReady(ctx, timeout, "the EPP", r.procs, procs.HTTPOK(r.client, r.eppMetrics)); err != nil {
 			return err
 		}
 		dpArgs = append(dpArgs, "--epp=127.0.0.1:"+strconv.Itoa(grpc))
@@ -186,7 +201,7 @@ func (r *realRun) start(ctx context.Context) error {
 	if _, err := r.startProcess(DataPlaneBinary, dpArgs...); err != nil {
 		return err
 	}
-	if err := waitReady(ctx, timeout, "the data plane", r.procs, tcpAccepts(listen)); err != nil {
+	if err := procs.WaitReady(ctx, timeout, "the data plane", r.procs, procs.TCPAccepts(listen)); err != nil {
 		return err
 	}
 	settle := r.e.Settle
@@ -231,8 +246,8 @@ func (r *realRun) eppArgs(endpoints []string, grpc, health, metrics int) ([]stri
 	return args, nil
 }
 
-func (r *realRun) startProcess(bin string, args ...string) (*process, error) {
-	p, err := startProcess(bin, filepath.Join(r.dir, bin+".log"), filepath.Join(r.e.Bin, bin), args...)
+func (r *realRun) startProcess(bin string, args ...string) (*procs.Process, error) {
+	p, err := procs.Start(bin, filepath.Join(r.dir, bin+".log"), filepath.Join(r.e.Bin, bin), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -276,8 +291,8 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		return nil, err
 	}
 	for _, p := range r.procs {
-		if p.exited() {
-			return nil, fmt.Errorf("during the load: %w", p.exitError())
+		if p.Exited() {
+			return nil, fmt.Errorf("during the load: %w", p.ExitError())
 		}
 	}
 	res := &RunResult{
@@ -289,7 +304,7 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		res.CPU = &ProcessCPU{}
 		for _, p := range r.procs {
 			used := cpuAfter[p] - cpuBefore[p]
-			switch p.name {
+			switch p.Name {
 			case SimulatorBinary:
 				res.CPU.Fleet += used
 			case EPPBinary:
@@ -303,7 +318,7 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		return nil, err
 	}
 	if r.eppMetrics != "" {
-		page, err := scrape(ctx, r.client, r.eppMetrics)
+		page, err := Scrape(ctx, r.client, r.eppMetrics)
 		if err != nil {
 			return nil, fmt.Errorf("reading the EPP's counters: %w", err)
 		}
@@ -313,10 +328,10 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 }
 
 // cpu reads the CPU time each process has used so far.
-func (r *realRun) cpu() (map[*process]time.Duration, error) {
-	used := make(map[*process]time.Duration, len(r.procs))
+func (r *realRun) cpu() (map[*procs.Process]time.Duration, error) {
+	used := make(map[*procs.Process]time.Duration, len(r.procs))
 	for _, p := range r.procs {
-		d, err := p.cpu()
+		d, err := p.CPU()
 		if err != nil {
 			return nil, err
 		}
@@ -344,16 +359,16 @@ func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
 		s := QueueSample{At: time.Since(began)}
 		ok := true
 		for _, u := range r.fleetMetrics {
-			page, err := scrape(ctx, r.client, u)
+			page, err := Scrape(ctx, r.client, u)
 			if err != nil {
 				ok = false
 				break
 			}
-			s.ServerWaiting += page.sum(metricServerWaiting)
-			s.ServerRunning += page.sum(metricServerRunning)
+			s.ServerWaiting += page.Sum(metricServerWaiting)
+			s.ServerRunning += page.Sum(metricServerRunning)
 		}
 		if ok && r.eppMetrics != "" {
-			page, err := scrape(ctx, r.client, r.eppMetrics)
+			page, err := Scrape(ctx, r.client, r.eppMetrics)
 			if err != nil {
 				ok = false
 			} else {
@@ -370,52 +385,14 @@ func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
 func (r *realRun) fleetCounters(ctx context.Context) (FleetCounters, error) {
 	var f FleetCounters
 	for _, u := range r.fleetMetrics {
-		page, err := scrape(ctx, r.client, u)
+		page, err := Scrape(ctx, r.client, u)
 		if err != nil {
 			return f, fmt.Errorf("reading the fleet's counters: %w", err)
 		}
-		f.PrefixHitTokens += page.sum(metricPrefixHits)
-		f.PrefixQueryTokens += page.sum(metricPrefixQueries)
-		f.AdapterLoads += page.sum(metricAdapterLoads)
-		f.Preemptions += page.sum(metricPreemptions)
+		f.PrefixHitTokens += page.Sum(metricPrefixHits)
+		f.PrefixQueryTokens += page.Sum(metricPrefixQueries)
+		f.AdapterLoads += page.Sum(metricAdapterLoads)
+		f.Preemptions += page.Sum(metricPreemptions)
 	}
 	return f, nil
-}
-
-// Where freePortRange looks: above the usual service ports, below Linux's
-// default ephemeral range (32768-60999), so the load's own connections do
-// not take a port between the check and the bind.
-const (
-	portRangeLow  = 20000
-	portRangeHigh = 32000
-)
-
-// freePortRange returns the first of n consecutive ports that were free on
-// 127.0.0.1 a moment ago (vllm-sim --fleet numbers its servers from a base
-// port).
-func freePortRange(n int) (int, error) {
-	for range 100 {
-		base := portRangeLow + rand.IntN(portRangeHigh-portRangeLow-n)
-		if portsFree(base, n) {
-			return base, nil
-		}
-	}
-	return 0, errors.New("no block of free ports found")
-}
-
-func portsFree(base, n int) bool {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for p := base; p < base+n; p++ {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return false
-		}
-		ls = append(ls, l)
-	}
-	return true
 }

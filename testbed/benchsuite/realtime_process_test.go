@@ -9,25 +9,15 @@ import (
 	"time"
 )
 
-// benchBinaries locates vllm-sim, epp and dataplane: $SLUICE_BENCH_BIN, the
-// folder of $SLUICE_EPP_BINARY (make test's bin/), or the repository's
-// bin/. The test is skipped when they are missing.
+// benchBinaries locates the binaries (LocateBinaries); the test is skipped
+// when they are missing.
 func benchBinaries(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join("..", "..", "bin")
-	if d := os.Getenv("SLUICE_BENCH_BIN"); d != "" {
-		dir = d
-	} else if epp := os.Getenv("SLUICE_EPP_BINARY"); epp != "" {
-		dir = filepath.Dir(epp)
-	}
-	if err := CheckBinaries(dir); err != nil {
+	dir, err := LocateBinaries()
+	if err != nil {
 		t.Skipf("real-time smoke test needs the binaries (%v); set SLUICE_BENCH_BIN to their folder", err)
 	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return abs
+	return dir
 }
 
 // TestRealTimeSmoke runs a tiny scenario end to end through the real
@@ -127,5 +117,17 @@ spec: {priority: 0, poolRef: {name: static}}
 	}
 	if !strings.Contains(string(report), "smoke/ttft-cdf.svg") || !strings.Contains(string(report), "| broken |") {
 		t.Errorf("report:\n%s", report)
+	}
+}
+
+func TestCheckBinaries(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, EPPBinary), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := CheckBinaries(dir)
+	if err == nil || !strings.Contains(err.Error(), SimulatorBinary) || !strings.Contains(err.Error(), DataPlaneBinary) ||
+		strings.Contains(err.Error(), filepath.Join(dir, EPPBinary)+",") || !strings.Contains(err.Error(), "make build") {
+		t.Errorf("CheckBinaries: %v", err)
 	}
 }

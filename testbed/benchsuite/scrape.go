@@ -34,11 +34,11 @@ const (
 	labelUpstreamPriority = "priority"
 )
 
-// metricPage is a parsed /metrics page.
-type metricPage map[string]*dto.MetricFamily
+// MetricPage is a parsed /metrics page.
+type MetricPage map[string]*dto.MetricFamily
 
-// scrape reads a Prometheus text page.
-func scrape(ctx context.Context, client *http.Client, url string) (metricPage, error) {
+// Scrape reads a Prometheus text page.
+func Scrape(ctx context.Context, client *http.Client, url string) (MetricPage, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -52,10 +52,11 @@ func scrape(ctx context.Context, client *http.Client, url string) (metricPage, e
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return parseMetrics(resp.Body)
+	return ParseMetrics(resp.Body)
 }
 
-func parseMetrics(r io.Reader) (metricPage, error) {
+// ParseMetrics parses a Prometheus text page.
+func ParseMetrics(r io.Reader) (MetricPage, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
@@ -64,9 +65,9 @@ func parseMetrics(r io.Reader) (metricPage, error) {
 	return fams, nil
 }
 
-// sum adds every series of a counter, gauge or untyped metric; 0 when the
+// Sum adds every series of a counter, gauge or untyped metric; 0 when the
 // page has none.
-func (p metricPage) sum(name string) float64 {
+func (p MetricPage) Sum(name string) float64 {
 	var total float64
 	if fam := p[name]; fam != nil {
 		for _, m := range fam.GetMetric() {
@@ -76,9 +77,9 @@ func (p metricPage) sum(name string) float64 {
 	return total
 }
 
-// sumBy adds a metric's series grouped by one label's value; nil when the
+// SumBy adds a metric's series grouped by one label's value; nil when the
 // page has no such metric.
-func (p metricPage) sumBy(name, label string) map[string]float64 {
+func (p MetricPage) SumBy(name, label string) map[string]float64 {
 	fam := p[name]
 	if fam == nil {
 		return nil
@@ -111,11 +112,11 @@ func metricValue(m *dto.Metric) float64 {
 // eppQueued is the EPP's queue per band: Sluice admission's gauges, or
 // upstream flow control's per priority ("priority 10"); nil when the EPP
 // exports neither.
-func eppQueued(p metricPage) map[string]float64 {
-	if q := p.sumBy(metricSluiceQueue, labelBand); q != nil {
+func eppQueued(p MetricPage) map[string]float64 {
+	if q := p.SumBy(metricSluiceQueue, labelBand); q != nil {
 		return q
 	}
-	q := p.sumBy(metricUpstreamQueue, labelUpstreamPriority)
+	q := p.SumBy(metricUpstreamQueue, labelUpstreamPriority)
 	if q == nil {
 		return nil
 	}
@@ -128,25 +129,25 @@ func eppQueued(p metricPage) map[string]float64 {
 
 // eppStaleEndpoints reads Sluice admission's count of endpoints with stale
 // metrics; nil when the page has none (no Sluice admission).
-func eppStaleEndpoints(p metricPage) *float64 {
+func eppStaleEndpoints(p MetricPage) *float64 {
 	if p[metricSluiceStale] == nil {
 		return nil
 	}
-	n := p.sum(metricSluiceStale)
+	n := p.Sum(metricSluiceStale)
 	return &n
 }
 
 // admissionCounters reads Sluice admission's counters; nil when the EPP
 // runs no Sluice admission (no queue gauge on its page).
-func admissionCounters(p metricPage) *AdmissionCounters {
+func admissionCounters(p MetricPage) *AdmissionCounters {
 	if p[metricSluiceQueue] == nil {
 		return nil
 	}
 	c := &AdmissionCounters{
-		Dispatched:      p.sumBy(metricSluiceDispatch, labelBand),
-		BurstDispatched: p.sumBy(metricSluiceBurst, labelBand),
-		Shed:            p.sumBy(metricSluiceShed, labelBand),
-		ShedByReason:    p.sumBy(metricSluiceShed, labelReason),
+		Dispatched:      p.SumBy(metricSluiceDispatch, labelBand),
+		BurstDispatched: p.SumBy(metricSluiceBurst, labelBand),
+		Shed:            p.SumBy(metricSluiceShed, labelBand),
+		ShedByReason:    p.SumBy(metricSluiceShed, labelReason),
 	}
 	// A counter vector without series is absent from the page: none yet.
 	for _, m := range []*map[string]float64{&c.Dispatched, &c.BurstDispatched, &c.Shed, &c.ShedByReason} {

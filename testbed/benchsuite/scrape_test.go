@@ -49,9 +49,9 @@ inference_extension_flow_control_queue_size{fairness_id="b",inference_pool="p",m
 inference_extension_flow_control_queue_size{fairness_id="a",inference_pool="p",model_name="m",priority="-1",target_model_name=""} 6
 `
 
-func mustParse(t *testing.T, page string) metricPage {
+func mustParse(t *testing.T, page string) MetricPage {
 	t.Helper()
-	p, err := parseMetrics(strings.NewReader(page))
+	p, err := ParseMetrics(strings.NewReader(page))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestMetricPage(t *testing.T) {
 		metricServerWaiting: 3, metricServerRunning: 7, metricPrefixHits: 1200, metricPrefixQueries: 4000,
 		metricAdapterLoads: 5, metricPreemptions: 0, "vllm:time_to_first_token_seconds": 0,
 	} {
-		if got := p.sum(name); got != want {
+		if got := p.Sum(name); got != want {
 			t.Errorf("sum(%s) = %v, want %v", name, got, want)
 		}
 	}
@@ -131,17 +131,17 @@ func TestScrape(t *testing.T) {
 		_, _ = w.Write([]byte(simulatorPage))
 	}))
 	defer srv.Close()
-	p, err := scrape(t.Context(), srv.Client(), srv.URL+"/metrics")
+	p, err := Scrape(t.Context(), srv.Client(), srv.URL+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.sum(metricServerWaiting) != 3 {
-		t.Errorf("waiting %v", p.sum(metricServerWaiting))
+	if p.Sum(metricServerWaiting) != 3 {
+		t.Errorf("waiting %v", p.Sum(metricServerWaiting))
 	}
-	if _, err := scrape(t.Context(), srv.Client(), srv.URL+"/other"); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := Scrape(t.Context(), srv.Client(), srv.URL+"/other"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("a 404 page: %v", err)
 	}
-	if _, err := parseMetrics(strings.NewReader("this is not { a page\n")); err == nil {
+	if _, err := ParseMetrics(strings.NewReader("this is not { a page\n")); err == nil {
 		t.Error("a malformed page parsed")
 	}
 }

@@ -115,7 +115,7 @@
 // Set by flag at start or at runtime with POST /admin/faults, whose body
 // replaces all faults (unknown fields are rejected):
 //
-//	{"crash":false,"hang":false,"error_rate":0.0,"drop_stream_rate":0.0,"metrics_delay":"0s"}
+//	{"crash":false,"hang":false,"error_rate":0.0,"drop_stream_rate":0.0,"metrics_delay":"0s","slowdown":0}
 //
 // crash: every endpoint except /admin/faults closes the connection
 // unanswered; in-flight requests are cut and the engine restarts empty (KV,
@@ -124,7 +124,9 @@
 // or until the client leaves; in-flight requests continue. error_rate: that
 // fraction of inference requests get a 500. drop_stream_rate: that fraction
 // of streams are cut after half their tokens, without [DONE]. metrics_delay:
-// /metrics answers late. Random decisions use the seeded generator.
+// /metrics answers late. slowdown: every engine step from now on takes that
+// many times its modelled duration (a throttled GPU; 0 or 1 is normal).
+// Random decisions use the seeded generator.
 //
 // # Concurrency
 //
@@ -153,6 +155,7 @@
 //	--decode-per-seq, --prefill-per-token, --no-enable-prefix-caching
 //	                            override the profile
 //	--fault-crash, --fault-hang, --fault-error-rate P, --fault-drop-stream-rate P,
-//	--fault-metrics-delay D     faults at start
+//	--fault-metrics-delay D, --fault-slowdown X
+//	                            faults at start
 //	--shutdown-timeout D        drain time on SIGTERM (10s)
 package simulator

@@ -30,6 +30,10 @@ type Faults struct {
 	DropStreamRate float64
 	// MetricsDelay delays every /metrics answer.
 	MetricsDelay time.Duration
+	// Slowdown makes every engine step take this many times its modelled
+	// duration (a throttled or degraded GPU): 10 serves ten times slower.
+	// 0 or 1 is normal speed.
+	Slowdown float64
 }
 
 // Validate reports out-of-range fields.
@@ -44,22 +48,30 @@ func (f Faults) Validate() error {
 	if f.MetricsDelay < 0 {
 		errs = append(errs, fmt.Errorf("metrics_delay must not be negative, got %v", f.MetricsDelay))
 	}
+	if f.Slowdown != 0 && !(f.Slowdown >= 1 && f.Slowdown <= maxSlowdown) {
+		errs = append(errs, fmt.Errorf("slowdown must be 0 (none) or within [1, %v], got %v", maxSlowdown, f.Slowdown))
+	}
 	return errors.Join(errs...)
 }
 
+// maxSlowdown bounds the slowdown fault: step durations stay far from
+// overflowing time.Duration.
+const maxSlowdown = 1000
+
 // faultsJSON is the wire form of Faults for POST/GET /admin/faults, e.g.
-// {"crash":false,"hang":false,"error_rate":0.1,"drop_stream_rate":0,"metrics_delay":"2s"}.
+// {"crash":false,"hang":false,"error_rate":0.1,"drop_stream_rate":0,"metrics_delay":"2s","slowdown":10}.
 type faultsJSON struct {
 	Crash          bool    `json:"crash"`
 	Hang           bool    `json:"hang"`
 	ErrorRate      float64 `json:"error_rate"`
 	DropStreamRate float64 `json:"drop_stream_rate"`
 	MetricsDelay   string  `json:"metrics_delay"`
+	Slowdown       float64 `json:"slowdown"`
 }
 
 // MarshalJSON writes the /admin/faults form.
 func (f Faults) MarshalJSON() ([]byte, error) {
-	return json.Marshal(faultsJSON{f.Crash, f.Hang, f.ErrorRate, f.DropStreamRate, f.MetricsDelay.String()})
+	return json.Marshal(faultsJSON{f.Crash, f.Hang, f.ErrorRate, f.DropStreamRate, f.MetricsDelay.String(), f.Slowdown})
 }
 
 // UnmarshalJSON reads the /admin/faults form; unknown fields are errors, so
@@ -76,7 +88,8 @@ func (f *Faults) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("metrics_delay: %w", err)
 		}
 	}
-	*f = Faults{Crash: j.Crash, Hang: j.Hang, ErrorRate: j.ErrorRate, DropStreamRate: j.DropStreamRate, MetricsDelay: d}
+	*f = Faults{Crash: j.Crash, Hang: j.Hang, ErrorRate: j.ErrorRate, DropStreamRate: j.DropStreamRate, MetricsDelay: d,
+		Slowdown: j.Slowdown}
 	return nil
 }
 

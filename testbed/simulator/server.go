@@ -223,6 +223,8 @@ func (s *Server) newEngine() (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	f, _ := s.faults.get()
+	e.SetSlowdown(f.Slowdown)
 	for _, name := range s.preload {
 		if err := e.PreloadAdapter(name); err != nil {
 			return nil, err
@@ -332,6 +334,7 @@ func (s *Server) SetFaults(f Faults) error {
 	defer s.mu.Unlock()
 	old := s.faults.set(f)
 	s.crashed = f.Crash
+	s.engine.SetSlowdown(f.Slowdown)
 	if f.Crash && !old.Crash {
 		for id, h := range s.inflight {
 			h.aborted = true

@@ -149,6 +149,7 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 		{"faults unknown field", "POST", "/admin/faults", `{"crash":true,"typo":1}`, 400, "BadRequestError", ""},
 		{"faults out of range", "POST", "/admin/faults", `{"error_rate":2}`, 400, "BadRequestError", ""},
 		{"faults bad delay", "POST", "/admin/faults", `{"metrics_delay":"soon"}`, 400, "BadRequestError", ""},
+		{"faults bad slowdown", "POST", "/admin/faults", `{"slowdown":0.5}`, 400, "BadRequestError", ""},
 		{"faults DELETE", "DELETE", "/admin/faults", ``, 405, "MethodNotAllowedError", ""},
 	}
 	for _, tt := range tests {
@@ -751,6 +752,25 @@ func TestFaults(t *testing.T) {
 			a := serve(context.Background(), s, "GET", "/metrics", "")
 			if took := time.Since(start); took != 3*time.Second || a.status != 200 || !strings.Contains(a.body, "vllm:num_requests_running") {
 				t.Errorf("metrics took %v, status %d", took, a.status)
+			}
+		})
+	})
+	t.Run("slowdown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s, _ := newTestServer(t, nil)
+			took := func() time.Duration {
+				start := time.Now()
+				decodeResponse(t, post(s, "/v1/completions", `{"prompt":"abcd","max_tokens":8}`))
+				return time.Since(start)
+			}
+			normal := took()
+			post(s, "/admin/faults", `{"slowdown":10}`)
+			if slow := took(); slow != 10*normal {
+				t.Errorf("slowdown 10: %v, want 10 x %v", slow, normal)
+			}
+			post(s, "/admin/faults", `{}`)
+			if again := took(); again != normal {
+				t.Errorf("cleared: %v, want %v", again, normal)
 			}
 		})
 	})

@@ -127,6 +127,7 @@ func newFlags(out io.Writer) *flags {
 	fs.Float64Var(&fl.ErrorRate, "fault-error-rate", 0, "probability of answering an inference request with a 500")
 	fs.Float64Var(&fl.DropStreamRate, "fault-drop-stream-rate", 0, "probability of cutting a stream after half its tokens")
 	fs.DurationVar(&fl.MetricsDelay, "fault-metrics-delay", 0, "delay of every /metrics answer")
+	fs.Float64Var(&fl.Slowdown, "fault-slowdown", 0, "every engine step takes this many times its modelled duration (10: ten times slower)")
 	return f
 }
 

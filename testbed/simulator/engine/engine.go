@@ -148,9 +148,11 @@ type Engine struct {
 
 	inStep  bool
 	lastEnd time.Time // end of the last completed step
-	out     StepOutput
-	sched   []*Request // requests in the current step
-	skipped []*Request // scratch: LoRA-blocked waiting requests
+	// slowdown multiplies step durations when above 1 (SetSlowdown).
+	slowdown float64
+	out      StepOutput
+	sched    []*Request // requests in the current step
+	skipped  []*Request // scratch: LoRA-blocked waiting requests
 
 	prefixQueries, prefixHits uint64
 	preemptions               uint64
@@ -176,6 +178,11 @@ func NewEngine(cfg Config, observer Observer) (*Engine, error) {
 
 // Config returns the engine's configuration.
 func (e *Engine) Config() Config { return e.cfg }
+
+// SetSlowdown makes every step that starts from now on take factor times
+// its modelled duration, as a throttled or failing GPU would; 1 (or 0)
+// restores normal speed. A step in progress keeps its end.
+func (e *Engine) SetSlowdown(factor float64) { e.slowdown = factor }
 
 // Submit enqueues r at now. The request is scheduled by a later Advance; the
 // caller should consult NextEvent. Times passed to an Engine must not go
@@ -341,6 +348,9 @@ func (e *Engine) startStep(start time.Time) bool {
 		time.Duration(out.DecodeSeqs)*e.cfg.DecodePerSeq +
 		time.Duration(out.PrefillTokens)*e.cfg.PrefillPerToken +
 		time.Duration(out.AdapterLoads)*e.cfg.LoRALoadTime
+	if e.slowdown > 1 {
+		d = time.Duration(float64(d) * e.slowdown)
+	}
 	out.Start, out.End = start, start.Add(d)
 	out.Batch = len(e.sched)
 	e.inStep = true

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package benchsuite
+package procs
 
 import (
 	"errors"

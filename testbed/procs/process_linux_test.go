@@ -1,4 +1,4 @@
-package benchsuite
+package procs
 
 import (
 	"os"

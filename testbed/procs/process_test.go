@@ -1,4 +1,4 @@
-package benchsuite
+package procs
 
 import (
 	"context"
@@ -25,18 +25,18 @@ func shell(t *testing.T) string {
 
 func TestProcessStop(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "p.log")
-	p, err := startProcess("sleeper", log, shell(t), "-c", "echo started; exec sleep 600")
+	p, err := Start("sleeper", log, shell(t), "-c", "echo started; exec sleep 600")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.exited() {
+	if p.Exited() {
 		t.Fatal("exited at once")
 	}
-	p.stop()
-	if !p.exited() {
+	p.Stop()
+	if !p.Exited() {
 		t.Fatal("still running after stop")
 	}
-	p.stop() // harmless the second time
+	p.Stop() // harmless the second time
 	b, err := os.ReadFile(log)
 	if err != nil {
 		t.Fatal(err)
@@ -48,12 +48,12 @@ func TestProcessStop(t *testing.T) {
 
 func TestWaitReadyProcessExits(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "p.log")
-	p, err := startProcess("crasher", log, shell(t), "-c", "echo 'bad flag --nope'; exit 3")
+	p, err := Start("crasher", log, shell(t), "-c", "echo 'bad flag --nope'; exit 3")
 	if err != nil {
 		t.Fatal(err)
 	}
 	never := func(context.Context) error { return errors.New("not yet") }
-	err = waitReady(t.Context(), time.Minute, "the crasher", []*process{p}, never)
+	err = WaitReady(t.Context(), time.Minute, "the crasher", []*Process{p}, never)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -72,27 +72,27 @@ func TestWaitReadyChecks(t *testing.T) {
 		http.Error(w, "nope", http.StatusServiceUnavailable)
 	}))
 	defer srv.Close()
-	if err := waitReady(t.Context(), time.Minute, "server", nil, httpOK(srv.Client(), srv.URL+"/health")); err != nil {
+	if err := WaitReady(t.Context(), time.Minute, "server", nil, HTTPOK(srv.Client(), srv.URL+"/health")); err != nil {
 		t.Errorf("healthy server: %v", err)
 	}
-	if err := httpOK(srv.Client(), srv.URL+"/other")(t.Context()); err == nil || !strings.Contains(err.Error(), "503") {
+	if err := HTTPOK(srv.Client(), srv.URL+"/other")(t.Context()); err == nil || !strings.Contains(err.Error(), "503") {
 		t.Errorf("unhealthy answer: %v", err)
 	}
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	if err := tcpAccepts(addr)(t.Context()); err != nil {
+	if err := TCPAccepts(addr)(t.Context()); err != nil {
 		t.Errorf("listening address: %v", err)
 	}
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	never := func(context.Context) error { return errors.New("not yet") }
-	if err := waitReady(ctx, time.Minute, "x", nil, never); !errors.Is(err, context.Canceled) {
+	if err := WaitReady(ctx, time.Minute, "x", nil, never); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
 
 func TestFreePortRange(t *testing.T) {
-	base, err := freePortRange(5)
+	base, err := FreePortRange(5, "127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,19 +106,34 @@ func TestFreePortRange(t *testing.T) {
 	}
 	defer func() { _ = l.Close() }()
 	taken := l.Addr().(*net.TCPAddr).Port
-	if portsFree(taken, 1) {
+	if portsFree(taken, 1, []string{"127.0.0.1"}) {
 		t.Errorf("port %d is listened on but reported free", taken)
 	}
 }
 
-func TestCheckBinaries(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, EPPBinary), nil, 0o755); err != nil {
+func TestProcessKillAndRestart(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "p.log")
+	p, err := Start("sleeper", log, shell(t), "-c", "echo up; exec sleep 600")
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := CheckBinaries(dir)
-	if err == nil || !strings.Contains(err.Error(), SimulatorBinary) || !strings.Contains(err.Error(), DataPlaneBinary) ||
-		strings.Contains(err.Error(), filepath.Join(dir, EPPBinary)+",") || !strings.Contains(err.Error(), "make build") {
-		t.Errorf("CheckBinaries: %v", err)
+	p.Kill()
+	if !p.Exited() || !strings.Contains(p.ExitError().Error(), "signal: killed") {
+		t.Fatalf("after Kill: exited %v, %v", p.Exited(), p.ExitError())
+	}
+	q, err := p.Restart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Stop()
+	if q.Exited() || q.Pid() == p.Pid() {
+		t.Fatalf("restart: exited %v, pid %d (was %d)", q.Exited(), q.Pid(), p.Pid())
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "# "); n != 2 {
+		t.Errorf("log %q: want both command lines, got %d", b, n)
 	}
 }

@@ -1,0 +1,79 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+)
+
+// upstreamLike handles one stream the way upstream's handler does when the
+// Director refuses a request: two error lines, then the immediate response.
+type upstreamLike struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	err error
+}
+
+func (u upstreamLike) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	logger := log.FromContext(srv.Context())
+	if _, err := srv.Recv(); err != nil {
+		return err
+	}
+	logger.Info("EPP received request")
+	logger.Error(u.err, "Error handling request")
+	logger.WithValues("stage", "respond").Error(u.err, "Failed to process request")
+	return srv.Send(immediate(typev3.StatusCode_TooManyRequests, "busy"))
+}
+
+// shedIDs is a shaper that sheds the listed request IDs.
+type shedIDs map[string]bool
+
+func (s shedIDs) ShapeImmediateResponse(context.Context, string, *extprocv3.ImmediateResponse) {}
+func (s shedIDs) Shed(id string) bool                                                          { return s[id] }
+
+func TestShedRequestsLeaveNoErrorLines(t *testing.T) {
+	shedErr := errcommon.Error{Code: errcommon.ResourceExhausted, Msg: "Request not admitted: the Standard queue is full."}
+	tests := []struct {
+		name       string
+		shapers    []ResponseShaper
+		id         string
+		err        error
+		wantErrors int
+	}{
+		{"shed by design", []ResponseShaper{OpenAIErrorBody, shedIDs{"a": true}}, "a", shedErr, 0},
+		{"another request's failure", []ResponseShaper{shedIDs{"a": true}}, "b", shedErr, 2},
+		{"not an upstream request error", []ResponseShaper{shedIDs{"a": true}}, "a", errors.New("stream broke"), 2},
+		{"no shedder", []ResponseShaper{OpenAIErrorBody}, "a", shedErr, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var lines []string
+			logger := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{})
+			stream := &fakeStream{ctx: logr.NewContext(context.Background(), logger), in: []*extprocv3.ProcessingRequest{headers("x-request-id", tt.id)}}
+			srv := &shapingServer{upstream: upstreamLike{err: tt.err}, shapers: tt.shapers}
+			if err := srv.Process(stream); err != nil {
+				t.Fatal(err)
+			}
+			errorsLogged := 0
+			for _, l := range lines {
+				if strings.Contains(l, `"error"`) {
+					errorsLogged++
+				}
+			}
+			if errorsLogged != tt.wantErrors || len(lines) != 1+tt.wantErrors {
+				t.Errorf("logged %q: want %d error lines beside the info line", lines, tt.wantErrors)
+			}
+			if len(stream.out) != 1 || stream.out[0].GetImmediateResponse() == nil {
+				t.Errorf("answer %v, want the immediate response", stream.out)
+			}
+		})
+	}
+}

@@ -1,0 +1,98 @@
+package chaos
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluice-gw/sluice/testbed/loadgen"
+)
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name string
+		rec  loadgen.Record
+		want Outcome
+	}{
+		{"complete", loadgen.Record{Status: http.StatusOK}, OutcomeOK},
+		{"stream cut", loadgen.Record{Status: http.StatusOK, Error: "unexpected EOF"}, OutcomeOther},
+		{"shed with Retry-After", loadgen.Record{Status: http.StatusTooManyRequests, RetryAfterSet: true}, OutcomeShed},
+		{"429 without Retry-After", loadgen.Record{Status: http.StatusTooManyRequests}, OutcomeOther},
+		{"503 with Retry-After", loadgen.Record{Status: http.StatusServiceUnavailable, RetryAfterSet: true}, OutcomeUnavailable},
+		{"503 without Retry-After", loadgen.Record{Status: http.StatusServiceUnavailable}, OutcomeOther},
+		{"server 500", loadgen.Record{Status: http.StatusInternalServerError, Error: "HTTP 500: {}"}, OutcomeOther},
+		{"no answer", loadgen.Record{Error: "connection reset by peer"}, OutcomeLost},
+		{"client timeout", loadgen.Record{Error: "context deadline exceeded"}, OutcomeHung},
+		{"stream unfinished at timeout", loadgen.Record{Status: http.StatusOK, Error: "reading stream: context deadline exceeded"}, OutcomeHung},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Classify(tt.rec); got != tt.want {
+				t.Errorf("Classify = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestErrorCode(t *testing.T) {
+	tests := []struct {
+		err, want string
+	}{
+		{`HTTP 500: {"error":{"message":"m","code":"endpoint_picker_unavailable"}}`, "endpoint_picker_unavailable"},
+		{`HTTP 500: not json`, ""},
+		{`HTTP 429: {"error":{"message":"m"}}`, ""},
+		{`unexpected EOF`, ""},
+	}
+	for _, tt := range tests {
+		if got := ErrorCode(loadgen.Record{Error: tt.err}); got != tt.want {
+			t.Errorf("ErrorCode(%q) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestTrafficLeft: an attempt counts for the endpoint it reached (served
+// by it, or its 502), at its first byte back; traffic has left when none
+// reached it in the window's last third (a second at most).
+func TestTrafficLeft(t *testing.T) {
+	const bad, good = "10.0.0.1:8000", "10.0.0.2:8000"
+	served := func(start, ttft time.Duration, ep string) loadgen.Record {
+		return loadgen.Record{Start: start, TTFT: ttft, E2E: 2 * ttft, Status: http.StatusOK, Endpoint: ep}
+	}
+	refused := func(start time.Duration) loadgen.Record {
+		return loadgen.Record{Start: start, E2E: time.Millisecond, Status: http.StatusBadGateway, Error: "HTTP 502: upstream " + bad + " refused"}
+	}
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name string
+		recs []loadgen.Record
+		want Leave
+	}{
+		{"none reached it", []loadgen.Record{served(ms(1100), ms(50), good)}, Leave{Left: true, Share: 0}},
+		{"left after 300 ms", []loadgen.Record{served(ms(1200), ms(100), bad), served(ms(1500), ms(50), good), served(ms(2000), ms(50), good)},
+			Leave{Left: true, After: ms(300), Share: 1.0 / 3}},
+		{"a 502 naming it counts", []loadgen.Record{refused(ms(1400)), served(ms(1500), ms(50), good)},
+			Leave{Left: true, After: ms(401), Share: 0.5}},
+		{"still there at the end", []loadgen.Record{served(ms(1500), ms(50), good), served(ms(2800), ms(50), bad)},
+			Leave{Left: false, After: ms(1850), Share: 0.5}},
+		{"before the window", []loadgen.Record{served(ms(500), ms(100), bad), served(ms(1500), ms(50), good)}, Leave{Left: true, Share: 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := TrafficLeft(tt.recs, bad, time.Second, 3*time.Second); got != tt.want {
+				t.Errorf("TrafficLeft = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMissingFinals(t *testing.T) {
+	recs := []loadgen.Record{
+		{Seq: 0, Attempt: 1, Final: true},
+		{Seq: 1, Attempt: 1}, {Seq: 1, Attempt: 2, Final: true}, // retried once
+		{Seq: 2, Attempt: 1},                                                 // no final record
+		{Seq: 4, Attempt: 1, Final: true}, {Seq: 4, Attempt: 1, Final: true}, // two finals; seq 3 missing
+	}
+	if got := MissingFinals(recs); got != 3 {
+		t.Errorf("MissingFinals = %d, want 3 (seq 2, 3 and 4)", got)
+	}
+}

@@ -1,0 +1,144 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report files WriteReport writes.
+const (
+	ReportFileName  = "report.md"
+	ResultsFileName = "results.json"
+)
+
+// SortResults orders results as Cases lists the cases, static mode first
+// within a case.
+func SortResults(results []Result) {
+	order := map[string]int{}
+	for i, c := range Cases() {
+		order[c.Name] = i
+	}
+	slices.SortStableFunc(results, func(a, b Result) int {
+		if d := order[a.Case] - order[b.Case]; d != 0 {
+			return d
+		}
+		return strings.Compare(string(a.Mode), string(b.Mode)) * -1 // "static" before "kubernetes"
+	})
+}
+
+// WriteReport renders the chaos table as Markdown.
+func WriteReport(w io.Writer, results []Result, tl Timeline) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Chaos suite\n\nEach case: a fresh stack (3 simulated servers, the EPP with Sluice admission, the data plane), "+
+		"%.0f requests/s for %v (20%% Critical, 50%% Standard, 30%% Sheddable streamed chats, no retries), "+
+		"the fault at %v, cleared at %v.\n\n", tl.Rate, tl.Load, tl.FaultAt, tl.ClearAt)
+	b.WriteString("| case | mode | requests | 200 | 429+RA | 503+RA | other | lost | hung | traffic left the faulty endpoint " +
+		"(target ≤ " + ms(stalenessWindow) + ") | Critical TTFT p99 during (before) | EPP after | verdict |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		o := r.Outcomes
+		other := fmt.Sprint(o[OutcomeOther])
+		if n := o[OutcomeDisconnected]; n > 0 {
+			other += fmt.Sprintf(" (+%d disconnected)", n)
+		}
+		drained := "drained"
+		if r.Leak != "" {
+			drained = "**leak**"
+		}
+		verdict := "ok"
+		if f := r.Failures(); len(f) > 0 {
+			verdict = "**FAIL**: " + strings.Join(f, "; ")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %s | %d | %d | %s | %s (%s) | %s | %s |\n",
+			r.Case, r.Mode, r.Requests, o[OutcomeOK], o[OutcomeShed], o[OutcomeUnavailable], other, o[OutcomeLost], o[OutcomeHung],
+			leaveText(r), critical(r.CriticalDuring, r.CriticalDuringN), ms(r.CriticalBefore), drained, verdict)
+	}
+	b.WriteString("\n## Faults\n\n")
+	seen := map[string]bool{}
+	for _, r := range results {
+		if !seen[r.Case] {
+			seen[r.Case] = true
+			fmt.Fprintf(&b, "- **%s**: %s.\n", r.Case, r.Fault)
+		}
+	}
+	b.WriteString("\n## Answers of class other\n\n")
+	for _, r := range results {
+		if len(r.Other) == 0 {
+			continue
+		}
+		parts := make([]string, 0, len(r.Other))
+		for _, k := range sortedKeys(r.Other) {
+			parts = append(parts, fmt.Sprintf("%d × %s", r.Other[k], k))
+		}
+		fmt.Fprintf(&b, "- %s / %s: %s\n", r.Case, r.Mode, strings.Join(parts, ", "))
+	}
+	b.WriteString("\n" + legend)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+const legend = `## Reading the table
+
+- Outcomes are each request's final answer: 200 (complete), 429 or 503 with Retry-After (admission's designed
+  answers), other (a server's 500, the data plane's 502 or fail-closed 500, a stream cut), lost (no answer at all),
+  hung (no answer within the client's 60 s). Lost and hung must be 0; each case lists the other answers its fault
+  makes unavoidable, and any other answer fails it.
+- Traffic left: the time from the fault to the last request that reached the faulty endpoint (its first byte back,
+  an upper bound of when it was routed there), or "no" with the share of requests it still got when requests were
+  still reaching it at the end of the fault's window. The target is one metrics staleness window of Sluice
+  admission (an endpoint whose scrapes stop gets nothing after it); a fault the metrics do not show (500s, a slow
+  server) is not one admission can see.
+- EPP after: once the load is over, no request waits in the EPP and no reservation is left
+  (sluice_flowcontrol_queue_length and sluice_flowcontrol_reserved_requests at 0).
+`
+
+func leaveText(r Result) string {
+	switch {
+	case r.Leave == nil:
+		return "n/a"
+	case r.Leave.Left && r.Leave.After <= stalenessWindow:
+		return ms(r.Leave.After) + " (met)"
+	case r.Leave.Left:
+		return ms(r.Leave.After) + " (not met)"
+	default:
+		return fmt.Sprintf("no (%.0f%% of requests)", 100*r.Leave.Share)
+	}
+}
+
+func critical(p99 time.Duration, n int) string {
+	if n == 0 {
+		return "none"
+	}
+	return ms(p99)
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%d ms", d.Milliseconds()) }
+
+// WriteOutputs writes the report and the raw results into dir.
+func WriteOutputs(dir string, results []Result, tl Timeline) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, ReportFileName))
+	if err != nil {
+		return err
+	}
+	if err := WriteReport(f, results, tl); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(results, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, ResultsFileName), raw, 0o644)
+}

@@ -1,0 +1,381 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/testbed/loadgen"
+)
+
+// Timeline is when a run's events happen, from the start of its load.
+type Timeline struct {
+	// Load is how long requests are issued; Rate how many per second
+	// (Poisson).
+	Load time.Duration
+	Rate float64
+	// FaultAt is when the case's Inject runs, ClearAt its Clear.
+	FaultAt, ClearAt time.Duration
+}
+
+// The timelines of `make test` (seconds per case; they check outcomes, not
+// timing) and of `make chaos` (long enough for the report's figures).
+var (
+	ShortTimeline = Timeline{Load: 4 * time.Second, Rate: 6, FaultAt: 1500 * time.Millisecond, ClearAt: 3 * time.Second}
+	FullTimeline  = Timeline{Load: 30 * time.Second, Rate: 8, FaultAt: 10 * time.Second, ClearAt: 20 * time.Second}
+)
+
+// Bounds of every run: how long one answer may take before it counts as
+// hung, and how long the EPP may take to show no queue and no reservation
+// once the load is over.
+const (
+	requestTimeout = time.Minute
+	drainTimeout   = 15 * time.Second
+)
+
+// The load: 20% Critical, 50% Standard, 30% Sheddable streamed chats from
+// three tenants, 64 prompt and 32 output tokens, each request sent once (the
+// report shows the raw answers; the soak's clients honour Retry-After).
+const (
+	mixYAML = `api: chat
+stream: true
+classes:
+  - {name: critical, model: m, weight: 20, objective: critical, tenant: interactive, prompt_tokens: 64, output_tokens: 32}
+  - {name: standard, model: m, weight: 50, objective: standard, tenant: apps, prompt_tokens: 64, output_tokens: 32}
+  - {name: sheddable, model: m, weight: 30, objective: sheddable, tenant: batch, prompt_tokens: 64, output_tokens: 32}
+`
+	burstMixYAML = `api: chat
+stream: true
+classes:
+  - {name: burst, model: m, objective: standard, tenant: burst, prompt_tokens: 64, output_tokens: 32}
+`
+	criticalClass = "critical"
+)
+
+// Run is one case run in one mode: its stack and what the case did when.
+// Inject and Clear run on the test goroutine and may block.
+type Run struct {
+	T     *testing.T
+	Stack *Stack
+	Timeline
+
+	ctx    context.Context
+	began  time.Time // wall clock, just before the load started
+	faulty string
+	leave  time.Time
+	marks  map[string]time.Time
+	bursts []*burst
+
+	// set once the load is over: the load's start and its records
+	started time.Time
+}
+
+// burst is extra traffic a case sends: n Standard requests at once.
+type burst struct {
+	disconnect bool
+	done       chan *loadgen.Result
+}
+
+// Faulty names server i's endpoint as the faulty one: from now on traffic
+// should leave it.
+func (r *Run) Faulty(i int) {
+	r.faulty = r.Stack.Servers[i].Addr
+	r.leave = time.Now()
+}
+
+// Mark notes the instant of a named event (e.g. "kill").
+func (r *Run) Mark(name string) { r.marks[name] = time.Now() }
+
+// At is when a marked event happened, from the start of the load; -1 if it
+// did not. Valid once the load is over (in Expect and Check).
+func (r *Run) At(name string) time.Duration {
+	t, ok := r.marks[name]
+	if !ok {
+		return -1
+	}
+	return t.Sub(r.started)
+}
+
+// Burst sends n Standard requests at once, beside the load. With
+// disconnect, each client gives up after timeout (the request is then
+// counted as disconnected, not hung); 0 is the usual bound.
+func (r *Run) Burst(n int, timeout time.Duration, disconnect bool) {
+	if timeout == 0 {
+		timeout = requestTimeout
+	}
+	mix, err := loadgen.ParseMix([]byte(burstMixYAML))
+	if err != nil {
+		r.T.Fatal(err)
+	}
+	b := &burst{disconnect: disconnect, done: make(chan *loadgen.Result, 1)}
+	r.bursts = append(r.bursts, b)
+	cfg := loadgen.RunConfig{Target: r.Stack.Target, Mix: mix, Seed: uint64(len(r.bursts)) + 100, Mode: loadgen.ModeOpen,
+		Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalConstant, Rate: 1000}, MaxRequests: n,
+		RequestTimeout: timeout, Drain: requestTimeout}
+	go func() {
+		res, err := loadgen.Run(r.ctx, cfg)
+		if err != nil {
+			res = nil
+		}
+		b.done <- res
+	}()
+}
+
+// RunCase runs c in mode against a fresh stack on tl and returns what the
+// clients saw. The caller checks Result.Failures.
+func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Result {
+	t.Helper()
+	opts := base
+	opts.Mode = mode
+	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode))
+	if c.Stack != nil {
+		c.Stack(&opts)
+	}
+	s := StartStack(t, opts)
+	ctx := t.Context()
+	if !c.NoSettle {
+		if err := s.WaitFresh(ctx, time.Minute); err != nil {
+			t.Fatalf("before the load: %v", err)
+		}
+	}
+	mix, err := loadgen.ParseMix([]byte(mixYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Run{T: t, Stack: s, Timeline: tl, ctx: ctx, marks: map[string]time.Time{}}
+	load := tl.Load + c.ExtraLoad
+	cfg := loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 1, Mode: loadgen.ModeOpen,
+		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: tl.Rate},
+		Duration: load, RequestTimeout: requestTimeout, Drain: requestTimeout}
+	logBefore := len(s.EPP.Output.String())
+	done := make(chan *loadgen.Result, 1)
+	r.began = time.Now()
+	go func() {
+		res, err := loadgen.Run(ctx, cfg)
+		if err != nil {
+			res = nil
+		}
+		done <- res
+	}()
+
+	at := func(d time.Duration) {
+		if err := loadgen.Sleep(ctx, time.Until(r.began.Add(d))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	faultAt := tl.FaultAt
+	if c.FaultAt > 0 {
+		faultAt = c.FaultAt
+	}
+	at(faultAt)
+	r.Mark("fault")
+	c.Inject(r)
+	if c.Clear != nil {
+		at(tl.ClearAt)
+		r.Mark("clear")
+		c.Clear(r)
+	}
+	main := <-done
+	if main == nil {
+		t.Fatal("the load did not run (invalid configuration)")
+	}
+	r.started = main.Started
+	res := Result{Case: c.Name, Mode: mode, Fault: c.Fault, Faulty: r.faulty}
+	r.collect(c, main, &res)
+	logBytes := len(s.EPP.Output.String()) - logBefore
+	if res.Requests > 0 {
+		res.EPPLogBytesPerRequest = float64(logBytes) / float64(res.Requests)
+	}
+	if err := s.WaitDrained(ctx, drainTimeout); err != nil {
+		res.Leak = err.Error()
+	}
+	if c.Check != nil {
+		if err := c.Check(r); err != nil {
+			res.CheckError = err.Error()
+		}
+	}
+	return res
+}
+
+// collect classifies every final answer (the load's and the bursts') and
+// measures the fault's window into res.
+func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
+	expect := c.Expect
+	if expect == nil {
+		expect = Designed
+	}
+	res.Outcomes = map[Outcome]int{}
+	res.Other = map[string]int{}
+	all := main.Records
+	classify := func(recs []loadgen.Record, disconnect bool) {
+		missing := MissingFinals(recs)
+		res.Outcomes[OutcomeLost] += missing
+		res.Unexpected += missing
+		for _, rec := range recs {
+			if !rec.Final {
+				continue
+			}
+			res.Requests++
+			o := Classify(rec)
+			if disconnect && o == OutcomeHung {
+				o = OutcomeDisconnected
+			}
+			res.Outcomes[o]++
+			if o == OutcomeOther {
+				res.Other[otherKey(rec)]++
+			}
+			if o == OutcomeHung || o == OutcomeLost || o != OutcomeDisconnected && !expect(r, rec, o) {
+				res.Unexpected++
+				if len(res.Examples) < 5 {
+					res.Examples = append(res.Examples, fmt.Sprintf("%s %s at %v: status %d %q", rec.Class, o, rec.Start.Round(time.Millisecond), rec.Status, rec.Error))
+				}
+			}
+		}
+	}
+	classify(main.Records, false)
+	for _, b := range r.bursts {
+		br := <-b.done
+		if br == nil {
+			res.CheckError = "a burst did not run (invalid configuration)"
+			continue
+		}
+		// The burst's times on the load's clock.
+		offset := br.Started.Sub(main.Started)
+		for i := range br.Records {
+			br.Records[i].Start += offset
+		}
+		classify(br.Records, b.disconnect)
+		all = append(all, br.Records...)
+	}
+
+	// The fault's window ends at its clear, or with the load for a fault that is never cleared or whose faulty
+	// endpoint is named in Clear.
+	fault, end := r.At("fault"), r.At("clear")
+	if c.Clear == nil || r.leave.After(r.marks["clear"]) {
+		end = main.Config.Duration
+	}
+	if r.faulty != "" {
+		l := TrafficLeft(all, r.faulty, r.leave.Sub(r.started), end)
+		res.Leave = &l
+		if c.MustLeave && !l.Left {
+			res.CheckError = fmt.Sprintf("traffic never left %s: it still got requests in the last part of the fault's window (%.0f%% of them)",
+				r.faulty, 100*l.Share)
+		}
+	}
+	res.CriticalBefore = p99(CriticalTTFT(main.Records, criticalClass, 0, fault))
+	during := CriticalTTFT(main.Records, criticalClass, fault, end)
+	res.CriticalDuring, res.CriticalDuringN = p99(during), len(during)
+}
+
+func p99(sorted []time.Duration) time.Duration { return loadgen.Percentile(sorted, 99) }
+
+// otherKey groups answers of class other for the report: status and error
+// code, or how the stream ended.
+func otherKey(r loadgen.Record) string {
+	if r.Status >= 200 && r.Status < 300 {
+		return fmt.Sprintf("%d, stream cut", r.Status)
+	}
+	if code := ErrorCode(r); code != "" {
+		return fmt.Sprintf("%d %s", r.Status, code)
+	}
+	return fmt.Sprintf("%d", r.Status)
+}
+
+// Designed accepts admission's designed answers: 200, 429 and 503 with
+// Retry-After.
+func Designed(_ *Run, _ loadgen.Record, o Outcome) bool {
+	return o == OutcomeOK || o == OutcomeShed || o == OutcomeUnavailable
+}
+
+// Result is what the clients saw in one case run, and the checks made after
+// it.
+type Result struct {
+	Case  string `json:"case"`
+	Mode  Mode   `json:"mode"`
+	Fault string `json:"fault"`
+	// Requests counts the final answers (the load's and the bursts').
+	Requests int             `json:"requests"`
+	Outcomes map[Outcome]int `json:"outcomes"`
+	// Other breaks the answers of class other down by status and code.
+	Other map[string]int `json:"other,omitempty"`
+	// Unexpected counts the answers the case does not allow (hung and lost
+	// ones always), with a few Examples.
+	Unexpected int      `json:"unexpected"`
+	Examples   []string `json:"examples,omitempty"`
+	// Faulty is the faulty endpoint ("" when the fault is not an
+	// endpoint's) and Leave how traffic left it.
+	Faulty string `json:"faulty,omitempty"`
+	Leave  *Leave `json:"leave,omitempty"`
+	// Critical TTFT p99 before the fault and during it (and how many
+	// Critical requests succeeded during it).
+	CriticalBefore  time.Duration `json:"critical_ttft_p99_before_ns"`
+	CriticalDuring  time.Duration `json:"critical_ttft_p99_during_ns"`
+	CriticalDuringN int           `json:"critical_during"`
+	// Leak describes a queue entry or reservation left in the EPP after
+	// the load; CheckError a failed case check.
+	Leak       string `json:"leak,omitempty"`
+	CheckError string `json:"check_error,omitempty"`
+	// EPPLogBytesPerRequest is the EPP's log output during the load per
+	// request.
+	EPPLogBytesPerRequest float64 `json:"epp_log_bytes_per_request"`
+}
+
+// Failures lists why the run fails: answers the case does not allow (hung
+// and lost ones included), a leak, a failed case check.
+func (r Result) Failures() []string {
+	var out []string
+	if r.Unexpected > 0 {
+		out = append(out, fmt.Sprintf("%d unexpected answers, e.g. %v", r.Unexpected, r.Examples))
+	}
+	if r.Leak != "" {
+		out = append(out, "leak: "+r.Leak)
+	}
+	if r.CheckError != "" {
+		out = append(out, "check: "+r.CheckError)
+	}
+	return out
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Predicates cases build their Expect from.
+
+// routedToFaulty accepts, besides designed answers, whatever the faulty
+// endpoint itself answered (its 500s, a stream it cut by dying, the data
+// plane's 502 when it refused the connection).
+func routedToFaulty(r *Run, rec loadgen.Record, o Outcome) bool {
+	return Designed(r, rec, o) || o == OutcomeOther && r.faulty != "" && RoutedTo(rec, r.faulty)
+}
+
+// eppUnavailable reports the data plane's answer when the EPP is gone
+// (fail-closed).
+func eppUnavailable(rec loadgen.Record) bool {
+	return rec.Status == http.StatusInternalServerError && ErrorCode(rec) == "endpoint_picker_unavailable"
+}
+
+// cutAt reports a stream that was in flight at instant at and cut.
+func cutAt(rec loadgen.Record, at time.Duration) bool {
+	return rec.Status == http.StatusOK && rec.Error != "" && rec.Start <= at && rec.Start+rec.E2E >= at
+}
+
+// stalenessWindow is the target for traffic to leave a faulty endpoint: the
+// default metrics staleness threshold of Sluice admission, after which an
+// endpoint that stopped answering its scrapes gets nothing.
+var stalenessWindow = flowcontrol.DefaultMetricsStalenessThreshold
+
+// errBurstNotWithdrawn is a disconnect burst that left no trace in the EPP.
+var errBurstNotWithdrawn = errors.New("no queued request was withdrawn (sluice_flowcontrol_cancelled_total did not grow): the burst never waited in the EPP")
