@@ -222,6 +222,7 @@ func (p *Process) Restart(t testing.TB) *Process {
 // run starts the process and waits for its waitFor health check.
 func (p *Process) run(t testing.TB, waitFor string) *Process {
 	t.Helper()
+	p.exited = make(chan struct{})
 	p.cmd = exec.Command(p.path, p.args...)
 	p.cmd.Env = append(os.Environ(), p.env...)
 	p.cmd.Stdout = p.Output
