@@ -1,8 +1,10 @@
 package benchsuite
 
 import (
+	"bufio"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/sluice-gw/sluice/testbed/virtualbench"
 )
@@ -62,4 +64,69 @@ func (f *ReplicasFile) contenders(sluice Contender, errs *fieldErrors) []Contend
 // balance.
 func ReplicaContenderName(n int, balance string) string {
 	return fmt.Sprintf("%s-x%d-%s", Sluice, n, balance)
+}
+
+// writeReplicas compares every replicated sluice run with the one-replica
+// sluice run of the same session: each class's TTFT P50 and P99, the
+// throughput and the fleet's prefix hit rate as ratios (replicas over one),
+// and the 429/503 answers, with how many lacked a Retry-After.
+func writeReplicas(b *bufio.Writer, s *ScenarioResult) {
+	var names []string
+	for _, run := range s.Runs {
+		if run.Contender.Replicas > 1 {
+			names = append(names, run.Contender.Name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	classes := s.Scenario.Mix.Classes
+	if len(classes) > maxClassRows {
+		classes = nil // the overall figures only
+	}
+	p("\nEPP replicas against one replica (%s), ratios N replicas / one:\n\n| Contender |", Sluice)
+	for _, c := range classes {
+		p(" %s TTFT P50 | %s TTFT P99 |", c.Name, c.Name)
+	}
+	p(" TTFT P99 | Throughput | Prefix hit rate | 429/503 (without Retry-After) |\n|---|")
+	p("%s\n", strings.Repeat("---|", 2*len(classes)+4))
+	one := s.Result(Sluice)
+	for _, name := range names {
+		r := s.Result(name)
+		if r == nil || one == nil {
+			p("| %s | no run: %s %s |\n", name, s.missing(name), s.missing(Sluice))
+			continue
+		}
+		p("| %s |", name)
+		for _, c := range classes {
+			for _, f := range []Figure{FigureTTFTP50, FigureTTFTP99} {
+				p(" %s |", replicaRatio(s, name, c.Name, f))
+			}
+		}
+		p(" %s | %s |", replicaRatio(s, name, "", FigureTTFTP99), replicaRatio(s, name, "", FigureThroughput))
+		hit := "n/a"
+		if rn, ok := r.Fleet.PrefixHitRate(); ok {
+			if r1, ok := one.Fleet.PrefixHitRate(); ok && r1 > 0 {
+				hit = FormatRatio(rn / r1)
+			}
+		}
+		v, _ := s.ClassFigures(name, "")
+		p(" %s | %.0f (%.0f) |\n", hit, v[FigureShed], v[FigureShedWithoutRetryAfter])
+	}
+}
+
+// replicaRatio is a replicated run's figure over class's requests against
+// the one-replica run's.
+func replicaRatio(s *ScenarioResult, name, class string, f Figure) string {
+	n, okn := s.ClassFigures(name, class)
+	one, ok1 := s.ClassFigures(Sluice, class)
+	if !okn || !ok1 {
+		return "n/a"
+	}
+	r, ok := Ratio(n, one, f)
+	if !ok {
+		return "n/a"
+	}
+	return FormatRatio(r)
 }

@@ -66,6 +66,27 @@ func parseMetrics(r io.Reader) (metricPage, error) {
 
 // sum adds every series of a counter, gauge or untyped metric; 0 when the
 // page has none.
+// scrapeMerged reads several pages of the same process kind (the EPP's
+// replicas) as one: each metric's series from every page, so sums add
+// over the replicas.
+func scrapeMerged(ctx context.Context, client *http.Client, urls []string) (metricPage, error) {
+	merged := metricPage{}
+	for _, u := range urls {
+		page, err := scrape(ctx, client, u)
+		if err != nil {
+			return nil, err
+		}
+		for name, fam := range page {
+			if have := merged[name]; have != nil {
+				have.Metric = append(have.Metric, fam.GetMetric()...)
+			} else {
+				merged[name] = fam
+			}
+		}
+	}
+	return merged, nil
+}
+
 func (p metricPage) sum(name string) float64 {
 	var total float64
 	if fam := p[name]; fam != nil {
