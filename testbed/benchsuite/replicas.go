@@ -13,14 +13,20 @@ import (
 // behind the data plane, which balances ext_proc streams over them per
 // request as Envoy does: one contender per count and balance policy, named
 // sluice-x<count>-<balance> (sluice-x2-round-robin). The report compares
-// each with the sluice contender, its one-replica run in the same session.
+// each with the sluice contender, its one-replica run in the same session,
+// and Targets hold every replicated run against it.
 //
 //	replicas:
 //	  counts: [2, 4]                 # 2..64 replicas each
 //	  balance: [round-robin, random] # default [round-robin]
+//	  targets:                       # each replicated run vs sluice, or its value
+//	    - {figure: ttft_p99, class: critical, vs: sluice, at_most: 1.1}
+//	    - {figure: prefix_hit_rate, vs: sluice, at_least: 0.95}
+//	    - {figure: shed_without_retry_after, at_most: 0}
 type ReplicasFile struct {
-	Counts  []int    `json:"counts"`
-	Balance []string `json:"balance,omitempty"`
+	Counts  []int        `json:"counts"`
+	Balance []string     `json:"balance,omitempty"`
+	Targets []TargetFile `json:"targets,omitempty"`
 }
 
 // maxReplicas bounds a replica count: every replica is a whole EPP.
@@ -55,6 +61,40 @@ func (f *ReplicasFile) contenders(sluice Contender, errs *fieldErrors) []Contend
 			c := sluice
 			c.Name, c.Replicas, c.Balance, c.Extra = ReplicaContenderName(n, b), n, b, true
 			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// targets validates f's targets and returns each for every replicated
+// contender of sc.
+func (f *ReplicasFile) targets(sc *Scenario, errs *fieldErrors) []Target {
+	if f == nil {
+		return nil
+	}
+	var out []Target
+	for i, tf := range f.Targets {
+		field := fmt.Sprintf("replicas.targets[%d]", i)
+		ratio := tf.Vs == Sluice
+		switch {
+		case ratio:
+			tf.Vs = UpstreamDefault // checked as a ratio target against a contender, then pointed at sluice
+		case tf.Vs != "":
+			errs.addf(field+".vs", "%q: a replicated run is judged against %s, its one-replica run, or by its value (no vs)", tf.Vs, Sluice)
+			continue
+		}
+		t, ok := tf.build(errs, field, sc)
+		if !ok {
+			continue
+		}
+		if ratio {
+			t.Versus = Sluice
+		}
+		for _, c := range sc.Contenders {
+			if c.Replicas > 1 {
+				t.Subject = c.Name
+				out = append(out, t)
+			}
 		}
 	}
 	return out
@@ -95,7 +135,11 @@ func writeReplicas(b *bufio.Writer, s *ScenarioResult) {
 	for _, name := range names {
 		r := s.Result(name)
 		if r == nil || one == nil {
-			p("| %s | no run: %s %s |\n", name, s.missing(name), s.missing(Sluice))
+			why := s.missing(name)
+			if why == "" {
+				why = s.missing(Sluice)
+			}
+			p("| %s | no run: %s |\n", name, why)
 			continue
 		}
 		p("| %s |", name)

@@ -125,7 +125,7 @@ func writeHeadline(b *bufio.Writer, res *SuiteResult) {
 
 // measured is TargetResult.Measured, or why there is nothing to measure.
 func measured(s *ScenarioResult, t TargetResult) string {
-	for _, name := range []string{Sluice, t.Target.Versus} {
+	for _, name := range []string{t.Target.subject(), t.Target.Versus} {
 		if name == "" {
 			continue
 		}

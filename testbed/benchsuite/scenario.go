@@ -762,6 +762,7 @@ func (f *ScenarioFile) buildTargets(sc *Scenario, errs *fieldErrors) {
 			sc.Targets = append(sc.Targets, target)
 		}
 	}
+	sc.Targets = append(sc.Targets, f.Replicas.targets(sc, errs)...)
 	sc.Targets = append(sc.Targets, Target{
 		Figure: FigureEvery, Versus: UpstreamDefault, Kind: Within, Bound: NoWorseTolerance, Implicit: true,
 	})
@@ -774,8 +775,11 @@ func (t TargetFile) build(errs *fieldErrors, field string, sc *Scenario) (target
 	before := len(*errs)
 	fig := Figure(t.Figure)
 	count := slices.Contains(CountFigures, fig)
-	if fig != FigureEvery && !count && !slices.Contains(Figures, fig) {
-		errs.addf(field+".figure", "%q is not one of %v, %v or %q", t.Figure, Figures, CountFigures, FigureEvery)
+	if fig != FigureEvery && !count && fig != FigurePrefixHitRate && !slices.Contains(Figures, fig) {
+		errs.addf(field+".figure", "%q is not one of %v, %v, %q or %q", t.Figure, Figures, CountFigures, FigurePrefixHitRate, FigureEvery)
+	}
+	if fig == FigurePrefixHitRate && (t.Class != "" || t.Vs == "" || t.Vs == Unloaded) {
+		errs.addf(field, "figure %q is the fleet's: compare it with a contender's, over all classes", fig)
 	}
 	switch t.Vs {
 	case RoundRobin, UpstreamDefault:
