@@ -11,7 +11,8 @@
 //
 //   - Owner is a pure function of the key and the set of members (not their order): replicas that agree on the
 //     live set agree on every owner.
-//   - Removing a member moves only the keys it owned; adding one moves only keys to it.
+//   - Owner: removing a member moves only the keys it owned; adding one moves only keys to it. Partition trades a
+//     little of that for balance: no member owns more than its even share rounded up.
 //   - A replica always counts itself live: with every peer gone it owns every endpoint and decides alone.
 //
 // # Concurrency

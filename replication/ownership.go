@@ -37,16 +37,41 @@ func Owner(key string, members []string) (owner string, ok bool) {
 	return owner, ok
 }
 
-// Partition assigns every key to its Owner: member -> its keys, in the order given. Every member has an entry, empty
-// when it owns nothing.
+// Partition assigns every key to a member, as evenly as counts allow: each member owns at most ceil(keys/members),
+// and a key goes to the member of highest rendezvous weight that still has room, keys taken in sorted order. So it
+// is a pure function of the two sets, like Owner, and equals Owner wherever loads allow; unlike Owner it never gives
+// one member most of a small fleet (12 endpoints over 4 plain-rendezvous owners came out 7/2/2/1). When a member
+// leaves, its keys move and some others shift to make room (see TestPartitionMovesLittle). Every member has an
+// entry, empty when it owns nothing; keys keep their given order within it.
 func Partition(keys, members []string) map[string][]string {
+	members = sortedUnique(members)
 	out := make(map[string][]string, len(members))
 	for _, m := range members {
 		out[m] = nil
 	}
+	if len(members) == 0 {
+		return out
+	}
+	limit := (len(sortedUnique(keys)) + len(members) - 1) / len(members)
+	owner := make(map[string]string, len(keys))
+	count := make(map[string]int, len(members))
+	for _, k := range sortedUnique(keys) {
+		best, bestW, found := "", uint64(0), false
+		for _, m := range members {
+			if count[m] >= limit {
+				continue
+			}
+			if w := weight(m, k); !found || w > bestW || (w == bestW && m < best) {
+				best, bestW, found = m, w, true
+			}
+		}
+		owner[k] = best
+		count[best]++
+	}
 	for _, k := range keys {
-		if o, ok := Owner(k, members); ok {
+		if o, ok := owner[k]; ok {
 			out[o] = append(out[o], k)
+			delete(owner, k) // a key given twice is owned once
 		}
 	}
 	return out

@@ -12,13 +12,17 @@ import (
 // ReplicasFile runs the sluice contender again with several EPP replicas
 // behind the data plane, which balances ext_proc streams over them per
 // request as Envoy does: one contender per count and balance policy, named
-// sluice-x<count>-<balance> (sluice-x2-round-robin). The report compares
+// sluice-x<count>-<balance> (sluice-x2-round-robin), and with sharing
+// endpoint-ownership sluice-x<count>-<balance>-owned: the replicas partition
+// the fleet (replication.Partition), each scraping and routing to its own
+// servers only (virtual engine only). The report compares
 // each with the sluice contender, its one-replica run in the same session,
 // and Targets hold every replicated run against it.
 //
 //	replicas:
 //	  counts: [2, 4]                 # 2..64 replicas each
 //	  balance: [round-robin, random] # default [round-robin]
+//	  sharing: [none, endpoint-ownership]  # default [none]
 //	  targets:                       # each replicated run vs sluice, or its value
 //	    - {figure: ttft_p99, class: critical, vs: sluice, at_most: 1.1}
 //	    - {figure: prefix_hit_rate, vs: sluice, at_least: 0.95}
@@ -26,8 +30,17 @@ import (
 type ReplicasFile struct {
 	Counts  []int        `json:"counts"`
 	Balance []string     `json:"balance,omitempty"`
+	Sharing []string     `json:"sharing,omitempty"`
 	Targets []TargetFile `json:"targets,omitempty"`
 }
+
+// What replicas share (ReplicasFile.Sharing).
+const (
+	// SharingNone: every replica admits alone on the whole fleet (today's EPP).
+	SharingNone = "none"
+	// SharingOwnership: the replicas partition the fleet's endpoints.
+	SharingOwnership = "endpoint-ownership"
+)
 
 // maxReplicas bounds a replica count: every replica is a whole EPP.
 const maxReplicas = 64
@@ -51,16 +64,30 @@ func (f *ReplicasFile) contenders(sluice Contender, errs *fieldErrors) []Contend
 				virtualbench.BalanceRoundRobin, virtualbench.BalanceRandom)
 		}
 	}
+	sharing := f.Sharing
+	if len(sharing) == 0 {
+		sharing = []string{SharingNone}
+	}
+	for i, sh := range sharing {
+		if (sh != SharingNone && sh != SharingOwnership) || slices.Index(sharing, sh) != i {
+			errs.addf(fmt.Sprintf("replicas.sharing[%d]", i), "%q must be %s or %s, each once", sh, SharingNone, SharingOwnership)
+		}
+	}
 	var out []Contender
 	for i, n := range f.Counts {
 		if n < 2 || n > maxReplicas || slices.Index(f.Counts, n) != i {
 			errs.addf(fmt.Sprintf("replicas.counts[%d]", i), "%d must be 2..%d and given once (one replica is the sluice contender)", n, maxReplicas)
 			continue
 		}
-		for _, b := range balance {
-			c := sluice
-			c.Name, c.Replicas, c.Balance, c.Extra = ReplicaContenderName(n, b), n, b, true
-			out = append(out, c)
+		for _, sh := range sharing {
+			for _, b := range balance {
+				c := sluice
+				c.Name, c.Replicas, c.Balance, c.Extra = ReplicaContenderName(n, b), n, b, true
+				if sh == SharingOwnership {
+					c.Name, c.EndpointOwnership = c.Name+"-owned", true
+				}
+				out = append(out, c)
+			}
 		}
 	}
 	return out

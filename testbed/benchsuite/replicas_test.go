@@ -3,6 +3,7 @@ package benchsuite
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 const replicasScenario = minimalScenario + `replicas:
   counts: [2, 4]
   balance: [round-robin, random]
+  sharing: [none, endpoint-ownership]
   targets:
     - {figure: ttft_p99, class: chat, vs: sluice, at_most: 1.1}
     - {figure: shed_without_retry_after, at_most: 0}
@@ -28,26 +30,31 @@ func TestReplicasAddContendersAndTargets(t *testing.T) {
 			t.Errorf("%s: %+v (%s), want the sluice contender replicated", c.Name, c, c.Describe())
 		}
 	}
-	want := "round-robin,upstream-default,sluice,sluice-x2-round-robin,sluice-x2-random,sluice-x4-round-robin,sluice-x4-random"
+	want := "round-robin,upstream-default,sluice,sluice-x2-round-robin,sluice-x2-random,sluice-x2-round-robin-owned," +
+		"sluice-x2-random-owned,sluice-x4-round-robin,sluice-x4-random,sluice-x4-round-robin-owned,sluice-x4-random-owned"
 	if got := strings.Join(names, ","); got != want {
 		t.Errorf("contenders %s, want %s", got, want)
 	}
-	c, _ := sc.Contender("sluice-x4-random")
-	if c.Replicas != 4 || c.Balance != "random" {
-		t.Errorf("sluice-x4-random: %d replicas balanced %q", c.Replicas, c.Balance)
+	c, _ := sc.Contender("sluice-x4-random-owned")
+	if c.Replicas != 4 || c.Balance != "random" || !c.EndpointOwnership {
+		t.Errorf("sluice-x4-random-owned: %d replicas balanced %q, ownership %v", c.Replicas, c.Balance, c.EndpointOwnership)
 	}
 	cfg, err := VirtualConfig(sc, c)
-	if err != nil || cfg.Router.Replicas != 4 || cfg.Router.Balance != "random" || cfg.Router.Admission == nil {
-		t.Errorf("virtual config %+v, %v: want 4 replicas balanced at random with Sluice admission", cfg.Router, err)
+	if err != nil || cfg.Router.Replicas != 4 || cfg.Router.Balance != "random" || !cfg.Router.Ownership || cfg.Router.Admission == nil {
+		t.Errorf("virtual config %+v, %v: want 4 owning replicas balanced at random with Sluice admission", cfg.Router, err)
+	}
+	var skipped *SkippedError
+	if _, err := (&RealTime{Bin: t.TempDir()}).Run(t.Context(), sc, c); !errors.As(err, &skipped) {
+		t.Errorf("real-time run of endpoint ownership: %v, want it skipped (the EPP binary cannot do it)", err)
 	}
 	declared := sc.Targets[:len(sc.Targets)-1]
-	if len(declared) != 8 {
-		t.Fatalf("targets %v, want 2 for each of 4 replicated runs", declared)
+	if len(declared) != 16 {
+		t.Fatalf("targets %v, want 2 for each of 8 replicated runs", declared)
 	}
 	if d := declared[0]; d.Subject != "sluice-x2-round-robin" || d.Versus != Sluice || d.Class != "chat" || d.Bound != 1.1 {
 		t.Errorf("first target %+v", d)
 	}
-	if d := declared[7]; d.Subject != "sluice-x4-random" || d.Versus != "" || d.Figure != FigureShedWithoutRetryAfter {
+	if d := declared[15]; d.Subject != "sluice-x4-random-owned" || d.Versus != "" || d.Figure != FigureShedWithoutRetryAfter {
 		t.Errorf("last target %+v", d)
 	}
 }
@@ -61,6 +68,7 @@ func TestReplicasErrors(t *testing.T) {
 		{"one replica", minimalScenario + "replicas: {counts: [1]}\n", []string{"replicas.counts[0]", "2..64"}},
 		{"twice", minimalScenario + "replicas: {counts: [2, 2]}\n", []string{"replicas.counts[1]", "given once"}},
 		{"too many", minimalScenario + "replicas: {counts: [65]}\n", []string{"replicas.counts[0]"}},
+		{"sharing", minimalScenario + "replicas: {counts: [2], sharing: [gossip]}\n", []string{"replicas.sharing[0]", `"gossip"`}},
 		{"balance", minimalScenario + "replicas: {counts: [2], balance: [least-request]}\n", []string{"replicas.balance[0]", `"least-request"`}},
 		{"vs", minimalScenario + "replicas: {counts: [2], targets: [{figure: ttft_p99, vs: round-robin, at_most: 1}]}\n",
 			[]string{"replicas.targets[0].vs", "one-replica run"}},
@@ -98,7 +106,7 @@ func TestReplicasAgainstOneReplica(t *testing.T) {
 		}
 		res.Runs = append(res.Runs, run)
 	}
-	res.Runs[len(res.Runs)-2].Result.Fleet.PrefixHitTokens = 20 // sluice-x4-round-robin: 20% against 25%
+	res.Result("sluice-x4-round-robin").Fleet.PrefixHitTokens = 20 // 20% against 25%
 	met := map[string]bool{}
 	for _, tr := range res.EvaluateTargets() {
 		if tr.Target.Figure == FigureTTFTP99 {
@@ -106,7 +114,8 @@ func TestReplicasAgainstOneReplica(t *testing.T) {
 		}
 	}
 	// TTFT P99s against sluice's: 1.05x, 1.98x, 1.1x, and a failed run is not met.
-	if !met["sluice-x2-round-robin"] || met["sluice-x2-random"] || !met["sluice-x4-round-robin"] || met["sluice-x4-random"] {
+	if !met["sluice-x2-round-robin"] || met["sluice-x2-random"] || !met["sluice-x4-round-robin"] || met["sluice-x4-random"] ||
+		met["sluice-x2-round-robin-owned"] {
 		t.Errorf("TTFT P99 targets met: %v", met)
 	}
 	var buf bytes.Buffer

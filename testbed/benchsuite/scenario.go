@@ -334,6 +334,9 @@ type Contender struct {
 	// the data plane spreads requests over them (see ReplicasFile).
 	Replicas int    `json:"replicas,omitempty"`
 	Balance  string `json:"balance,omitempty"`
+	// EndpointOwnership partitions the fleet among the replicas (see
+	// ReplicasFile).
+	EndpointOwnership bool `json:"endpoint_ownership,omitempty"`
 }
 
 // Describe says in a few words what the contender runs.
@@ -349,7 +352,12 @@ func (c Contender) Describe() string {
 	if c.Replicas > 1 {
 		one := c
 		one.Replicas, one.Balance = 0, ""
-		return fmt.Sprintf("%d replicas, streams balanced %s; %s", c.Replicas, c.Balance, one.Describe())
+		owned := ""
+		if c.EndpointOwnership {
+			owned = ", each owning a share of the endpoints"
+			one.EndpointOwnership = false
+		}
+		return fmt.Sprintf("%d replicas%s, streams balanced %s; %s", c.Replicas, owned, c.Balance, one.Describe())
 	}
 	profile := "upstream v1.5.0 default profile"
 	if c.SluiceAdmission {

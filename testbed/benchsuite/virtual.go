@@ -150,7 +150,7 @@ func virtualRouter(c Contender) (virtualbench.Router, error) {
 		}
 		router = virtualbench.SluiceRouter(policy, c.EndpointPickerConfig)
 	}
-	router.Replicas, router.Balance = c.Replicas, virtualbench.Balance(c.Balance)
+	router.Replicas, router.Balance, router.Ownership = c.Replicas, virtualbench.Balance(c.Balance), c.EndpointOwnership
 	return router, nil
 }
 

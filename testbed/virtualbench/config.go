@@ -50,6 +50,9 @@ type Router struct {
 	// server, and the data plane spreads requests over them by Balance (default BalanceRoundRobin).
 	Replicas int
 	Balance  Balance
+	// Ownership partitions the servers among the replicas (replication.Partition over replica names epp-0, ...):
+	// each replica scrapes and routes to its own servers only, so its admission sees every request sent to them.
+	Ownership bool
 }
 
 // RoundRobinRouter is the round-robin contender.
@@ -81,6 +84,8 @@ func (rt Router) withDefaults(errs []error) (Router, []error) {
 		errs = append(errs, fmt.Errorf("replicas must be 1..%d, got %d", maxReplicas, rt.Replicas))
 	case rt.Replicas > 1 && rt.Kind != EPP:
 		errs = append(errs, fmt.Errorf("replicas apply to the EPP router, not %q", rt.Kind))
+	case rt.Ownership && rt.Replicas < 2:
+		errs = append(errs, errors.New("endpoint ownership needs at least 2 replicas"))
 	case rt.Replicas == 0:
 		rt.Replicas = 1
 	}

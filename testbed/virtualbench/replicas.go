@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/replication"
 )
 
 // Balance is how the data plane spreads ext_proc streams over the EPP's replicas. Envoy opens one ext_proc stream
@@ -36,7 +37,9 @@ func replicaSeed(seed uint64, k int) uint64 { return seed + uint64(k)*0x9e3779b9
 // admission, queues and prefix index, each scraping every server, as N EPP pods of one InferencePool run today.
 // Nothing is shared between them but the fleet.
 type replicaSet struct {
-	eps     []*inProcessEPP
+	eps []*inProcessEPP
+	// servers[k] are the servers replica k knows, by its endpoint index: every server, or those it owns.
+	servers [][]int
 	balance Balance
 	next    int        // round-robin position
 	rng     *rand.Rand // random balance
@@ -44,9 +47,48 @@ type replicaSet struct {
 	routed []int
 }
 
-func newReplicaSet(eps []*inProcessEPP, balance Balance, seed uint64) *replicaSet {
-	return &replicaSet{eps: eps, balance: balance, rng: rand.New(rand.NewPCG(seed, 0xba1a9ce)), routed: make([]int, len(eps))}
+func newReplicaSet(eps []*inProcessEPP, servers [][]int, balance Balance, seed uint64) *replicaSet {
+	return &replicaSet{eps: eps, servers: servers, balance: balance, rng: rand.New(rand.NewPCG(seed, 0xba1a9ce)),
+		routed: make([]int, len(eps))}
 }
+
+// replicaServers returns, for each of n replicas, the servers it knows: every one, or with ownership those
+// replication.Partition gives it over the replicas epp-0 ... epp-<n-1>. A replica left without a server is an error:
+// it could only answer 503.
+func replicaServers(pods []string, n int, ownership bool) ([][]int, error) {
+	out := make([][]int, n)
+	if !ownership {
+		all := make([]int, len(pods))
+		for i := range all {
+			all[i] = i
+		}
+		for k := range out {
+			out[k] = all
+		}
+		return out, nil
+	}
+	members := make([]string, n)
+	for k := range members {
+		members[k] = fmt.Sprintf("epp-%d", k)
+	}
+	index := make(map[string]int, len(pods))
+	for i, p := range pods {
+		index[p] = i
+	}
+	part := replication.Partition(pods, members)
+	for k, m := range members {
+		for _, p := range part[m] {
+			out[k] = append(out[k], index[p])
+		}
+		if len(out[k]) == 0 {
+			return nil, fmt.Errorf("endpoint ownership: replica %d of %d owns none of the %d servers", k, n, len(pods))
+		}
+	}
+	return out, nil
+}
+
+// server is the fleet index of replica k's endpoint j.
+func (s *replicaSet) server(k, j int) int { return s.servers[k][j] }
 
 // pick chooses the replica of the next stream.
 func (s *replicaSet) pick() int {

@@ -3,6 +3,7 @@ package virtualbench
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,8 @@ func TestReplicaConfigErrors(t *testing.T) {
 		{"negative", replicated(SluiceRouter(nil, nil), -1, ""), "replicas must be 1..64"},
 		{"too many", replicated(SluiceRouter(nil, nil), 65, ""), "replicas must be 1..64"},
 		{"unknown balance", replicated(SluiceRouter(nil, nil), 2, "least-request"), `balance "least-request" is not round-robin or random`},
+		{"ownership alone", Router{Kind: EPP, Ownership: true}, "endpoint ownership needs at least 2 replicas"},
+		{"ownership of one server", Router{Kind: EPP, Replicas: 2, Ownership: true}, "owns none of the 1 servers"},
 	} {
 		cfg := base
 		cfg.Router = tc.router
@@ -102,5 +105,56 @@ func TestReplicaConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// With ownership the replicas split the fleet: each server belongs to exactly one, and every replica has some.
+func TestReplicaServersPartitionTheFleet(t *testing.T) {
+	pods := make([]string, 12)
+	for i := range pods {
+		pods[i] = fmt.Sprintf("pod-%d", i)
+	}
+	for _, n := range []int{2, 3, 4} {
+		servers, err := replicaServers(pods, n, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner := map[int]int{}
+		for k, ss := range servers {
+			if len(ss) == 0 {
+				t.Fatalf("%d replicas: replica %d owns nothing", n, k)
+			}
+			for _, i := range ss {
+				if prev, dup := owner[i]; dup {
+					t.Fatalf("%d replicas: server %d owned by %d and %d", n, i, prev, k)
+				}
+				owner[i] = k
+			}
+		}
+		if len(owner) != len(pods) {
+			t.Fatalf("%d replicas own %d of %d servers", n, len(owner), len(pods))
+		}
+	}
+	all, _ := replicaServers(pods, 3, false)
+	for k := range all {
+		if len(all[k]) != len(pods) {
+			t.Fatalf("without ownership replica %d knows %d of %d servers", k, len(all[k]), len(pods))
+		}
+	}
+}
+
+// Owning replicas (each routes by its own endpoint indexes, mapped to its servers) answer every request once.
+func TestOwnershipRoutesToOwnServers(t *testing.T) {
+	router := replicated(SluiceRouter(nil, nil), 2, BalanceRoundRobin)
+	router.Ownership = true
+	cfg := busyConfig(t, router)
+	cfg.Fleet = "h100:2,a10g:4"
+	res, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkNothingLost(t, res.Records)
+	if res.Summary.Overall.Succeeded == 0 {
+		t.Fatal("nothing served")
 	}
 }

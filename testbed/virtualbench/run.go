@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/sluice-gw/sluice/testbed/eventclock"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -170,15 +172,24 @@ func (r *run) every(first, period time.Duration, f func()) {
 // replicas are taken to start together); admission takes its snapshots half an interval after the scrapes, the mean
 // age of the metrics it reads in a real EPP, whose ticker is independent.
 func (r *run) startPicker() error {
-	eps := make([]eppEndpoint, len(r.servers))
+	pods := make([]string, len(r.servers))
 	for i, s := range r.servers {
-		eps[i] = eppEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
+		pods[i] = s.pod
 	}
 	rt := r.cfg.Router
+	servers, err := replicaServers(pods, rt.Replicas, rt.Ownership)
+	if err != nil {
+		return err
+	}
 	opts := rt.AdmissionOptions
 	opts.SnapshotInterval = r.cfg.ScrapeInterval
 	pickers := make([]*inProcessEPP, 0, rt.Replicas)
 	for k := range rt.Replicas {
+		eps := make([]eppEndpoint, len(servers[k]))
+		for j, i := range servers[k] {
+			s := r.servers[i]
+			eps[j] = eppEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
+		}
 		p, err := newInProcessEPP(eppOptions{
 			Config: rt.EndpointPickerConfig, Admission: rt.Admission, AdmissionOptions: opts, Endpoints: eps,
 			Objectives: r.cfg.Objectives, Clock: r.clk, Seed: replicaSeed(r.cfg.Seed, k),
@@ -191,7 +202,7 @@ func (r *run) startPicker() error {
 		}
 		pickers = append(pickers, p)
 	}
-	r.replicas = newReplicaSet(pickers, rt.Balance, r.cfg.Seed)
+	r.replicas = newReplicaSet(pickers, servers, rt.Balance, r.cfg.Seed)
 	// A timer of the code under test (a queue timeout in admission) may decide requests: continue them at once.
 	r.clk.AfterCallback = func() {
 		for _, p := range pickers {
@@ -217,11 +228,14 @@ func (r *run) syncAdmission() {
 }
 
 func (r *run) scrape() {
+	families := make([]map[string]*dto.MetricFamily, len(r.servers))
 	for i, s := range r.servers {
-		families := s.families(r.clk.Now())
-		for _, p := range r.replicas.eps {
+		families[i] = s.families(r.clk.Now())
+	}
+	for k, p := range r.replicas.eps {
+		for j, i := range r.replicas.servers[k] {
 			var err error
-			r.epp.Scraping += r.eppTime(p, func() { err = p.Scrape(i, families) })
+			r.epp.Scraping += r.eppTime(p, func() { err = p.Scrape(j, families[i]) })
 			r.epp.Scrapes++
 			if err != nil {
 				r.err = fmt.Errorf("scraping server %d: %w", i, err)
@@ -366,7 +380,7 @@ func (r *run) routed(a *attempt, res eppAnswer) {
 		a.rec.RetryAfter, a.rec.RetryAfterSet = res.RetryAfter, res.RetryAfterSet
 		r.finish(a)
 	default:
-		r.dispatch(a, res.Endpoint, res.Body)
+		r.dispatch(a, r.replicas.server(a.replica, res.Endpoint), res.Body)
 	}
 }
 
