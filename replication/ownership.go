@@ -1,27 +1,21 @@
 package replication
 
 import (
-	"hash/fnv"
+	"crypto/sha256"
+	"encoding/binary"
 	"slices"
 )
 
-// weight is the rendezvous weight of (member, key): FNV-1a 64 over both, length-prefixed so that no two different
-// pairs hash the same bytes, then SplitMix64's finaliser, which spreads FNV's weak high bits. It must be the same on
-// every replica and across restarts (hash/maphash is randomly seeded, so it cannot be used).
+// weight is the rendezvous weight of (member, key): the first 8 bytes of SHA-256 over both, length-prefixed so
+// that no two different pairs hash the same bytes. It must be the same on every replica and across restarts
+// (hash/maphash is randomly seeded); it is computed only when membership or the endpoints change, so its cost does
+// not matter, and its output is uniform without a mixing step.
 func weight(member, key string) uint64 {
-	h := fnv.New64a()
-	var n [2]byte
-	n[0], n[1] = byte(len(member)>>8), byte(len(member))
-	_, _ = h.Write(n[:])
+	h := sha256.New()
+	_, _ = h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(member))))
 	_, _ = h.Write([]byte(member))
 	_, _ = h.Write([]byte(key))
-	x := h.Sum64()
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return binary.BigEndian.Uint64(h.Sum(nil))
 }
 
 // Owner returns the member that owns key: the one with the highest rendezvous weight, names breaking ties. ok is
