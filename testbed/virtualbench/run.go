@@ -167,10 +167,10 @@ func (r *run) every(first, period time.Duration, f func()) {
 	r.clk.At(epoch.Add(first), tick)
 }
 
-// startPicker builds the EPP's replicas and their scrape and snapshot ticks: every replica scrapes every server at
-// t=0 and every ScrapeInterval (the data layer starts every endpoint's poller at once in static mode, and the
-// replicas are taken to start together); admission takes its snapshots half an interval after the scrapes, the mean
-// age of the metrics it reads in a real EPP, whose ticker is independent.
+// startPicker builds the EPP's replicas and their scrape and snapshot ticks: every replica scrapes its servers (all,
+// or those it owns) at t=0 and every ScrapeInterval (the data layer starts every endpoint's poller at once in static
+// mode, and the replicas are taken to start together); admission takes its snapshots half an interval after the
+// scrapes, the mean age of the metrics it reads in a real EPP, whose ticker is independent.
 func (r *run) startPicker() error {
 	pods := make([]string, len(r.servers))
 	for i, s := range r.servers {
