@@ -48,6 +48,11 @@ const (
 	FigureFirstRetryServedBelowCapacity Figure = "first_retry_served_below_capacity"
 )
 
+// FigurePrefixHitRate is the share of prompt tokens the fleet served from
+// its prefix cache (FleetCounters.PrefixHitRate), over all requests: a
+// fleet figure, judged as a ratio, never per class.
+const FigurePrefixHitRate Figure = "prefix_hit_rate"
+
 // CountFigures are the figures of RecordFigures.
 var CountFigures = []Figure{FigureShed, FigureShedWithoutRetryAfter, FigureUnanswered, FigureFirstRetryServed,
 	FigureFirstRetryServedBelowCapacity}
@@ -59,7 +64,7 @@ func (f Figure) HigherIsBetter() bool {
 }
 
 func (f Figure) isShare() bool {
-	return f == FigureFirstRetryServed || f == FigureFirstRetryServedBelowCapacity
+	return f == FigureFirstRetryServed || f == FigureFirstRetryServedBelowCapacity || f == FigurePrefixHitRate
 }
 
 // Label is the figure's name for people.
@@ -87,6 +92,8 @@ func (f Figure) Label() string {
 		return "share of first retries served"
 	case FigureFirstRetryServedBelowCapacity:
 		return "share of first retries served once load is below capacity"
+	case FigurePrefixHitRate:
+		return "prefix hit rate"
 	}
 	return string(f)
 }
@@ -196,6 +203,18 @@ type Target struct {
 	// Implicit marks the target every scenario gets (no worse than
 	// upstream-default).
 	Implicit bool `json:"implicit,omitempty"`
+	// Subject is the contender whose figures are judged; empty means
+	// Sluice. A replicated sluice run (ReplicasFile) is judged against
+	// Sluice, its one-replica run.
+	Subject string `json:"subject,omitempty"`
+}
+
+// subject is the contender whose figures t judges.
+func (t Target) subject() string {
+	if t.Subject == "" {
+		return Sluice
+	}
+	return t.Subject
 }
 
 // String renders the target for people: "TTFT P99 vs round-robin at most
@@ -204,6 +223,9 @@ func (t Target) String() string {
 	what := t.Figure.Label()
 	if t.Class != "" {
 		what = t.Class + " " + what
+	}
+	if t.Subject != "" {
+		what = t.Subject + ": " + what
 	}
 	vs := " vs " + t.Versus
 	switch t.Versus {

@@ -103,12 +103,15 @@ type realRun struct {
 	procs  []*procs.Process
 
 	fleetMetrics []string // the servers' /metrics URLs
-	eppMetrics   string   // the EPP's /metrics URL, "" for round-robin
+	eppMetrics   []string // the EPP replicas' /metrics URLs, none for round-robin
 	target       string   // the data plane's base URL
 }
 
 // Run implements Engine.
 func (e *RealTime) Run(ctx context.Context, sc *Scenario, c Contender) (res *RunResult, err error) {
+	if c.EndpointOwnership {
+		return nil, &SkippedError{Reason: "endpoint ownership among EPP replicas is a virtual-time experiment: the EPP binary has no --peers yet"}
+	}
 	if err := CheckBinaries(e.Bin); err != nil {
 		return nil, err
 	}
@@ -145,10 +148,11 @@ func (e *RealTime) startupTimeout() time.Duration {
 // each is ready.
 func (r *realRun) start(ctx context.Context) error {
 	timeout := r.e.startupTimeout()
-	// One block of ports: the fleet's, then the data plane's and the EPP's
-	// (ext_proc, health, metrics).
+	// One block of ports: the fleet's, then the data plane's and each EPP
+	// replica's (ext_proc, health, metrics).
 	n := r.sc.FleetSize
-	base, err := procs.FreePortRange(n+4, "127.0.0.1")
+	replicas := max(1, r.c.Replicas)
+	base, err := procs.FreePortRange(n+1+3*replicas, "127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -182,19 +186,31 @@ func (r *realRun) start(ctx context.Context) error {
 	case RouterRoundRobin:
 		dpArgs = append(dpArgs, "--round-robin", "--endpoints="+strings.Join(endpoints, ","))
 	case RouterEPP:
-		grpc, health, metrics := base+n+1, base+n+2, base+n+3
-		eppArgs, err := r.eppArgs(endpoints, grpc, health, metrics)
-		if err != nil {
-			return err
+		var grpcs []string
+		for k := range replicas {
+			grpc, health, metrics := base+n+1+3*k, base+n+2+3*k, base+n+3+3*k
+			eppArgs, err := r.eppArgs(endpoints, grpc, health, metrics)
+			if err != nil {
+				return err
+			}
+			log := EPPBinary
+			if replicas > 1 {
+				log = fmt.Sprintf("%s-%d", EPPBinary, k)
+			}
+			if _, err := r.startProcessLogged(EPPBinary, log, eppArgs...); err != nil {
+				return err
+			}
+			url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
+			if err := procs.WaitReady(ctx, timeout, "EPP replica "+strconv.Itoa(k), r.procs, procs.HTTPOK(r.client, url)); err != nil {
+				return err
+			}
+			r.eppMetrics = append(r.eppMetrics, url)
+			grpcs = append(grpcs, "127.0.0.1:"+strconv.Itoa(grpc))
 		}
-		if _, err := r.startProcess(EPPBinary, eppArgs...); err != nil {
-			return err
+		dpArgs = append(dpArgs, "--epp="+strings.Join(grpcs, ","))
+		if r.c.Balance != "" {
+			dpArgs = append(dpArgs, "--epp-balance="+r.c.Balance)
 		}
-		r.eppMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
-		if err := procs.WaitReady(ctx, timeout, "the EPP", r.procs, procs.HTTPOK(r.client, r.eppMetrics)); err != nil {
-			return err
-		}
-		dpArgs = append(dpArgs, "--epp=127.0.0.1:"+strconv.Itoa(grpc))
 	default:
 		return fmt.Errorf("contender %s: unknown router %q", r.c.Name, r.c.Router)
 	}
@@ -247,7 +263,12 @@ func (r *realRun) eppArgs(endpoints []string, grpc, health, metrics int) ([]stri
 }
 
 func (r *realRun) startProcess(bin string, args ...string) (*procs.Process, error) {
-	p, err := procs.Start(bin, filepath.Join(r.dir, bin+".log"), filepath.Join(r.e.Bin, bin), args...)
+	return r.startProcessLogged(bin, bin, args...)
+}
+
+// startProcessLogged starts bin with its output in <log>.log.
+func (r *realRun) startProcessLogged(bin, log string, args ...string) (*procs.Process, error) {
+	p, err := procs.Start(bin, filepath.Join(r.dir, log+".log"), filepath.Join(r.e.Bin, bin), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -317,8 +338,8 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 	if res.Fleet, err = r.fleetCounters(ctx); err != nil {
 		return nil, err
 	}
-	if r.eppMetrics != "" {
-		page, err := Scrape(ctx, r.client, r.eppMetrics)
+	if len(r.eppMetrics) > 0 {
+		page, err := ScrapeMerged(ctx, r.client, r.eppMetrics)
 		if err != nil {
 			return nil, fmt.Errorf("reading the EPP's counters: %w", err)
 		}
@@ -367,8 +388,8 @@ func (r *realRun) sample(ctx context.Context, began time.Time) []QueueSample {
 			s.ServerWaiting += page.Sum(metricServerWaiting)
 			s.ServerRunning += page.Sum(metricServerRunning)
 		}
-		if ok && r.eppMetrics != "" {
-			page, err := Scrape(ctx, r.client, r.eppMetrics)
+		if ok && len(r.eppMetrics) > 0 {
+			page, err := ScrapeMerged(ctx, r.client, r.eppMetrics)
 			if err != nil {
 				ok = false
 			} else {

@@ -125,7 +125,7 @@ func writeHeadline(b *bufio.Writer, res *SuiteResult) {
 
 // measured is TargetResult.Measured, or why there is nothing to measure.
 func measured(s *ScenarioResult, t TargetResult) string {
-	for _, name := range []string{Sluice, t.Target.Versus} {
+	for _, name := range []string{t.Target.subject(), t.Target.Versus} {
 		if name == "" {
 			continue
 		}
@@ -225,7 +225,8 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	// first, then the scenario's extra contenders (controls and variants).
 	versus := []string{RoundRobin, UpstreamDefault}
 	for _, run := range s.Runs {
-		if n := run.Contender.Name; n != Sluice && !run.Contender.Unloaded && !slices.Contains(versus, n) {
+		// Replicated sluice runs are compared with sluice itself (writeReplicas).
+		if n := run.Contender.Name; n != Sluice && !run.Contender.Unloaded && run.Contender.Replicas <= 1 && !slices.Contains(versus, n) {
 			versus = append(versus, n)
 		}
 	}
@@ -247,6 +248,7 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 		p("\n")
 	}
 
+	writeReplicas(b, s)
 	writeEPPCost(b, s)
 	writePromptOverlap(b, s)
 	writeShedding(b, s)

@@ -81,6 +81,8 @@ const (
 //	  - {figure: every, vs: round-robin, within: 0.05}
 //	  - {figure: ttft_p99, class: critical, vs: unloaded, at_most: 2}
 //	  - {figure: shed, class: critical, at_most: 0}
+//	replicas:                        # the sluice contender again with N EPP replicas (see ReplicasFile)
+//	  {counts: [2, 4], balance: [round-robin, random]}
 //	shape: large-batch               # the server shape of fleet, for the report
 //	shapes:                          # the same scenario on other fleets, one scenario each
 //	  - {name: slot-limited, fleet: "slot4:12", arrival: {kind: poisson, rate: 19}, capacity: 9.6, unloaded_rate: 1}
@@ -122,6 +124,8 @@ type ScenarioFile struct {
 	// Unloaded adds the reference run Unloaded, which targets "vs: unloaded"
 	// compare with.
 	Unloaded *UnloadedFile `json:"unloaded,omitempty"`
+	// Replicas adds the sluice contender run with several EPP replicas.
+	Replicas *ReplicasFile `json:"replicas,omitempty"`
 	// Shape names Fleet's server shape; Shapes runs the scenario on others.
 	Shape  string      `json:"shape,omitempty"`
 	Shapes []ShapeFile `json:"shapes,omitempty"`
@@ -326,6 +330,13 @@ type Contender struct {
 	// Unloaded marks the unloaded reference (Scenario.Load): the sluice
 	// contender's EPP with one class at a low rate.
 	Unloaded bool `json:"unloaded,omitempty"`
+	// Replicas is the number of EPP replicas (0 and 1: one), Balance how
+	// the data plane spreads requests over them (see ReplicasFile).
+	Replicas int    `json:"replicas,omitempty"`
+	Balance  string `json:"balance,omitempty"`
+	// EndpointOwnership partitions the fleet among the replicas (see
+	// ReplicasFile).
+	EndpointOwnership bool `json:"endpoint_ownership,omitempty"`
 }
 
 // Describe says in a few words what the contender runs.
@@ -337,6 +348,16 @@ func (c Contender) Describe() string {
 	}
 	if c.Router == RouterRoundRobin {
 		return "data plane, round-robin, no EPP"
+	}
+	if c.Replicas > 1 {
+		one := c
+		one.Replicas, one.Balance = 0, ""
+		owned := ""
+		if c.EndpointOwnership {
+			owned = ", each owning a share of the endpoints"
+			one.EndpointOwnership = false
+		}
+		return fmt.Sprintf("%d replicas%s, streams balanced %s; %s", c.Replicas, owned, c.Balance, one.Describe())
 	}
 	profile := "upstream v1.5.0 default profile"
 	if c.SluiceAdmission {
@@ -715,6 +736,7 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 		loadEPPFiles(&sluice, dir, f.Sluice.EPPConfig, f.Sluice.FlowControlPolicy, "sluice", errs)
 	}
 	sc.Contenders = append(sc.Contenders, sluice)
+	sc.Contenders = append(sc.Contenders, f.Replicas.contenders(sluice, errs)...)
 	if sc.Unloaded != nil {
 		ref := sluice
 		ref.Name, ref.Unloaded = Unloaded, true
@@ -748,6 +770,7 @@ func (f *ScenarioFile) buildTargets(sc *Scenario, errs *fieldErrors) {
 			sc.Targets = append(sc.Targets, target)
 		}
 	}
+	sc.Targets = append(sc.Targets, f.Replicas.targets(sc, errs)...)
 	sc.Targets = append(sc.Targets, Target{
 		Figure: FigureEvery, Versus: UpstreamDefault, Kind: Within, Bound: NoWorseTolerance, Implicit: true,
 	})
@@ -760,8 +783,11 @@ func (t TargetFile) build(errs *fieldErrors, field string, sc *Scenario) (target
 	before := len(*errs)
 	fig := Figure(t.Figure)
 	count := slices.Contains(CountFigures, fig)
-	if fig != FigureEvery && !count && !slices.Contains(Figures, fig) {
-		errs.addf(field+".figure", "%q is not one of %v, %v or %q", t.Figure, Figures, CountFigures, FigureEvery)
+	if fig != FigureEvery && !count && fig != FigurePrefixHitRate && !slices.Contains(Figures, fig) {
+		errs.addf(field+".figure", "%q is not one of %v, %v, %q or %q", t.Figure, Figures, CountFigures, FigurePrefixHitRate, FigureEvery)
+	}
+	if fig == FigurePrefixHitRate && (t.Class != "" || t.Vs == "" || t.Vs == Unloaded) {
+		errs.addf(field, "figure %q is the fleet's: compare it with a contender's, over all classes", fig)
 	}
 	switch t.Vs {
 	case RoundRobin, UpstreamDefault:

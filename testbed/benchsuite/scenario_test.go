@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -317,6 +318,26 @@ func TestLoadScenarios(t *testing.T) {
 
 // TestShippedScenarios checks that every scenario in bench/scenarios
 // parses, and that the issue's targets are declared where it sets them.
+// replicaTargets is each of targets for every replicated contender, sharing nothing and owning endpoints, in the
+// order a scenario file declares them: ratios against sluice, values (count figures) as they are.
+func replicaTargets(counts []int, balance []string, targets ...Target) []Target {
+	var out []Target
+	for _, t := range targets {
+		if !slices.Contains(CountFigures, t.Figure) {
+			t.Versus = Sluice
+		}
+		for _, n := range counts {
+			for _, suffix := range []string{"", "-owned"} {
+				for _, b := range balance {
+					t.Subject = ReplicaContenderName(n, b) + suffix
+					out = append(out, t)
+				}
+			}
+		}
+	}
+	return out
+}
+
 func TestShippedScenarios(t *testing.T) {
 	scs, err := LoadScenarios(filepath.Join("..", "bench", "scenarios"))
 	if err != nil {
@@ -330,17 +351,27 @@ func TestShippedScenarios(t *testing.T) {
 		"mixed-gpu": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.05},
 			{Figure: FigureThroughput, Versus: RoundRobin, Kind: AtLeast, Bound: 1.08}},
 		"bursty": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.1}},
-		"shared-prefix": {{Figure: FigureTTFTP95, Versus: RoundRobin, Kind: AtMost, Bound: 0.6},
+		"shared-prefix": append([]Target{{Figure: FigureTTFTP95, Versus: RoundRobin, Kind: AtMost, Bound: 0.6},
 			{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.5}},
+			replicaTargets([]int{2, 4}, []string{"round-robin"}, Target{Figure: FigurePrefixHitRate, Kind: AtLeast, Bound: 0.95})...),
 		"uniform-steady": {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
 		// Issue 17's, on every server shape.
 		"priority-overload": {{Figure: FigureTTFTP99, Class: "critical", Versus: Unloaded, Kind: AtMost, Bound: 2},
 			{Figure: FigureShed, Class: "critical", Kind: AtMost, Bound: 0},
 			{Figure: FigureThroughput, Versus: UpstreamDefault, Kind: AtLeast, Bound: 0.95},
 			{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}},
-		"tenant-fairness": {{Figure: FigureTTFTP99, Class: "light", Versus: Unloaded, Kind: AtMost, Bound: 2},
+		"tenant-fairness": append([]Target{{Figure: FigureTTFTP99, Class: "light", Versus: Unloaded, Kind: AtMost, Bound: 2},
 			{Figure: FigureUnanswered, Class: "heavy", Kind: AtMost, Bound: 0},
 			{Figure: FigureShedWithoutRetryAfter, Class: "heavy", Kind: AtMost, Bound: 0}},
+			replicaTargets([]int{2, 4}, []string{"round-robin"},
+				Target{Figure: FigureTTFTP50, Class: "light", Kind: AtMost, Bound: 1.1},
+				Target{Figure: FigureTTFTP99, Class: "light", Kind: AtMost, Bound: 1.1})...),
+		// Issue 22's, every replicated run against one replica.
+		"replicas": replicaTargets([]int{2, 4}, []string{"round-robin", "random"},
+			Target{Figure: FigureTTFTP50, Class: "critical", Kind: AtMost, Bound: 1.1},
+			Target{Figure: FigureTTFTP99, Class: "critical", Kind: AtMost, Bound: 1.1},
+			Target{Figure: FigureThroughput, Kind: AtLeast, Bound: 0.98},
+			Target{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}),
 		"overload-recovery": {{Figure: FigureFirstRetryServedBelowCapacity, Kind: AtLeast, Bound: 0.9},
 			{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0}},
 		"lora-heavy":  nil,

@@ -65,6 +65,27 @@ func ParseMetrics(r io.Reader) (MetricPage, error) {
 	return fams, nil
 }
 
+// ScrapeMerged reads several pages of the same process kind (the EPP's
+// replicas) as one: each metric's series from every page, so sums add
+// over the replicas.
+func ScrapeMerged(ctx context.Context, client *http.Client, urls []string) (MetricPage, error) {
+	merged := MetricPage{}
+	for _, u := range urls {
+		page, err := Scrape(ctx, client, u)
+		if err != nil {
+			return nil, err
+		}
+		for name, fam := range page {
+			if have := merged[name]; have != nil {
+				have.Metric = append(have.Metric, fam.GetMetric()...)
+			} else {
+				merged[name] = fam
+			}
+		}
+	}
+	return merged, nil
+}
+
 // Sum adds every series of a counter, gauge or untyped metric; 0 when the
 // page has none.
 func (p MetricPage) Sum(name string) float64 {

@@ -145,3 +145,29 @@ func TestScrape(t *testing.T) {
 		t.Error("a malformed page parsed")
 	}
 }
+
+// The EPP's replicas read as one EPP: queues and counters add up over their pages.
+func TestScrapeMergedAddsReplicas(t *testing.T) {
+	var urls []string
+	for range 2 {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte(sluiceEPPPage))
+		}))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	page, err := ScrapeMerged(t.Context(), http.DefaultClient, urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := eppQueued(page); q["Critical"] != 2 || q["Standard"] != 8 {
+		t.Errorf("queues %v, want each band twice one page's", q)
+	}
+	c := admissionCounters(page)
+	if c.Dispatched["Critical"] != 30 || c.ShedByReason["queue_full"] != 14 {
+		t.Errorf("counters %+v, want each twice one page's", c)
+	}
+	if _, err := ScrapeMerged(t.Context(), http.DefaultClient, append(urls, "http://127.0.0.1:1/metrics")); err == nil {
+		t.Error("a replica's missing page went unnoticed")
+	}
+}

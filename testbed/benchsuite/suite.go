@@ -103,6 +103,9 @@ func (s *ScenarioResult) ClassFigures(contender, class string) (FigureValues, bo
 	for f, x := range RecordFigures(r.Records, class, s.Scenario.Arrival, s.Scenario.Capacity) {
 		v[f] = x
 	}
+	if rate, ok := r.Fleet.PrefixHitRate(); ok && class == "" {
+		v[FigurePrefixHitRate] = rate
+	}
 	return v, true
 }
 
@@ -111,7 +114,7 @@ func (s *ScenarioResult) ClassFigures(contender, class string) (FigureValues, bo
 func (s *ScenarioResult) EvaluateTargets() []TargetResult {
 	var out []TargetResult
 	for _, t := range s.Scenario.Targets {
-		sluice, _ := s.ClassFigures(Sluice, t.Class)
+		sluice, _ := s.ClassFigures(t.subject(), t.Class)
 		var base FigureValues
 		switch t.Versus {
 		case "":

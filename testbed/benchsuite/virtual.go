@@ -25,8 +25,8 @@ const VirtualEngineName = "virtual"
 // What maps onto virtualbench.Config: the fleet (servers seeded 1, 2, ... as
 // RealTime starts vllm-sim --seed=1), the adapters (--lora-modules), mix,
 // arrival, duration, drain, seed, retry policy, SLO, the InferenceObjectives
-// file (as name -> priority) and the contender's router, EndpointPickerConfig
-// and flow-control policy. A contender virtualbench cannot run is skipped
+// file (as name -> priority) and the contender's router, EndpointPickerConfig,
+// flow-control policy and EPP replicas. A contender virtualbench cannot run is skipped
 // (SkippedError), see Unsupported.
 type Virtual struct {
 	// SampleEvery is the queue-depth sampling period in virtual time
@@ -142,14 +142,16 @@ func virtualRouter(c Contender) (virtualbench.Router, error) {
 	default:
 		return virtualbench.Router{}, fmt.Errorf("contender %s: unknown router %q", c.Name, c.Router)
 	}
-	if !c.SluiceAdmission {
-		return virtualbench.Router{Kind: virtualbench.EPP, EndpointPickerConfig: c.EndpointPickerConfig}, nil
+	router := virtualbench.Router{Kind: virtualbench.EPP, EndpointPickerConfig: c.EndpointPickerConfig}
+	if c.SluiceAdmission {
+		policy, err := ParseFlowControlPolicy(c.FlowControlPolicy)
+		if err != nil {
+			return virtualbench.Router{}, fmt.Errorf("contender %s: flow control policy %s: %w", c.Name, c.FlowControlPolicySource, err)
+		}
+		router = virtualbench.SluiceRouter(policy, c.EndpointPickerConfig)
 	}
-	policy, err := ParseFlowControlPolicy(c.FlowControlPolicy)
-	if err != nil {
-		return virtualbench.Router{}, fmt.Errorf("contender %s: flow control policy %s: %w", c.Name, c.FlowControlPolicySource, err)
-	}
-	return virtualbench.SluiceRouter(policy, c.EndpointPickerConfig), nil
+	router.Replicas, router.Balance, router.Ownership = c.Replicas, virtualbench.Balance(c.Balance), c.EndpointOwnership
+	return router, nil
 }
 
 // ParseFlowControlPolicy parses a --flow-control-config file's content

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"slices"
 	"testing"
 	"time"
 
@@ -213,6 +214,11 @@ func TestVirtualRegression(t *testing.T) {
 		}
 		short := *sc
 		short.Duration, short.Drain = regressionDuration, regressionDrain
+		if sc.Name != "replicas" {
+			// Replicated runs are guarded on the replicas scenario alone; elsewhere they would add half the time.
+			short.Contenders = slices.DeleteFunc(slices.Clone(sc.Contenders), func(c Contender) bool { return c.Replicas > 1 })
+			short.Targets = slices.DeleteFunc(slices.Clone(sc.Targets), func(t Target) bool { return t.Subject != "" })
+		}
 		scenarios = append(scenarios, &short)
 	}
 	res := runSuiteConcurrently(t, scenarios)

@@ -35,6 +35,15 @@ type Config struct {
 	// EPPAddress is the host:port of the ext_proc server (the EPP). Setting it
 	// selects EPP mode.
 	EPPAddress string
+	// EPPReplicas are further ext_proc servers, replicas of the same EPP
+	// (one InferencePool's EPP pods behind one Envoy cluster): each request's
+	// ext_proc stream goes to one of EPPAddress and EPPReplicas, picked per
+	// stream by EPPBalance, as Envoy's cluster load balancer picks a host for
+	// every new stream.
+	EPPReplicas []string
+	// EPPBalance is BalanceRoundRobin (the default, Envoy's ROUND_ROBIN) or
+	// BalanceRandom (Envoy's RANDOM).
+	EPPBalance string
 	// EPPTLS dials the EPP over TLS without verifying its certificate: the
 	// upstream EPP serves a self-signed certificate by default, and GIE's
 	// reference Envoy configuration accepts it the same way (an empty
@@ -141,6 +150,19 @@ func (c Config) validate() error {
 		if _, err := parseHostPort(c.EPPAddress); err != nil {
 			errs = append(errs, fmt.Errorf("EPP address: %w", err))
 		}
+	}
+	if len(c.EPPReplicas) > 0 && c.EPPAddress == "" {
+		errs = append(errs, errors.New("EPP replicas need an EPP address (the first replica)"))
+	}
+	for _, r := range c.EPPReplicas {
+		if _, err := parseHostPort(r); err != nil {
+			errs = append(errs, fmt.Errorf("EPP replica: %w", err))
+		}
+	}
+	switch c.EPPBalance {
+	case "", BalanceRoundRobin, BalanceRandom:
+	default:
+		errs = append(errs, fmt.Errorf("EPP balance %q is not %s or %s", c.EPPBalance, BalanceRoundRobin, BalanceRandom))
 	}
 	for _, ep := range c.Endpoints {
 		if err := checkEndpoint(ep, c.AllowNonLoopbackUpstreams); err != nil {

@@ -127,7 +127,7 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 	streamCtx, cancelStream := context.WithCancel(ex.r.Context())
 	defer cancelStream()
 	timer := newMessageTimer(p.cfg.MessageTimeout, cancelStream)
-	stream, err := p.epp.Process(streamCtx)
+	stream, err := p.epps.pick().Process(streamCtx)
 	if err != nil {
 		timer.stop()
 		return ex.eppFailed(EPPFailureRequest, err, orig, body)

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
@@ -29,8 +27,7 @@ const copyBufferSize = 32 << 10
 // model server chosen by the EPP (or round-robin).
 type Proxy struct {
 	cfg       Config
-	conn      *grpc.ClientConn                  // nil in round-robin mode
-	epp       extprocv3.ExternalProcessorClient // nil in round-robin mode
+	epps      *eppReplicas // nil in round-robin mode
 	transport *http.Transport
 	next      atomic.Uint64 // round-robin position
 }
@@ -63,12 +60,11 @@ func New(cfg Config) (*Proxy, error) {
 			// Envoy config accepts it without verification as well.
 			creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // see comment above
 		}
-		conn, err := grpc.NewClient(cfg.EPPAddress, grpc.WithTransportCredentials(creds))
+		epps, err := newEPPReplicas(append([]string{cfg.EPPAddress}, cfg.EPPReplicas...), cfg.EPPBalance, creds)
 		if err != nil {
-			return nil, fmt.Errorf("creating EPP client for %s: %w", cfg.EPPAddress, err)
+			return nil, err
 		}
-		p.conn = conn
-		p.epp = extprocv3.NewExternalProcessorClient(conn)
+		p.epps = epps
 	}
 	return p, nil
 }
@@ -77,8 +73,8 @@ func New(cfg Config) (*Proxy, error) {
 // requests fail once it is called.
 func (p *Proxy) Close() error {
 	p.transport.CloseIdleConnections()
-	if p.conn != nil {
-		return p.conn.Close()
+	if p.epps != nil {
+		return p.epps.Close()
 	}
 	return nil
 }

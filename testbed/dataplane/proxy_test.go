@@ -583,6 +583,10 @@ func TestConfigValidation(t *testing.T) {
 		{"ok rr", Config{RoundRobin: true, Endpoints: []string{"localhost:8000", "[::1]:8001"}}, ""},
 		{"ok remote allowed", Config{RoundRobin: true, Endpoints: []string{"10.0.0.1:80"}, AllowNonLoopbackUpstreams: true}, ""},
 		{"ok epp", Config{EPPAddress: "127.0.0.1:9002"}, ""},
+		{"replicas without epp", Config{RoundRobin: true, Endpoints: []string{"127.0.0.1:1"}, EPPReplicas: []string{"127.0.0.1:9003"}}, "need an EPP address"},
+		{"bad replica", Config{EPPAddress: "127.0.0.1:9002", EPPReplicas: []string{"epp"}}, "EPP replica"},
+		{"bad balance", Config{EPPAddress: "127.0.0.1:9002", EPPBalance: "least-request"}, `EPP balance "least-request"`},
+		{"ok replicas", Config{EPPAddress: "127.0.0.1:9002", EPPReplicas: []string{"127.0.0.1:9003"}, EPPBalance: BalanceRandom}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -46,6 +46,13 @@ type Router struct {
 	Admission *flowcontrol.Config
 	// AdmissionOptions adjust the admission adapter (DefaultOutputTokens); the snapshot interval is ScrapeInterval.
 	AdmissionOptions plugins.FlowControlOptions
+	// Replicas runs this many EPP replicas (EPP only; default 1), each a whole EPP of its own that scrapes every
+	// server, and the data plane spreads requests over them by Balance (default BalanceRoundRobin).
+	Replicas int
+	Balance  Balance
+	// Ownership partitions the servers among the replicas (replication.Partition over replica names epp-0, ...):
+	// each replica scrapes and routes to its own servers only, so its admission sees every request sent to them.
+	Ownership bool
 }
 
 // RoundRobinRouter is the round-robin contender.
@@ -62,6 +69,30 @@ func SluiceRouter(policy *flowcontrol.Config, endpointPickerConfig []byte) Route
 		policy = flowcontrol.DefaultConfig()
 	}
 	return Router{Kind: EPP, EndpointPickerConfig: endpointPickerConfig, Admission: policy}
+}
+
+// maxReplicas bounds Router.Replicas: each replica is a whole EPP.
+const maxReplicas = 64
+
+// withDefaults validates the replica settings and defaults them, appending problems to errs.
+func (rt Router) withDefaults(errs []error) (Router, []error) {
+	if err := rt.Balance.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	switch {
+	case rt.Replicas < 0 || rt.Replicas > maxReplicas:
+		errs = append(errs, fmt.Errorf("replicas must be 1..%d, got %d", maxReplicas, rt.Replicas))
+	case rt.Replicas > 1 && rt.Kind != EPP:
+		errs = append(errs, fmt.Errorf("replicas apply to the EPP router, not %q", rt.Kind))
+	case rt.Ownership && rt.Replicas < 2:
+		errs = append(errs, errors.New("endpoint ownership needs at least 2 replicas"))
+	case rt.Replicas == 0:
+		rt.Replicas = 1
+	}
+	if rt.Balance == "" {
+		rt.Balance = BalanceRoundRobin
+	}
+	return rt, errs
 }
 
 // Config describes one virtual-time run: a fleet, a load, a contender. Everything is plain data; nothing names a
@@ -179,6 +210,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err := load.ValidateLoad(); err != nil {
 		errs = append(errs, err)
 	}
+	c.Router, errs = c.Router.withDefaults(errs)
 	if c.ScrapeInterval < 0 || c.SampleInterval < 0 || c.DefaultMaxTokens < 0 {
 		errs = append(errs, errors.New("scrape and sample intervals and default max tokens must not be negative"))
 	}

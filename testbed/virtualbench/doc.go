@@ -35,6 +35,13 @@
 // Any EndpointPickerConfig the EPP loads can be given, with or without Sluice admission, except plugins that cannot
 // be deterministic (see inProcessEPP).
 //
+// An EPP contender may run as several replicas (Router.Replicas): independent in-process EPPs, each with its own
+// plugins, admission and prefix index, each scraping every server in phase with the others, and the data plane
+// picking one per attempt (one ext_proc stream per request) round-robin or at random (Router.Balance), as Envoy
+// balances an ext_proc cluster. Replica 0 keeps the run's seed, so one replica is exactly the single EPP. With
+// Router.Ownership the replicas partition the servers (replication.Partition) and each scrapes and routes to its
+// own only.
+//
 // # What runs, and how it maps to real time
 //
 //   - Clients: loadgen.Generator and loadgen.Arrivals with the run's seed, exactly as loadgen.Run draws them, so

@@ -20,6 +20,8 @@ type Result struct {
 	Fleet FleetStats
 	// EPP is what the endpoint picker cost, in wall time (zero for round-robin). Not deterministic.
 	EPP EPPCost
+	// ReplicaRequests counts the attempts (ext_proc streams) each EPP replica received; nil without an EPP.
+	ReplicaRequests []int
 	// Virtual is the virtual time from the start to the last answer.
 	Virtual time.Duration
 	// Wall is how long the run took; Events counts the discrete events it processed.

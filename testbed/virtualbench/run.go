@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/sluice-gw/sluice/testbed/eventclock"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -34,6 +36,7 @@ type attempt struct {
 	deadline time.Time
 	rec      loadgen.Record
 	server   int // -1 until routed
+	replica  int // the EPP replica its ext_proc stream went to
 	ereq     *engine.Request
 	chat     bool
 	stream   bool
@@ -47,7 +50,7 @@ type run struct {
 	cfg      Config
 	clk      *eventclock.Clock
 	servers  []*server
-	picker   *inProcessEPP
+	replicas *replicaSet // nil without an EPP
 	gen      *loadgen.Generator
 	arrivals *loadgen.Arrivals
 
@@ -95,7 +98,7 @@ func Run(cfg Config) (*Result, error) {
 		if err := r.startPicker(); err != nil {
 			return nil, err
 		}
-		defer r.picker.Close()
+		defer r.replicas.Close()
 	}
 	r.startLoad()
 	r.every(cfg.SampleInterval, cfg.SampleInterval, r.sample)
@@ -113,13 +116,13 @@ func Run(cfg Config) (*Result, error) {
 			break
 		}
 		e.Fire()
-		if r.picker != nil && r.err == nil {
-			r.err = r.picker.Err()
+		if r.replicas != nil && r.err == nil {
+			r.err = r.replicas.Err()
 		}
 	}
-	if r.err == nil && r.picker != nil {
+	if r.err == nil && r.replicas != nil {
 		// Every request the EPP saw has ended there too, and nothing waits in admission.
-		if n, q := r.picker.InFlight(), r.picker.AdmissionQueue(); n != 0 || q != [len(q)]int{} {
+		if n, q := r.replicas.InFlight(), r.replicas.AdmissionQueue(); n != 0 || q != [len(q)]int{} {
 			r.err = fmt.Errorf("virtual benchmark: the EPP still holds %d requests (admission queues %v) after the last answer", n, q)
 		}
 	}
@@ -127,6 +130,9 @@ func Run(cfg Config) (*Result, error) {
 		return nil, r.err
 	}
 	res := &Result{Records: r.records, Samples: r.samples, EPP: r.epp, Events: r.clk.Fired()}
+	if r.replicas != nil {
+		res.ReplicaRequests = r.replicas.routed
+	}
 	for _, rec := range r.records {
 		res.Virtual = max(res.Virtual, rec.Start+rec.E2E)
 	}
@@ -161,28 +167,48 @@ func (r *run) every(first, period time.Duration, f func()) {
 	r.clk.At(epoch.Add(first), tick)
 }
 
-// startPicker builds the EPP and its scrape and snapshot ticks: every server is scraped at t=0 and every
-// ScrapeInterval (the data layer starts every endpoint's poller at once in static mode); admission takes its
-// snapshots half an interval after the scrapes, the mean age of the metrics it reads in a real EPP, whose ticker is
-// independent.
+// startPicker builds the EPP's replicas and their scrape and snapshot ticks: every replica scrapes its servers (all,
+// or those it owns) at t=0 and every ScrapeInterval (the data layer starts every endpoint's poller at once in static
+// mode, and the replicas are taken to start together); admission takes its snapshots half an interval after the
+// scrapes, the mean age of the metrics it reads in a real EPP, whose ticker is independent.
 func (r *run) startPicker() error {
-	eps := make([]eppEndpoint, len(r.servers))
+	pods := make([]string, len(r.servers))
 	for i, s := range r.servers {
-		eps[i] = eppEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
+		pods[i] = s.pod
 	}
 	rt := r.cfg.Router
-	opts := rt.AdmissionOptions
-	opts.SnapshotInterval = r.cfg.ScrapeInterval
-	p, err := newInProcessEPP(eppOptions{
-		Config: rt.EndpointPickerConfig, Admission: rt.Admission, AdmissionOptions: opts, Endpoints: eps,
-		Objectives: r.cfg.Objectives, Clock: r.clk, Seed: r.cfg.Seed,
-	})
+	servers, err := replicaServers(pods, rt.Replicas, rt.Ownership)
 	if err != nil {
 		return err
 	}
-	r.picker = p
+	opts := rt.AdmissionOptions
+	opts.SnapshotInterval = r.cfg.ScrapeInterval
+	pickers := make([]*inProcessEPP, 0, rt.Replicas)
+	for k := range rt.Replicas {
+		eps := make([]eppEndpoint, len(servers[k]))
+		for j, i := range servers[k] {
+			s := r.servers[i]
+			eps[j] = eppEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
+		}
+		p, err := newInProcessEPP(eppOptions{
+			Config: rt.EndpointPickerConfig, Admission: rt.Admission, AdmissionOptions: opts, Endpoints: eps,
+			Objectives: r.cfg.Objectives, Clock: r.clk, Seed: replicaSeed(r.cfg.Seed, k),
+		})
+		if err != nil {
+			for _, q := range pickers {
+				q.Close()
+			}
+			return err
+		}
+		pickers = append(pickers, p)
+	}
+	r.replicas = newReplicaSet(pickers, servers, rt.Balance, r.cfg.Seed)
 	// A timer of the code under test (a queue timeout in admission) may decide requests: continue them at once.
-	r.clk.AfterCallback = func() { r.pickerCall(p.Resume) }
+	r.clk.AfterCallback = func() {
+		for _, p := range pickers {
+			r.pickerCall(p, p.Resume)
+		}
+	}
 	r.every(0, r.cfg.ScrapeInterval, r.scrape)
 	// At time 0 the EPP has scraped every server and taken a snapshot, as in the real benchmark, which waits for
 	// the EPP's first scrapes before it starts the load.
@@ -192,22 +218,29 @@ func (r *run) startPicker() error {
 }
 
 func (r *run) syncAdmission() {
-	var err error
-	r.epp.Routing += r.eppTime(func() { err = r.picker.SyncAdmission() })
-	if err != nil && r.err == nil {
-		r.err = fmt.Errorf("admission snapshot: %w", err)
+	for k, p := range r.replicas.eps {
+		var err error
+		r.epp.Routing += r.eppTime(p, func() { err = p.SyncAdmission() })
+		if err != nil && r.err == nil {
+			r.err = fmt.Errorf("admission snapshot of EPP replica %d: %w", k, err)
+		}
 	}
 }
 
 func (r *run) scrape() {
+	families := make([]map[string]*dto.MetricFamily, len(r.servers))
 	for i, s := range r.servers {
-		families := s.families(r.clk.Now())
-		var err error
-		r.epp.Scraping += r.eppTime(func() { err = r.picker.Scrape(i, families) })
-		r.epp.Scrapes++
-		if err != nil {
-			r.err = fmt.Errorf("scraping server %d: %w", i, err)
-			return
+		families[i] = s.families(r.clk.Now())
+	}
+	for k, p := range r.replicas.eps {
+		for j, i := range r.replicas.servers[k] {
+			var err error
+			r.epp.Scraping += r.eppTime(p, func() { err = p.Scrape(j, families[i]) })
+			r.epp.Scrapes++
+			if err != nil {
+				r.err = fmt.Errorf("scraping server %d: %w", i, err)
+				return
+			}
 		}
 	}
 }
@@ -305,7 +338,7 @@ func (r *run) startAttempt(req *request, n int) {
 	r.attempts = append(r.attempts, a)
 	r.timeouts = append(r.timeouts, a)
 	r.armSweep()
-	if r.picker == nil {
+	if r.replicas == nil {
 		s := r.rrNext % len(r.servers)
 		r.rrNext++
 		r.dispatch(a, s, spec.Body)
@@ -322,8 +355,10 @@ func (r *run) startAttempt(req *request, n int) {
 		headers[strings.ToLower(k)] = v
 	}
 	r.epp.Requests++
-	r.pickerCall(func() {
-		r.picker.Route(eppRequest{ID: a.id, Headers: headers, Body: spec.Body}, func(res eppAnswer) {
+	a.replica = r.replicas.pick()
+	p := r.replicas.eps[a.replica]
+	r.pickerCall(p, func() {
+		p.Route(eppRequest{ID: a.id, Headers: headers, Body: spec.Body}, func(res eppAnswer) {
 			// The answer may come from inside another picker call: act on it as the loop's next event.
 			r.clk.At(r.clk.Now(), func() { r.routed(a, res) })
 		})
@@ -335,7 +370,8 @@ func (r *run) routed(a *attempt, res eppAnswer) {
 	switch {
 	case a.closed:
 		if res.Endpoint >= 0 { // routed after the client gave up: the response is never read
-			r.pickerCall(func() { r.picker.ResponseComplete(a.id, nil) })
+			p := r.eppOf(a)
+			r.pickerCall(p, func() { p.ResponseComplete(a.id, nil) })
 		}
 	case res.Endpoint < 0:
 		r.interval.Shed++
@@ -344,7 +380,7 @@ func (r *run) routed(a *attempt, res eppAnswer) {
 		a.rec.RetryAfter, a.rec.RetryAfterSet = res.RetryAfter, res.RetryAfterSet
 		r.finish(a)
 	default:
-		r.dispatch(a, res.Endpoint, res.Body)
+		r.dispatch(a, r.replicas.server(a.replica, res.Endpoint), res.Body)
 	}
 }
 
@@ -356,15 +392,18 @@ func excerpt(msg string) string {
 	return strings.TrimSpace(msg)
 }
 
-// pickerCall runs f, calls into the EPP on the request path, and counts its wall time as routing.
-func (r *run) pickerCall(f func()) { r.epp.Routing += r.eppTime(f) }
+// eppOf is the EPP replica that routed a.
+func (r *run) eppOf(a *attempt) *inProcessEPP { return r.replicas.eps[a.replica] }
+
+// pickerCall runs f, calls into p on the request path, and counts its wall time as routing.
+func (r *run) pickerCall(p *inProcessEPP, f func()) { r.epp.Routing += r.eppTime(p, f) }
 
 // eppTime returns the wall time f, calls into the EPP, took, less the time the EPP waited for goroutines plugin hooks
 // started (see EPPCost.HookWait), which it adds to r.epp.HookWait.
-func (r *run) eppTime(f func()) time.Duration {
-	start, waited := time.Now(), r.picker.hooks.waited
+func (r *run) eppTime(p *inProcessEPP, f func()) time.Duration {
+	start, waited := time.Now(), p.hooks.waited
 	f()
-	wait := r.picker.hooks.waited - waited
+	wait := p.hooks.waited - waited
 	r.epp.HookWait += wait
 	return time.Since(start) - wait
 }
@@ -379,10 +418,11 @@ func (r *run) dispatch(a *attempt, si int, body []byte) {
 	ereq, herr := s.accept(r.clk.Now(), body, a.chat, uint64(a.idx)+1)
 	if herr != nil {
 		// The answer is a JSON error; loadgen keeps an excerpt of its body.
-		if r.picker != nil {
-			r.pickerCall(func() {
-				r.picker.ResponseHeader(a.id, map[string]string{"content-type": "application/json"})
-				r.picker.ResponseComplete(a.id, errorBody(herr))
+		if r.replicas != nil {
+			p := r.eppOf(a)
+			r.pickerCall(p, func() {
+				p.ResponseHeader(a.id, map[string]string{"content-type": "application/json"})
+				p.ResponseComplete(a.id, errorBody(herr))
 			})
 		}
 		a.rec.Status = herr.status
@@ -444,25 +484,27 @@ var (
 
 // afterStep delivers what a step produced: response headers at a stream's first token, and whole answers.
 func (r *run) afterStep() {
-	if r.picker != nil && len(r.firstSeen) > 0 {
-		r.pickerCall(func() {
-			for _, a := range r.firstSeen {
-				r.picker.ResponseHeader(a.id, streamHeaders)
-				r.picker.ResponseChunk(a.id)
-			}
-		})
+	if r.replicas != nil {
+		for _, a := range r.firstSeen {
+			p := r.eppOf(a)
+			r.pickerCall(p, func() {
+				p.ResponseHeader(a.id, streamHeaders)
+				p.ResponseChunk(a.id)
+			})
+		}
 	}
 	clear(r.firstSeen)
 	r.firstSeen = r.firstSeen[:0]
 	for i, a := range r.finished {
 		r.finished[i] = nil
 		r.interval.Completed++
-		if r.picker != nil {
-			r.pickerCall(func() {
+		if r.replicas != nil {
+			p := r.eppOf(a)
+			r.pickerCall(p, func() {
 				if !a.stream {
-					r.picker.ResponseHeader(a.id, jsonHeaders)
+					p.ResponseHeader(a.id, jsonHeaders)
 				}
-				r.picker.ResponseComplete(a.id, lastChunk(a.ereq, a.stream, a.usage))
+				p.ResponseComplete(a.id, lastChunk(a.ereq, a.stream, a.usage))
 			})
 		}
 		a.rec.Status = http.StatusOK
@@ -549,8 +591,9 @@ func (r *run) abort(a *attempt, why string) {
 		a.rec.Status, a.rec.Error = 0, why
 	}
 	r.finish(a)
-	if r.picker != nil {
-		r.pickerCall(func() { r.picker.Cancel(a.id) })
+	if r.replicas != nil {
+		p := r.eppOf(a)
+		r.pickerCall(p, func() { p.Cancel(a.id) })
 	}
 }
 
@@ -580,8 +623,8 @@ func (r *run) sample() {
 	r.interval = Sample{}
 	smp.At = r.now()
 	smp.InFlight = r.inFlight
-	if r.picker != nil {
-		smp.Queued = r.picker.AdmissionQueue()
+	if r.replicas != nil {
+		smp.Queued = r.replicas.AdmissionQueue()
 	}
 	if r.cfg.ServerSeries {
 		smp.ServerWaiting = make([]int, len(r.servers))

@@ -9,6 +9,11 @@
 //	dataplane --listen 127.0.0.1:8081 --epp 127.0.0.1:9002 --epp-tls \
 //	    [--failure-mode-allow --endpoints 127.0.0.1:8000,127.0.0.1:8001]
 //	dataplane --listen 127.0.0.1:8081 --round-robin --endpoints 127.0.0.1:8000,127.0.0.1:8001
+//	dataplane --listen 127.0.0.1:8081 --epp 127.0.0.1:9002,127.0.0.1:9012 --epp-balance random
+//
+// With several --epp addresses (replicas of one EPP) every request's ext_proc
+// stream goes to one of them, round-robin or at random, as Envoy balances the
+// streams of an ext_proc cluster.
 //
 // --metrics-listen serves Prometheus metrics; with --enable-pprof it also
 // serves Go's profiles (/debug/pprof/, the CPU profile at
@@ -48,7 +53,8 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("dataplane", flag.ContinueOnError)
 	var (
 		listen        = fs.String("listen", "127.0.0.1:8081", "address to serve HTTP on")
-		epp           = fs.String("epp", "", "EPP ext_proc address host:port (EPP mode)")
+		epp           = fs.String("epp", "", "EPP ext_proc address host:port (EPP mode), or a comma-separated list of the EPP's replicas")
+		eppBalance    = fs.String("epp-balance", dataplane.BalanceRoundRobin, "how ext_proc streams are spread over the EPP's replicas, one per request: round-robin or random")
 		eppTLS        = fs.Bool("epp-tls", false, "dial the EPP over TLS without verifying its (self-signed) certificate")
 		roundRobin    = fs.Bool("round-robin", false, "no EPP: rotate over --endpoints (benchmark baseline)")
 		endpoints     = fs.String("endpoints", "", "comma-separated model server addresses host:port (round-robin targets; fail-open targets in EPP mode)")
@@ -80,8 +86,15 @@ func run(args []string) error {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
+	epps := dataplane.SplitEndpointList(*epp)
+	var eppAddress string
+	if len(epps) > 0 {
+		eppAddress = epps[0]
+	}
 	cfg := dataplane.Config{
-		EPPAddress:                *epp,
+		EPPAddress:                eppAddress,
+		EPPReplicas:               epps[min(1, len(epps)):],
+		EPPBalance:                *eppBalance,
 		EPPTLS:                    *eppTLS,
 		RoundRobin:                *roundRobin,
 		Endpoints:                 dataplane.SplitEndpointList(*endpoints),
@@ -138,6 +151,9 @@ func run(args []string) error {
 		return fmt.Errorf("listener: %w", err)
 	}
 	mode := "epp " + *epp
+	if len(epps) > 1 {
+		mode += ", streams balanced " + *eppBalance
+	}
 	if *roundRobin {
 		mode = "round-robin"
 	}

@@ -1,0 +1,67 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// How the proxy spreads ext_proc streams over EPP replicas (Config.EPPBalance).
+const (
+	BalanceRoundRobin = "round-robin"
+	BalanceRandom     = "random"
+)
+
+// eppReplicas are the EPP's replicas, one gRPC client each. Envoy opens an
+// ext_proc stream per request and its load balancer picks the host of each
+// new stream; pick does the same, so the replicas share requests, never
+// clients or tenants.
+type eppReplicas struct {
+	conns   []*grpc.ClientConn
+	clients []extprocv3.ExternalProcessorClient
+	random  bool
+	next    atomic.Uint64
+}
+
+// newEPPReplicas creates a lazy gRPC client per address (New succeeds while
+// the EPPs are starting).
+func newEPPReplicas(addresses []string, balance string, creds credentials.TransportCredentials) (*eppReplicas, error) {
+	r := &eppReplicas{random: balance == BalanceRandom}
+	for _, a := range addresses {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			_ = r.Close()
+			return nil, fmt.Errorf("creating EPP client for %s: %w", a, err)
+		}
+		r.conns = append(r.conns, conn)
+		r.clients = append(r.clients, extprocv3.NewExternalProcessorClient(conn))
+	}
+	return r, nil
+}
+
+// pick returns the client of the next stream's replica. Safe for concurrent
+// use.
+func (r *eppReplicas) pick() extprocv3.ExternalProcessorClient {
+	n := len(r.clients)
+	switch {
+	case n == 1:
+		return r.clients[0]
+	case r.random:
+		return r.clients[rand.IntN(n)]
+	}
+	return r.clients[(r.next.Add(1)-1)%uint64(n)]
+}
+
+// Close closes every replica's connection.
+func (r *eppReplicas) Close() error {
+	var errs []error
+	for _, c := range r.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,47 @@
+package dataplane
+
+import (
+	"net/http"
+	"testing"
+)
+
+// Every request opens one ext_proc stream, and the streams go to the replicas in turn (round-robin) or spread
+// over all of them (random), whichever replica routes the request.
+func TestEPPReplicasShareStreams(t *testing.T) {
+	for _, tc := range []struct {
+		balance  string
+		requests int
+	}{{BalanceRoundRobin, 9}, {BalanceRandom, 60}} {
+		t.Run(tc.balance, func(t *testing.T) {
+			backend := startBackend(t, "b", nil)
+			epps := make([]*fakeEPP, 3)
+			for i := range epps {
+				epps[i] = startFakeEPP(t, eppBehaviour{decide: routeTo(backend.addr(), nil)})
+			}
+			proxy, _ := startProxy(t, Config{EPPAddress: epps[0].addr, EPPReplicas: []string{epps[1].addr, epps[2].addr},
+				EPPBalance: tc.balance})
+			for range tc.requests {
+				if code, _, body := post(t, proxy.URL+"/v1/completions", `{"model":"m","prompt":"hi"}`); code != http.StatusOK {
+					t.Fatalf("status %d, body %s", code, body)
+				}
+			}
+			total := 0
+			for i, e := range epps {
+				n := len(e.exchanges())
+				total += n
+				switch {
+				case tc.balance == BalanceRoundRobin && n != tc.requests/3:
+					t.Errorf("replica %d got %d streams, want %d", i, n, tc.requests/3)
+				case n == 0:
+					t.Errorf("replica %d got no stream of %d", i, tc.requests)
+				}
+			}
+			if total != tc.requests {
+				t.Errorf("%d streams for %d requests", total, tc.requests)
+			}
+			if n, _, _ := backend.received(); n != tc.requests {
+				t.Errorf("backend served %d of %d requests", n, tc.requests)
+			}
+		})
+	}
+}
