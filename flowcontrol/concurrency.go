@@ -145,7 +145,7 @@ func (l *concurrencyLearner) observeRunning(n int) {
 	l.maxRunning = max(l.maxRunning, n)
 }
 
-// ConcurrencySource says where an endpoint's concurrency comes from. It is a closed enum, used as a metric label.
+// ConcurrencySource says where an endpoint's concurrency comes from. It is a closed enum.
 type ConcurrencySource uint8
 
 const (
