@@ -1098,3 +1098,20 @@ func TestSaturationsRankBusyEndpoints(t *testing.T) {
 		}
 	})
 }
+
+// TestRetryAfterAddsBacklogToEpisode: a blocked band's clients are told to come back when the episode is expected to
+// end (as long again as it has lasted) plus the time the backlog waiting ahead of them then takes to drain, not at
+// the episode's end, when that backlog would shed them again.
+func TestRetryAfterAddsBacklogToEpisode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			oneSlot(c)
+			c.Bands[Sheddable].RetryAfterMax = 5 * time.Minute
+		}))
+		warmDrainRate(t, h, 10) // blocked for 20 s, 10 Critical requests (1000 tokens) waiting at ~100 tokens/s
+		d := h.admit(-1, "batch", 100).wantOutcome(t, Rejected, ReasonSaturated)
+		if d.RetryAfter < 29*time.Second || d.RetryAfter > 32*time.Second {
+			t.Fatalf("Retry-After %v, want the 20 s episode plus about 10 s of backlog", d.RetryAfter)
+		}
+	})
+}

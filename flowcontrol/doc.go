@@ -62,10 +62,11 @@
 // scrape taken after it covers it (UpdateEndpoints) and, if streamed, it has started; that keeps a burst between two
 // scrapes from piling onto one endpoint. It counts towards the endpoint's occupancy (seats) until Release.
 //
-// Retry-After is the estimated time until the band admits again: the larger of the backlog at and above the band
-// over the drain rate (an exponential moving average of cost dispatched per second of backlogged time) and the age of
-// the band's current blocked episode (snapshots finding no headroom for it, or requests waiting at or above it),
-// clamped to the band's bounds, jittered and rounded up to whole seconds. The backlog term alone would tell shed
+// Retry-After is the estimated time until capacity for the band returns: the backlog at and above the band over the
+// drain rate (an exponential moving average of cost dispatched per second of backlogged time) or, if larger while the
+// band is blocked (snapshots finding no headroom for it, or requests waiting at or above it), the age of the blocked
+// episode plus the time that backlog takes to drain once it ends; clamped to the band's bounds, jittered and rounded
+// up to whole seconds. The backlog term alone would tell shed
 // Sheddable clients "1s" all through a burst, which sheds them again; an episode that has lasted d is taken to last
 // about d more, so retries land after the burst.
 //
