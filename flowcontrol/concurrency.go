@@ -128,15 +128,23 @@ func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats,
 // load grows would cost throughput (measured in testbed/bench/scenarios/README.md, "Seats").
 const largeBatchRunning = 16
 
-// known is the stated concurrency or the learned slot limit, the smaller if both; 0 while neither is known.
-func (l *concurrencyLearner) known(th EndpointThresholds) int {
+// known is the limit outside the Critical reserve: the stated concurrency or the learned slot limit, the smaller if
+// both; 0 while neither is known. A learned limit is one more while the latest scrape showed nothing waiting there:
+// a plateau can be the EPP's own doing (a large server fed one request per request that ends, each waiting for the
+// next step) and a limit that is never exceeded would never be disproved, so the endpoint may run one more, which
+// forgets the limit if it starts; on a server that is truly full it waits there until the next scrape shows it.
+func (l *concurrencyLearner) known(th EndpointThresholds, waiting bool) int {
+	slots := l.slots
+	if slots > 0 && !waiting {
+		slots++
+	}
 	switch {
-	case th.Concurrency > 0 && l.slots > 0:
-		return min(th.Concurrency, l.slots)
+	case th.Concurrency > 0 && slots > 0:
+		return min(th.Concurrency, slots)
 	case th.Concurrency > 0:
 		return th.Concurrency
 	default:
-		return l.slots
+		return slots
 	}
 }
 

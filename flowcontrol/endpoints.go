@@ -122,7 +122,7 @@ func (e *endpointState) tally(r reservation, sign int) {
 func (e *endpointState) refresh(th EndpointThresholds) {
 	e.learner.observeRunning(e.running)
 	e.seats, e.capacity, e.seatSource = e.learner.limits(th, e.WaitingQueue > 0)
-	e.known = e.learner.known(th)
+	e.known = e.learner.known(th, e.WaitingQueue > 0)
 	kv := e.KVCacheUsage / th.KVCacheUtil
 	base := max(queueSaturation(e.Endpoint, e.reserved, th), e.pendingTimeSaturation(th.PendingTime))
 	e.sat = max(base, kv)

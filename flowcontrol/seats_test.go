@@ -30,7 +30,11 @@ func TestConcurrencyLearner(t *testing.T) {
 		known           int
 	}{
 		{name: "nothing seen", source: ConcurrencyUnknown},
-		{name: "plateau with ends", steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencySlots, known: 4},
+		// Outside the reserve a learned limit may be exceeded by one while nothing waits there, so a plateau of the
+		// EPP's own making can be disproved.
+		{name: "plateau with ends", steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencySlots, known: 5},
+		{name: "plateau, latest scrape waiting", steps: plateau, waiting: true, slots: 4, seats: 4, capacity: 4,
+			source: ConcurrencySlots, known: 4},
 		{name: "plateau without ends", steps: []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}},
 			seats: 4, capacity: 5, source: ConcurrencyRunning},
 		{name: "plateau too short", steps: plateau[:3], seats: 4, capacity: 5, source: ConcurrencyRunning},
@@ -47,6 +51,8 @@ func TestConcurrencyLearner(t *testing.T) {
 		{name: "large batch", steps: []scrapeStep{{40, 3, 1, 0.5}, {40, 2, 1, 0.5}}, source: ConcurrencyUnknown},
 		{name: "stated", stated: 3, source: ConcurrencyStated, seats: 3, capacity: 3, known: 3},
 		{name: "stated over learned", stated: 8, steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencySlots,
+			known: 5},
+		{name: "stated under learned", stated: 4, steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencyStated,
 			known: 4},
 		// Four running use 80% of KV: five fill it, and the default threshold (0.8) keeps four.
 		{name: "KV bounds the slots", stated: 8, steps: []scrapeStep{{4, 0, 0, 0.8}}, seats: 4, capacity: 4,
@@ -69,7 +75,7 @@ func TestConcurrencyLearner(t *testing.T) {
 				t.Errorf("limits = %d seats, capacity %d, %s; want %d, %d, %s", seats, capacity, source, tt.seats,
 					tt.capacity, tt.source)
 			}
-			if k := l.known(th); k != tt.known {
+			if k := l.known(th, tt.waiting); k != tt.known {
 				t.Errorf("known = %d, want %d", k, tt.known)
 			}
 		})
@@ -259,4 +265,39 @@ func TestConcurrencyExactlyOneOutcome(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestLearnedSlotLimit: a running count that plateaus while requests wait there becomes the endpoint's limit, so the
+// next request waits in the EPP rather than in the server; once nothing waits there the endpoint may run one more,
+// and a scrape showing it running more forgets the limit (a plateau of the EPP's own making is disproved).
+func TestLearnedSlotLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth = 100 }))
+		h.scrape(ep("a", 0))
+		var inflight []*call
+		for range 4 {
+			cl := h.admit(0, "t", 1)
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+			inflight = append(inflight, cl)
+		}
+		for range slotPlateauScrapes {
+			h.step(50 * time.Millisecond)
+			h.c.Release(inflight[0].req.ID)
+			inflight = inflight[1:]
+			cl := h.admit(0, "t", 1)
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+			inflight = append(inflight, cl)
+			h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
+		}
+		next := h.admit(0, "t", 1)
+		next.wantWaiting(t) // four in flight, four slots learned, one waiting there
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 4})
+		next.wantOutcome(t, Dispatched, ReasonNone) // nothing waits there: one more may go
+		after := h.admit(0, "t", 1)
+		after.wantWaiting(t)
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 5})
+		after.wantOutcome(t, Dispatched, ReasonNone) // it ran five: the limit is forgotten
+	})
 }
