@@ -220,17 +220,21 @@ func (e *endpointState) pendingTimeSaturation(threshold time.Duration) float64 {
 	return float64(e.pending) * float64(e.firstChunkOr(threshold)) / float64(threshold)
 }
 
+// smoothDuration folds sample into the exponentially weighted average avg (zero: nothing learned yet, sample is it).
+func smoothDuration(avg, sample time.Duration, weight float64) time.Duration {
+	if avg == 0 {
+		return sample
+	}
+	return avg + time.Duration(weight*float64(sample-avg))
+}
+
 // firstChunkWeight is the weight of each new sample in the learned first-chunk time: about the last five prompts count.
 const firstChunkWeight = 0.2
 
 // learnFirstChunk folds one prompt's time from dispatch to first chunk, already divided among the prompts that were
 // pending ahead of it (they share its prefill steps), into the learned first-chunk time; the caller refreshes.
 func (e *endpointState) learnFirstChunk(d time.Duration) {
-	if e.firstChunk == 0 {
-		e.firstChunk = d
-	} else {
-		e.firstChunk += time.Duration(firstChunkWeight * float64(d-e.firstChunk))
-	}
+	e.firstChunk = smoothDuration(e.firstChunk, d, firstChunkWeight)
 }
 
 // saturationFor is the saturation headroom is judged by in the normal tier: satReserve under the Critical reserve,

@@ -85,11 +85,7 @@ const holdTimeWeight = 0.05
 // learnHoldTimeLocked folds the time a released request held its seat into the pool's smoothed hold time, which with
 // the busy seats gives the rate seats free (Little's law).
 func (c *Controller) learnHoldTimeLocked(held time.Duration) {
-	if c.holdTime == 0 {
-		c.holdTime = held
-	} else {
-		c.holdTime += time.Duration(holdTimeWeight * float64(held-c.holdTime))
-	}
+	c.holdTime = smoothDuration(c.holdTime, held, holdTimeWeight)
 }
 
 // rateMeter measures how often something happens: an exponentially weighted moving average, with time constant
