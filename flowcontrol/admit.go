@@ -114,7 +114,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst
 		d.Endpoints = c.endpointsWithHeadroomLocked(band, burst, now)
-		c.reserveLocked(req.ID, band, req.Streamed, best, now)
+		c.reserveLocked(req.ID, req.Streamed, best, now)
 		if c.totalCount > 0 {
 			c.drain.add(cost)
 		}

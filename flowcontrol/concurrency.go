@@ -98,28 +98,28 @@ func (l *concurrencyLearner) observe(e Endpoint) {
 // starts what it is sent, but a full server queues at most that many while its plateau teaches its slot limit; one
 // whose latest scrape showed requests waiting gets nothing beyond its seats until they have started. Any other
 // endpoint has neither (the saturation thresholds alone judge it, as before seats).
-func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats, capacity int, source ConcurrencySource) {
-	pick := func(n int, s ConcurrencySource) {
+func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats, capacity int, source concurrencySource) {
+	pick := func(n int, s concurrencySource) {
 		if n > 0 && (seats == 0 || n < seats) {
 			seats, source = n, s
 		}
 	}
-	pick(th.Concurrency, ConcurrencyStated)
-	pick(l.slots, ConcurrencySlots)
+	pick(th.Concurrency, concurrencyStated)
+	pick(l.slots, concurrencySlots)
 	if seats > 0 {
 		if l.perKV > 0 {
-			pick(max(1, int(math.Min(th.KVCacheUtil*l.perKV, math.MaxInt32))), ConcurrencyKV)
+			pick(max(1, int(math.Min(th.KVCacheUtil*l.perKV, math.MaxInt32))), concurrencyKV)
 		}
 		return seats, seats, source
 	}
 	if !l.queued || l.maxRunning == 0 || l.maxRunning >= largeBatchRunning {
-		return 0, 0, ConcurrencyUnknown
+		return 0, 0, concurrencyUnknown
 	}
 	seats, capacity = l.maxRunning, l.maxRunning+max(1, l.maxRunning/4)
 	if waiting {
 		capacity = seats
 	}
-	return seats, capacity, ConcurrencyRunning
+	return seats, capacity, concurrencyRunning
 }
 
 // largeBatchRunning: an endpoint seen running at least this many requests at once, whose slot limit is not known,
@@ -153,31 +153,31 @@ func (l *concurrencyLearner) observeRunning(n int) {
 	l.maxRunning = max(l.maxRunning, n)
 }
 
-// ConcurrencySource says where an endpoint's concurrency comes from. It is a closed enum.
-type ConcurrencySource uint8
+// concurrencySource says where an endpoint's concurrency comes from. It is a closed enum.
+type concurrencySource uint8
 
 const (
-	// ConcurrencyUnknown: nothing is known yet (no request has been seen running).
-	ConcurrencyUnknown ConcurrencySource = iota
-	// ConcurrencyRunning: the most it has run at once, while the limit is not known.
-	ConcurrencyRunning
-	// ConcurrencyStated: the policy's endpoint.concurrency.
-	ConcurrencyStated
-	// ConcurrencySlots: the running count the endpoint plateaus at while requests wait there.
-	ConcurrencySlots
-	// ConcurrencyKV: what its KV cache holds of the current mix.
-	ConcurrencyKV
+	// concurrencyUnknown: nothing is known yet (no request has been seen running).
+	concurrencyUnknown concurrencySource = iota
+	// concurrencyRunning: the most it has run at once, while the limit is not known.
+	concurrencyRunning
+	// concurrencyStated: the policy's endpoint.concurrency.
+	concurrencyStated
+	// concurrencySlots: the running count the endpoint plateaus at while requests wait there.
+	concurrencySlots
+	// concurrencyKV: what its KV cache holds of the current mix.
+	concurrencyKV
 )
 
-// NumConcurrencySources is the number of ConcurrencySource values.
-const NumConcurrencySources = 5
+// numConcurrencySources is the number of concurrencySource values.
+const numConcurrencySources = 5
 
-var concurrencySourceNames = [NumConcurrencySources]string{"unknown", "running", "stated", "slots", "kv"}
+var concurrencySourceNames = [numConcurrencySources]string{"unknown", "running", "stated", "slots", "kv"}
 
 // String returns the source's metric label value.
-func (s ConcurrencySource) String() string {
+func (s concurrencySource) String() string {
 	if int(s) < len(concurrencySourceNames) {
 		return concurrencySourceNames[s]
 	}
-	return fmt.Sprintf("ConcurrencySource(%d)", uint8(s))
+	return fmt.Sprintf("concurrencySource(%d)", uint8(s))
 }

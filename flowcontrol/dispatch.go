@@ -18,7 +18,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			names := c.endpointsWithHeadroomLocked(b, burst, now)
 			it := q.pop()
 			c.dequeuedLocked(it)
-			c.reserveLocked(it.id, b, it.streamed, best, now)
+			c.reserveLocked(it.id, it.streamed, best, now)
 			c.drain.add(it.cost)
 			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
 				Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)

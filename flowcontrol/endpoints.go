@@ -37,12 +37,11 @@ type endpointState struct {
 	// foreign is how many more requests the last two scrapes both showed here than the EPP had sent (another EPP
 	// replica's, or requests sent around the gateway): the endpoint's occupancy counts them too.
 	foreign int
-	// seats, capacity and seatSource are concurrencyLearner.limits: the requests the endpoint is known to start at
-	// once (0 while unknown), the most admission keeps there (0: no bound), and where seats comes from.
+	// seats and capacity are concurrencyLearner.limits: the requests the endpoint is known to start at once (0 while
+	// unknown) and the most admission keeps there under the Critical reserve (0: no bound).
 	seats, capacity int
-	seatSource      ConcurrencySource
-	// known is the concurrency stated or learned from a slot plateau (0 while neither is), bounded by nothing else:
-	// the limit outside the Critical reserve, where the KV term and the probing of seats do not apply.
+	// known is concurrencyLearner.known: the stated or learned concurrency (0 while neither is), the limit outside the
+	// Critical reserve, where the KV term and tentative seats do not apply.
 	known int
 	// running counts the requests the EPP sent here that have had their first response chunk and not ended: running
 	// there for sure, fresher than a scrape.
@@ -121,7 +120,7 @@ func (e *endpointState) tally(r reservation, sign int) {
 // refresh recomputes the concurrency and the cached saturations.
 func (e *endpointState) refresh(th EndpointThresholds) {
 	e.learner.observeRunning(e.running)
-	e.seats, e.capacity, e.seatSource = e.learner.limits(th, e.WaitingQueue > 0)
+	e.seats, e.capacity, _ = e.learner.limits(th, e.WaitingQueue > 0)
 	e.known = e.learner.known(th, e.WaitingQueue > 0)
 	kv := e.KVCacheUsage / th.KVCacheUtil
 	base := max(queueSaturation(e.Endpoint, e.reserved, th), e.pendingTimeSaturation(th.PendingTime))
@@ -252,7 +251,6 @@ func (e *endpointState) saturationFor(reserve bool) float64 {
 type reservation struct {
 	endpoint string
 	at       time.Time
-	band     Band
 	// ahead is how many prompts were pending on endpoint when the request was sent there.
 	ahead     int
 	unscraped bool

@@ -7,11 +7,10 @@ import (
 	"time"
 )
 
-// reserveLocked counts a dispatched request of band against endpoint i until it is released: in flight, unscraped
+// reserveLocked counts a dispatched request against endpoint i until it is released: in flight, unscraped
 // until a scrape covers it and, if streamed, pending until it has started.
-func (c *Controller) reserveLocked(id string, band Band, streamed bool, i int, now time.Time) {
-	r := reservation{endpoint: c.endpoints[i].Name, at: now, band: band, ahead: c.endpoints[i].pending, unscraped: true,
-		pending: streamed}
+func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
+	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
 	e := &c.endpoints[i]
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)

@@ -26,37 +26,37 @@ func TestConcurrencyLearner(t *testing.T) {
 		waiting         bool
 		slots           int
 		seats, capacity int
-		source          ConcurrencySource
+		source          concurrencySource
 		known           int
 	}{
-		{name: "nothing seen", source: ConcurrencyUnknown},
+		{name: "nothing seen", source: concurrencyUnknown},
 		// Outside the reserve a learned limit may be exceeded by one while nothing waits there, so a plateau of the
 		// EPP's own making can be disproved.
-		{name: "plateau with ends", steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencySlots, known: 5},
+		{name: "plateau with ends", steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots, known: 5},
 		{name: "plateau, latest scrape waiting", steps: plateau, waiting: true, slots: 4, seats: 4, capacity: 4,
-			source: ConcurrencySlots, known: 4},
+			source: concurrencySlots, known: 4},
 		{name: "plateau without ends", steps: []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}},
-			seats: 4, capacity: 5, source: ConcurrencyRunning},
-		{name: "plateau too short", steps: plateau[:3], seats: 4, capacity: 5, source: ConcurrencyRunning},
+			seats: 4, capacity: 5, source: concurrencyRunning},
+		{name: "plateau too short", steps: plateau[:3], seats: 4, capacity: 5, source: concurrencyRunning},
 		{name: "queue gone each scrape", steps: []scrapeStep{{4, 1, 1, 0.1}, {4, 0, 1, 0.1}, {4, 1, 1, 0.1}, {4, 0, 1, 0.1}},
-			seats: 4, capacity: 5, source: ConcurrencyRunning},
+			seats: 4, capacity: 5, source: concurrencyRunning},
 		{name: "count moves", steps: []scrapeStep{{3, 1, 1, 0.1}, {4, 1, 1, 0.1}, {5, 1, 1, 0.1}, {6, 1, 1, 0.1}},
-			seats: 6, capacity: 7, source: ConcurrencyRunning},
+			seats: 6, capacity: 7, source: concurrencyRunning},
 		{name: "below the most run", steps: append([]scrapeStep{{6, 0, 0, 0.1}}, plateau...), seats: 6, capacity: 7,
-			source: ConcurrencyRunning},
+			source: concurrencyRunning},
 		{name: "more running forgets", steps: append(append([]scrapeStep{}, plateau...), scrapeStep{6, 0, 0, 0.1}),
-			seats: 6, capacity: 7, source: ConcurrencyRunning},
-		{name: "latest scrape waiting", steps: plateau[:2], waiting: true, seats: 4, capacity: 4, source: ConcurrencyRunning},
-		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1}, {4, 0, 1, 0.1}}, source: ConcurrencyUnknown},
-		{name: "large batch", steps: []scrapeStep{{40, 3, 1, 0.5}, {40, 2, 1, 0.5}}, source: ConcurrencyUnknown},
-		{name: "stated", stated: 3, source: ConcurrencyStated, seats: 3, capacity: 3, known: 3},
-		{name: "stated over learned", stated: 8, steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencySlots,
+			seats: 6, capacity: 7, source: concurrencyRunning},
+		{name: "latest scrape waiting", steps: plateau[:2], waiting: true, seats: 4, capacity: 4, source: concurrencyRunning},
+		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1}, {4, 0, 1, 0.1}}, source: concurrencyUnknown},
+		{name: "large batch", steps: []scrapeStep{{40, 3, 1, 0.5}, {40, 2, 1, 0.5}}, source: concurrencyUnknown},
+		{name: "stated", stated: 3, source: concurrencyStated, seats: 3, capacity: 3, known: 3},
+		{name: "stated over learned", stated: 8, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots,
 			known: 5},
-		{name: "stated under learned", stated: 4, steps: plateau, slots: 4, seats: 4, capacity: 4, source: ConcurrencyStated,
+		{name: "stated under learned", stated: 4, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencyStated,
 			known: 4},
 		// Four running use 80% of KV: five fill it, and the default threshold (0.8) keeps four.
 		{name: "KV bounds the slots", stated: 8, steps: []scrapeStep{{4, 0, 0, 0.8}}, seats: 4, capacity: 4,
-			source: ConcurrencyKV, known: 8},
+			source: concurrencyKV, known: 8},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
