@@ -193,7 +193,7 @@ func (r *run) startPicker() error {
 
 func (r *run) syncAdmission() {
 	var err error
-	r.epp.Routing += r.eppTime(func() { err = r.picker.SyncAdmission() })
+	r.pickerCall(func() { err = r.picker.SyncAdmission() })
 	if err != nil && r.err == nil {
 		r.err = fmt.Errorf("admission snapshot: %w", err)
 	}
@@ -203,7 +203,9 @@ func (r *run) scrape() {
 	for i, s := range r.servers {
 		families := s.families(r.clk.Now())
 		var err error
-		r.epp.Scraping += r.eppTime(func() { err = r.picker.Scrape(i, families) })
+		start, waited := time.Now(), r.picker.hooks.waited
+		err = r.picker.Scrape(i, families)
+		r.epp.Scraping += time.Since(start) - (r.picker.hooks.waited - waited)
 		r.epp.Scrapes++
 		if err != nil {
 			r.err = fmt.Errorf("scraping server %d: %w", i, err)
@@ -356,17 +358,22 @@ func excerpt(msg string) string {
 	return strings.TrimSpace(msg)
 }
 
-// pickerCall runs f, calls into the EPP on the request path, and counts its wall time as routing.
-func (r *run) pickerCall(f func()) { r.epp.Routing += r.eppTime(f) }
+// pickerCall runs f, calls into the EPP on the request path, and counts its wall and CPU time as routing.
+func (r *run) pickerCall(f func()) {
+	wall, cpu := r.eppTime(f)
+	r.epp.Routing += wall
+	r.epp.RoutingCPU += cpu
+}
 
-// eppTime returns the wall time f, calls into the EPP, took, less the time the EPP waited for goroutines plugin hooks
-// started (see EPPCost.HookWait), which it adds to r.epp.HookWait.
-func (r *run) eppTime(f func()) time.Duration {
-	start, waited := time.Now(), r.picker.hooks.waited
+// eppTime returns the wall and process CPU time f, calls into the EPP, took, less the time the EPP waited for
+// goroutines plugin hooks started (see EPPCost.HookWait), which it adds to r.epp.HookWait.
+func (r *run) eppTime(f func()) (wall, cpu time.Duration) {
+	h := r.picker.hooks
+	start, startCPU, waited, waitedCPU := time.Now(), processCPU(), h.waited, h.waitedCPU
 	f()
-	wait := r.picker.hooks.waited - waited
+	wait := h.waited - waited
 	r.epp.HookWait += wait
-	return time.Since(start) - wait
+	return time.Since(start) - wait, processCPU() - startCPU - (h.waitedCPU - waitedCPU)
 }
 
 // dispatch hands a to server si, which accepts it into its engine or answers an error at once.
