@@ -79,7 +79,7 @@ func (b *binary) path(t *testing.T) string {
 }
 
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func FreePort(t *testing.T) int {
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -226,7 +226,7 @@ type ModelServer struct {
 }
 
 // StartModelServer listens on hostPort (port 0 picks one) until the test ends.
-func StartModelServer(t *testing.T, hostPort string) *ModelServer {
+func StartModelServer(t testing.TB, hostPort string) *ModelServer {
 	t.Helper()
 	l, err := net.Listen("tcp", hostPort)
 	if err != nil {
