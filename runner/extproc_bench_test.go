@@ -144,7 +144,9 @@ func startBenchEPP(b *testing.B, profile string) (extprocv3.ExternalProcessorSer
 // request until its body is complete, as the binary's does.
 type keepModel struct{}
 
-func (keepModel) SelectModel(context.Context, map[string]string, []byte) ModelChoice { return ModelChoice{} }
+func (keepModel) SelectModel(context.Context, map[string]string, []byte) ModelChoice {
+	return ModelChoice{}
+}
 
 // streamedChat is one request and its streamed response, as the proxy's messages; the body messages are shared by
 // every run (nothing on the request path modifies them), the headers are built per run with its request ID.

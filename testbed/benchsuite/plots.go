@@ -145,7 +145,9 @@ func scaleChart(st *ScaleStudy) func(draw.Canvas) {
 	left := panel("TTFT P99 / "+st.Contenders[0]+"'s", "ratio (log scale)",
 		func(r virtualbench.ScaleResult) float64 { return r.TTFTP99VsBaseline })
 	right := panel("EPP CPU time per decision", "µs (log scale)",
-		func(r virtualbench.ScaleResult) float64 { return float64(r.EPPCPUPerRequest) / float64(time.Microsecond) })
+		func(r virtualbench.ScaleResult) float64 {
+			return float64(r.EPPCPUPerRequest) / float64(time.Microsecond)
+		})
 	return sideBySide(left, right)
 }
 
