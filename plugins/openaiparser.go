@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
@@ -38,8 +39,18 @@ func (p *OpenAIParser) TypedName() fwkplugin.TypedName {
 }
 
 // ParseResponse parses as upstream does, then fills the cached prompt tokens
-// upstream missed.
+// upstream missed. A streamed chunk that cannot name a usage (almost every
+// chunk: one per token) gets upstream's answer for it, no usage, without
+// decoding it: upstream decodes every event of every chunk.
 func (p *OpenAIParser) ParseResponse(ctx context.Context, body []byte, headers map[string]string, endOfStream bool) (*fwkrh.ParsedResponse, error) {
+	if len(body) > 0 && !mayNameUsage(body) && isEventStream(headers) {
+		return &fwkrh.ParsedResponse{}, nil
+	}
+	return p.parseResponse(ctx, body, headers, endOfStream)
+}
+
+// parseResponse is ParseResponse without the shortcut.
+func (p *OpenAIParser) parseResponse(ctx context.Context, body []byte, headers map[string]string, endOfStream bool) (*fwkrh.ParsedResponse, error) {
 	parsed, err := p.OpenAIParser.ParseResponse(ctx, body, headers, endOfStream)
 	if err != nil || parsed == nil || parsed.Usage == nil || parsed.Usage.PromptTokenDetails != nil {
 		return parsed, err
@@ -78,4 +89,49 @@ func cachedTokensOf(doc []byte) (int, bool) {
 		return 0, false
 	}
 	return *d.Usage.Details.CachedTokens, true
+}
+
+// isEventStream reports whether the response headers say server-sent events,
+// as upstream's parser decides it (any header named content-type in any case,
+// whose value contains text/event-stream in any case).
+func isEventStream(headers map[string]string) bool {
+	for k, v := range headers {
+		if strings.EqualFold(k, "content-type") && strings.Contains(strings.ToLower(v), "text/event-stream") {
+			return true
+		}
+	}
+	return false
+}
+
+// mayNameUsage reports whether a JSON document, or a chunk of events, could
+// hold an object key that encoding/json matches to "usage" (the only field
+// that carries usage in upstream's streamed-response decoding). It matches
+// keys case-insensitively under Unicode folding, where only 's' has a
+// non-ASCII partner (U+017F), and after unescaping, where only \u escapes
+// spell letters; so a body that contains neither "usage" in any case (with
+// either s) nor a \u escape cannot.
+func mayNameUsage(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '\\' && i+1 < len(b) && b[i+1] == 'u':
+			return true
+		case c|0x20 == 'u' && foldsToSage(b[i+1:]):
+			return true
+		}
+	}
+	return false
+}
+
+// foldsToSage reports whether b starts with "sage" in any case, its s also
+// written U+017F (UTF-8 C5 BF).
+func foldsToSage(b []byte) bool {
+	switch {
+	case len(b) > 0 && b[0]|0x20 == 's':
+		b = b[1:]
+	case len(b) > 1 && b[0] == 0xC5 && b[1] == 0xBF:
+		b = b[2:]
+	default:
+		return false
+	}
+	return len(b) >= 3 && b[0]|0x20 == 'a' && b[1]|0x20 == 'g' && b[2]|0x20 == 'e'
 }

@@ -3,6 +3,7 @@ package plugins
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"testing"
 )
 
@@ -64,4 +65,53 @@ func FuzzCachedPromptTokens(f *testing.F) {
 			t.Fatalf("found cached tokens in a body without any: %q", body)
 		}
 	})
+}
+
+// FuzzOpenAIParserStreamShortcut holds ParseResponse's shortcut for streamed chunks to the full parse: on any chunk of
+// a server-sent-events response, both give the same answer.
+func FuzzOpenAIParserStreamShortcut(f *testing.F) {
+	for _, s := range []string{
+		"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"total_tokens\":42,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\ndata: [DONE]\n\n",
+		"data: {\"USAGE\":{\"prompt_tokens\":1}}\n\n",
+		"data: {\"u\\u0073age\":{\"prompt_tokens\":1}}\n\n",
+		"data: {\"u\xc5\xbfage\":{\"prompt_tokens\":2}}\n\n",
+		"event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":31,\"output_tokens\":3}},\"type\":\"response.completed\"}\n\n",
+		"data: [DONE]\n\n",
+		"data: {\"choices\":[{\"delta\":{\"content\":\"the usage of words\"}}]}\n\n",
+	} {
+		f.Add([]byte(s))
+	}
+	p, err := OpenAIParserFactory("parser", nil, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	parser := p.(*OpenAIParser)
+	headers := map[string]string{"Content-Type": "text/event-stream; charset=utf-8"}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, gotErr := parser.ParseResponse(context.Background(), body, headers, false)
+		want, wantErr := parser.parseResponse(context.Background(), body, headers, false)
+		if !reflect.DeepEqual(got, want) || (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("chunk %q: shortcut %+v, %v; full parse %+v, %v", body, got, gotErr, want, wantErr)
+		}
+	})
+}
+
+func TestMayNameUsage(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"choices":[{"delta":{"content":"token "}}]}`: false,
+		`{"usage":{}}`:           true,
+		`{"UsAgE":{}}`:           true,
+		"{\"u\xc5\xbfage\":{}}":  true,
+		`{"\u0075sage":{}}`:      true,
+		`{"content":"a\u00e9b"}`: true, // any \u escape could spell a key
+		`{"content":"us age"}`:   false,
+		`{"content":"a\nb\"c"}`:  false,
+		`usag`:                   false,
+		"":                       false,
+	} {
+		if got := mayNameUsage([]byte(body)); got != want {
+			t.Errorf("mayNameUsage(%q) = %v, want %v", body, got, want)
+		}
+	}
 }

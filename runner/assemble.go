@@ -310,14 +310,18 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	srv := grpc.NewServer(serverOpts...)
-	extprocv3.RegisterExternalProcessorServer(srv, &shapingServer{
+	handler := &shapingServer{
 		upstream:     handlers.NewStreamingServer(ds, req.director, req.parser),
 		shapers:      r.shapers,
 		selector:     req.selector,
 		maxBodyBytes: opts.ModelSelectionMaxBodyBytes,
 		clock:        r.clock,
 		decisions:    req.decisions,
-	})
+	}
+	if r.extProcHandler != nil {
+		r.extProcHandler(handler)
+	}
+	extprocv3.RegisterExternalProcessorServer(srv, handler)
 	if opts.HealthChecking {
 		hc := health.NewServer()
 		healthpb.RegisterHealthServer(srv, hc)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
@@ -49,6 +50,7 @@ type ManagerSetup struct {
 type Runner struct {
 	admission     AdmissionFactory
 	modelSelector ModelSelectorFactory
+	hotPath       func(opts *Options) bool
 	managerSetups []ManagerSetup
 	shapers       []ResponseShaper
 	flags         []func(fs *pflag.FlagSet)
@@ -58,6 +60,9 @@ type Runner struct {
 	stdout        io.Writer
 	// shutdownGrace bounds how long the gRPC servers drain on shutdown.
 	shutdownGrace time.Duration
+	// extProcHandler, when set (by this package's benchmarks), is handed the ext_proc handler the gRPC server serves,
+	// so that it can be driven in process, without a transport.
+	extProcHandler func(extprocv3.ExternalProcessorServer)
 }
 
 // New returns a Runner with upstream's admission and OpenAI-style error

@@ -144,8 +144,10 @@ func scaleChart(st *ScaleStudy) func(draw.Canvas) {
 	}
 	left := panel("TTFT P99 / "+st.Contenders[0]+"'s", "ratio (log scale)",
 		func(r virtualbench.ScaleResult) float64 { return r.TTFTP99VsBaseline })
-	right := panel("EPP wall time per decision", "µs (log scale)",
-		func(r virtualbench.ScaleResult) float64 { return float64(r.EPPPerRequest) / float64(time.Microsecond) })
+	right := panel("EPP CPU time per decision", "µs (log scale)",
+		func(r virtualbench.ScaleResult) float64 {
+			return float64(r.EPPCPUPerRequest) / float64(time.Microsecond)
+		})
 	return sideBySide(left, right)
 }
 

@@ -527,9 +527,10 @@ func writeScale(b *bufio.Writer, st *ScaleStudy, plots []Plot) {
 	p("\n<a id=\"%s\"></a>\n## Scale\n\n", ScaleName)
 	p("The same load per server, Poisson %g req/s of %s for %v of virtual time, on mixed fleets (%s) of growing "+
 		"size, each contender on each fleet in virtual time (seed %d). Routing quality is each contender's TTFT P99 "+
-		"over %s's on the same fleet (below 1 is better). EPP cost is the wall time of the EPP's request path per "+
-		"routed request (admission, scheduling and response hooks; metric scrapes excluded), measured on this "+
-		"machine with one run at a time; wall-clock figures vary with the machine's load, the ratios do not.\n\n",
+		"over %s's on the same fleet (below 1 is better). EPP cost is the CPU time of the EPP's request path per "+
+		"routed request (admission, scheduling and response hooks; metric scrapes excluded; user + system, garbage "+
+		"collection included), and its wall time, measured on this machine with one run at a time: wall time also "+
+		"counts waiting for a CPU, so on a shared machine it varies with the load, the CPU time much less.\n\n",
 		st.RatePerServer, st.Mix, st.Duration, st.Fleet, st.Seed, st.Contenders[0])
 	if len(st.Points) == 0 {
 		p("No fleet size finished.\n")
@@ -541,10 +542,13 @@ func writeScale(b *bufio.Writer, st *ScaleStudy, plots []Plot) {
 		p(" %s TTFT P99 vs %s |", c, st.Contenders[0])
 	}
 	for _, c := range others {
-		p(" %s EPP per decision |", c)
+		p(" %s EPP CPU per decision |", c)
+	}
+	if len(others) == 2 {
+		p(" %s / %s EPP CPU |", others[1], others[0])
 	}
 	p("\n|---|---|")
-	for range 2 * len(others) {
+	for range 2*len(others) + min(1, len(others)/2) {
 		p("---|")
 	}
 	p("\n")
@@ -560,20 +564,29 @@ func writeScale(b *bufio.Writer, st *ScaleStudy, plots []Plot) {
 		}
 		for _, c := range others {
 			r, _ := st.Result(i, c)
-			p(" %s |", formatMicros(r.EPPPerRequest))
+			p(" %s |", formatMicros(r.EPPCPUPerRequest))
+		}
+		if len(others) == 2 {
+			a, _ := st.Result(i, others[0])
+			b, _ := st.Result(i, others[1])
+			if a.EPPCPUPerRequest > 0 {
+				p(" %s |", FormatRatio(float64(b.EPPCPUPerRequest)/float64(a.EPPCPUPerRequest)))
+			} else {
+				p(" n/a |")
+			}
 		}
 		p("\n")
 	}
-	p("\n| Servers | Contender | Requests | OK | TTFT P50 | TTFT P99 | Prefix hit rate | EPP per decision | Virtual | Wall |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|\n")
+	p("\n| Servers | Contender | Requests | OK | TTFT P50 | TTFT P99 | Prefix hit rate | EPP CPU per decision | EPP wall per decision | Virtual | Wall |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, pt := range st.Points {
 		for _, r := range pt.Results {
-			cost := "–"
+			cpu, wall := "–", "–"
 			if r.EPPPerRequest > 0 {
-				cost = formatMicros(r.EPPPerRequest)
+				cpu, wall = formatMicros(r.EPPCPUPerRequest), formatMicros(r.EPPPerRequest)
 			}
-			p("| %d | %s | %d | %d | %s | %s | %.1f%% | %s | %v | %v |\n", pt.Servers, r.Router, r.Requests, r.Succeeded,
-				formatSeconds(r.TTFTP50.Seconds()), formatSeconds(r.TTFTP99.Seconds()), 100*r.PrefixHitRate, cost,
+			p("| %d | %s | %d | %d | %s | %s | %.1f%% | %s | %s | %v | %v |\n", pt.Servers, r.Router, r.Requests, r.Succeeded,
+				formatSeconds(r.TTFTP50.Seconds()), formatSeconds(r.TTFTP99.Seconds()), 100*r.PrefixHitRate, cpu, wall,
 				r.Virtual.Round(100*time.Millisecond), r.Wall.Round(100*time.Millisecond))
 		}
 	}

@@ -37,8 +37,9 @@ func TestRunScale(t *testing.T) {
 			if want := float64(r.TTFTP99) / float64(pt.Results[0].TTFTP99); r.TTFTP99VsBaseline != want {
 				t.Errorf("%d servers, %s: ratio %v, want %v", pt.Servers, r.Router, r.TTFTP99VsBaseline, want)
 			}
-			if (j == 0) != (r.EPPPerRequest == 0) {
-				t.Errorf("%d servers, %s: EPP cost %v (only round-robin has none)", pt.Servers, r.Router, r.EPPPerRequest)
+			if (j == 0) != (r.EPPPerRequest == 0) || (j == 0) != (r.EPPCPUPerRequest == 0) {
+				t.Errorf("%d servers, %s: EPP cost %v, %v CPU (only round-robin has none)", pt.Servers, r.Router,
+					r.EPPPerRequest, r.EPPCPUPerRequest)
 			}
 		}
 	}
@@ -65,7 +66,8 @@ func TestRunScaleOptions(t *testing.T) {
 func fakeScale() *ScaleStudy {
 	res := func(name string, p99 time.Duration, ratio float64, cost time.Duration) virtualbench.ScaleResult {
 		return virtualbench.ScaleResult{Router: name, Requests: 100, Succeeded: 100, TTFTP50: 40 * time.Millisecond,
-			TTFTP99: p99, TTFTP99VsBaseline: ratio, EPPPerRequest: cost, Virtual: 7 * time.Second, Wall: time.Second}
+			TTFTP99: p99, TTFTP99VsBaseline: ratio, EPPPerRequest: 2 * cost, EPPCPUPerRequest: cost, Virtual: 7 * time.Second,
+			Wall: time.Second}
 	}
 	return &ScaleStudy{
 		Fleet: "half h100, half a10g", Mix: "chats", RatePerServer: 7.5, Duration: 5 * time.Second, Seed: 11,
@@ -99,10 +101,11 @@ func TestWriteReportScale(t *testing.T) {
 	report := buf.String()
 	for _, want := range []string{
 		"## Scale",
-		"| Servers | Offered load | upstream-default TTFT P99 vs round-robin | sluice TTFT P99 vs round-robin | upstream-default EPP per decision | sluice EPP per decision |",
-		"| 8 | 60 req/s | 0.80x (-20%) | 0.30x (-70%) | 220 µs | 90.0 µs |",
-		"| 64 | 480 req/s | 2.00x (+100%) | 0.50x (-50%) | 1500 µs | 400 µs |",
-		"| 64 | round-robin | 100 | 100 | 40 ms | 700 ms | 0.0% | – | 7s | 1s |",
+		"| Servers | Offered load | upstream-default TTFT P99 vs round-robin | sluice TTFT P99 vs round-robin | upstream-default EPP CPU per decision | sluice EPP CPU per decision | sluice / upstream-default EPP CPU |",
+		"| 8 | 60 req/s | 0.80x (-20%) | 0.30x (-70%) | 220 µs | 90.0 µs | 0.41x (-59%) |",
+		"| 64 | 480 req/s | 2.00x (+100%) | 0.50x (-50%) | 1500 µs | 400 µs | 0.27x (-73%) |",
+		"| 64 | round-robin | 100 | 100 | 40 ms | 700 ms | 0.0% | – | – | 7s | 1s |",
+		"| 64 | sluice | 100 | 100 | 40 ms | 350 ms | 0.0% | 400 µs | 800 µs | 7s | 1s |",
 		"(scale/scale.svg)",
 	} {
 		if !strings.Contains(report, want) {

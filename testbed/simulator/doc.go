@@ -63,7 +63,7 @@
 // something else first (see engine.Profile for what each stands for):
 //
 //	profile  slots  batched-tokens  KV blocks (x16 tokens)  max-model-len  LoRA slots  load
-//	h100     256    8192            24576 (393k tokens)     8192           4           25ms
+//	h100     256    8192            24576 (393k tokens)     131072         4           25ms
 //	a10g     128    4096            2560  (41k tokens)      4096           2           60ms
 //	slot4    4      2048            2560  (41k tokens)      4096           2           60ms
 //	slot24   24     2048            2560  (41k tokens)      4096           2           60ms

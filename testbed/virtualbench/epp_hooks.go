@@ -43,9 +43,9 @@ type hookGoroutines struct {
 	needle   string // the label as the debug=1 goroutine profile prints it
 	created  []metrics.Sample
 	profile  bytes.Buffer
-	// waited is the wall time spent waiting for goroutines after the calls that started some: the engine's cost, not
-	// the EPP's (EPPCost.HookWait).
-	waited time.Duration
+	// waited and waitedCPU are the wall and process CPU time spent waiting for goroutines after the calls that
+	// started some: the engine's cost, not the EPP's (EPPCost.HookWait).
+	waited, waitedCPU time.Duration
 }
 
 func newHookGoroutines() *hookGoroutines {
@@ -66,8 +66,8 @@ func (h *hookGoroutines) run(ctx context.Context, f func(context.Context)) error
 	if h.goroutinesCreated() == before {
 		return nil
 	}
-	start := time.Now()
-	defer func() { h.waited += time.Since(start) }()
+	start, startCPU := time.Now(), processCPU()
+	defer func() { h.waited, h.waitedCPU = h.waited+time.Since(start), h.waitedCPU+processCPU()-startCPU }()
 	for polls := 0; ; polls++ {
 		// Yield first: the goroutines a hook starts are usually short and end within one yield.
 		if polls < 100 {

@@ -18,7 +18,7 @@ type Result struct {
 	Samples []Sample
 	// Fleet totals the servers' counters at the end of the run.
 	Fleet FleetStats
-	// EPP is what the endpoint picker cost, in wall time (zero for round-robin). Not deterministic.
+	// EPP is what the endpoint picker cost, in wall and CPU time (zero for round-robin). Not deterministic.
 	EPP EPPCost
 	// ReplicaRequests counts the attempts (ext_proc streams) each EPP replica received; nil without an EPP.
 	ReplicaRequests []int
@@ -71,12 +71,15 @@ func (f FleetStats) PrefixHitRate() float64 {
 	return float64(f.PrefixHitTokens) / float64(f.PrefixQueryTokens)
 }
 
-// EPPCost is the wall time spent in the endpoint picker.
+// EPPCost is the time spent in the endpoint picker.
 type EPPCost struct {
 	// Requests counts requests routed (Route calls); Routing is the wall time of the request path: Route,
-	// admission snapshots and continuations, and the response hooks.
-	Requests int           `json:"requests"`
-	Routing  time.Duration `json:"routing_ns"`
+	// admission snapshots and continuations, and the response hooks. RoutingCPU is the process's CPU time over the
+	// same calls (user + system, garbage collection included): on a machine shared with other work, wall time also
+	// counts the time the run waited for a CPU, CPU time does not.
+	Requests   int           `json:"requests"`
+	Routing    time.Duration `json:"routing_ns"`
+	RoutingCPU time.Duration `json:"routing_cpu_ns"`
 	// HookWait is the wall time spent, after calls into plugin code, waiting for the goroutines they started to end
 	// (upstream's approximate prefix producer updates its index from one): a real EPP runs them beside the request
 	// path, so it is not part of Routing.
@@ -92,4 +95,12 @@ func (c EPPCost) PerRequest() time.Duration {
 		return 0
 	}
 	return c.Routing / time.Duration(c.Requests)
+}
+
+// CPUPerRequest is the routing CPU time per routed request.
+func (c EPPCost) CPUPerRequest() time.Duration {
+	if c.Requests == 0 {
+		return 0
+	}
+	return c.RoutingCPU / time.Duration(c.Requests)
 }

@@ -220,7 +220,7 @@ func (r *run) startPicker() error {
 func (r *run) syncAdmission() {
 	for k, p := range r.replicas.eps {
 		var err error
-		r.epp.Routing += r.eppTime(p, func() { err = p.SyncAdmission() })
+		r.pickerCall(p, func() { err = p.SyncAdmission() })
 		if err != nil && r.err == nil {
 			r.err = fmt.Errorf("admission snapshot of EPP replica %d: %w", k, err)
 		}
@@ -235,7 +235,8 @@ func (r *run) scrape() {
 	for k, p := range r.replicas.eps {
 		for j, i := range r.replicas.servers[k] {
 			var err error
-			r.epp.Scraping += r.eppTime(p, func() { err = p.Scrape(j, families[i]) })
+			wall, _ := r.eppTime(p, func() { err = p.Scrape(j, families[i]) })
+			r.epp.Scraping += wall
 			r.epp.Scrapes++
 			if err != nil {
 				r.err = fmt.Errorf("scraping server %d: %w", i, err)
@@ -395,17 +396,22 @@ func excerpt(msg string) string {
 // eppOf is the EPP replica that routed a.
 func (r *run) eppOf(a *attempt) *inProcessEPP { return r.replicas.eps[a.replica] }
 
-// pickerCall runs f, calls into p on the request path, and counts its wall time as routing.
-func (r *run) pickerCall(p *inProcessEPP, f func()) { r.epp.Routing += r.eppTime(p, f) }
+// pickerCall runs f, calls into p on the request path, and counts its wall and CPU time as routing.
+func (r *run) pickerCall(p *inProcessEPP, f func()) {
+	wall, cpu := r.eppTime(p, f)
+	r.epp.Routing += wall
+	r.epp.RoutingCPU += cpu
+}
 
-// eppTime returns the wall time f, calls into the EPP, took, less the time the EPP waited for goroutines plugin hooks
-// started (see EPPCost.HookWait), which it adds to r.epp.HookWait.
-func (r *run) eppTime(p *inProcessEPP, f func()) time.Duration {
-	start, waited := time.Now(), p.hooks.waited
+// eppTime returns the wall and process CPU time f, calls into p, took, less the time p waited for goroutines plugin
+// hooks started (see EPPCost.HookWait), which it adds to r.epp.HookWait.
+func (r *run) eppTime(p *inProcessEPP, f func()) (wall, cpu time.Duration) {
+	h := p.hooks
+	start, startCPU, waited, waitedCPU := time.Now(), processCPU(), h.waited, h.waitedCPU
 	f()
-	wait := p.hooks.waited - waited
+	wait := h.waited - waited
 	r.epp.HookWait += wait
-	return time.Since(start) - wait
+	return time.Since(start) - wait, processCPU() - startCPU - (h.waitedCPU - waitedCPU)
 }
 
 // dispatch hands a to server si, which accepts it into its engine or answers an error at once.

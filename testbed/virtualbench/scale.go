@@ -52,8 +52,8 @@ type ScaleResult struct {
 	TTFTP50, TTFTP99    time.Duration
 	// TTFTP99VsBaseline is TTFTP99 over the baseline contender's: the routing quality.
 	TTFTP99VsBaseline float64
-	// EPPPerRequest is the endpoint picker's wall time per routed request: its cost.
-	EPPPerRequest time.Duration
+	// EPPPerRequest and EPPCPUPerRequest are the endpoint picker's wall and CPU time per routed request: its cost.
+	EPPPerRequest, EPPCPUPerRequest time.Duration
 	// PrefixHitRate is the fleet's prefix-cache hit rate.
 	PrefixHitRate float64
 	// Virtual and Wall are the run's virtual and wall time.
@@ -86,7 +86,7 @@ func Scale(cfg ScaleConfig) ([]ScalePoint, error) {
 			o := res.Summary.Overall
 			pt.Results = append(pt.Results, ScaleResult{
 				Router: nr.Name, Requests: o.Requests, Succeeded: o.Succeeded, TTFTP50: o.TTFT.P50, TTFTP99: o.TTFT.P99,
-				EPPPerRequest: res.EPP.PerRequest(), PrefixHitRate: res.Fleet.PrefixHitRate(), Virtual: res.Virtual,
+				EPPPerRequest: res.EPP.PerRequest(), EPPCPUPerRequest: res.EPP.CPUPerRequest(), PrefixHitRate: res.Fleet.PrefixHitRate(), Virtual: res.Virtual,
 				Wall: res.Wall,
 			})
 		}

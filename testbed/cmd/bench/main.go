@@ -174,9 +174,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		scaleOpts.OnPoint = func(pt virtualbench.ScalePoint) {
 			for _, r := range pt.Results {
-				fmt.Fprintf(stderr, "scale: %d servers · %s: TTFT p99 %v (%.3f of round-robin's), EPP %v per decision, %v wall\n",
+				fmt.Fprintf(stderr, "scale: %d servers · %s: TTFT p99 %v (%.3f of round-robin's), EPP %v CPU (%v wall) per decision, %v wall\n",
 					pt.Servers, r.Router, r.TTFTP99.Round(time.Millisecond), r.TTFTP99VsBaseline,
-					r.EPPPerRequest.Round(time.Microsecond), r.Wall.Round(100*time.Millisecond))
+					r.EPPCPUPerRequest.Round(time.Microsecond), r.EPPPerRequest.Round(time.Microsecond), r.Wall.Round(100*time.Millisecond))
 			}
 		}
 		res.Scale, runErr = benchsuite.RunScale(ctx, scaleOpts)

@@ -101,7 +101,7 @@ var profiles = map[string]Config{
 		MaxNumBatchedTokens: 8192,
 		NumGPUBlocks:        24576, // 393k tokens
 		BlockSize:           16,
-		MaxModelLen:         8192,
+		MaxModelLen:         131072, // Llama 3.1's context; its KV fits three such requests
 		MaxLoRAs:            4,
 		LoRALoadTime:        25 * time.Millisecond,
 		StepBase:            6 * time.Millisecond,

@@ -1,0 +1,140 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+)
+
+// requestPaths are the request paths the differential runs every body through: one per API upstream's parser
+// tells apart, and none (upstream defaults to completions).
+var requestPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/conversations", "/v1/embeddings", ""}
+
+// requestBodies are the differential's cases and the fuzz target's seeds.
+var requestBodies = []string{
+	`{"model":"m","messages":[{"role":"user","content":"hello"}]}`,
+	`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":12,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`,
+	` { "model" : "m" , "prompt" : ["a", "b\"}"] , "stream" : false, "seed": 12345678901234567890, "x": [1, {"y": null}] } `,
+	`{"model":"m","prompt":"once","cache_salt":"s","logit_bias":{"50256":-100}}`,
+	`{"model":"m","input":[{"role":"user","content":"x"}],"instructions":"be kind","tools":[]}`,
+	`{"model":"m","items":[{"type":"message","role":"user","content":"hi"}],"metadata":{"k":"v"}}`,
+	`{"model":"m","input":"embed me"}`,
+	`{"model":"first","model":"last","stream":true,"stream":"yes","prompt":"p"}`,
+	`{"mod\u0065l":"escaped key","MODEL":"other key","prompt":"p \u00e9 \ud83d\ude00 </script>"}`,
+	`{"model":7,"prompt":"p"}`,
+	`{"prompt":"no model"}`,
+	`{"model":"m","prompt":"p","big":1e400}`,
+	`{"model":"m","messages":[]}`,
+	`{"model":"m"}`,
+	`{"model":"m","prompt":"unterminated"`,
+	`[{"model":"m"}]`,
+	`null`,
+	``,
+	"{\"model\":\"m\xff\",\"prompt\":\"bad utf-8 \xfe\"}",
+}
+
+// TestOpenAIParserRequestMatchesUpstream is the differential of ParseRequest against upstream's parser: see
+// sameParse.
+func TestOpenAIParserRequestMatchesUpstream(t *testing.T) {
+	parser := newTestOpenAIParser(t)
+	for _, path := range requestPaths {
+		for _, body := range requestBodies {
+			if err := sameParse(parser, path, []byte(body)); err != nil {
+				t.Errorf("path %q, body %q: %v", path, body, err)
+			}
+		}
+	}
+}
+
+// FuzzOpenAIParserRequest holds ParseRequest to upstream's parser on any body, for every API.
+func FuzzOpenAIParserRequest(f *testing.F) {
+	for _, body := range requestBodies {
+		f.Add([]byte(body))
+	}
+	parser := newTestOpenAIParser(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, path := range requestPaths {
+			if err := sameParse(parser, path, body); err != nil {
+				t.Fatalf("path %q, body %q: %v", path, body, err)
+			}
+		}
+	})
+}
+
+func newTestOpenAIParser(tb testing.TB) *OpenAIParser {
+	p, err := OpenAIParserFactory("parser", nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p.(*OpenAIParser)
+}
+
+// sameParse parses body as a request to path with p and with upstream's parser, and reports how they differ in what
+// the EPP reads or forwards: an error where the other has none, a different error, API type, stream flag or model,
+// or a forwarded body (the payload as upstream's Director encodes it, after rewriting the model) that decodes to a
+// different value. The one difference allowed is the one ParseRequest documents: a body upstream rejects only for a
+// number beyond float64's range.
+func sameParse(p *OpenAIParser, path string, body []byte) error {
+	headers := map[string]string{}
+	if path != "" {
+		headers[":path"] = path
+	}
+	got, gotErr := p.ParseRequest(context.Background(), body, headers)
+	want, wantErr := p.OpenAIParser.ParseRequest(context.Background(), body, headers)
+	var rangeErr *json.UnmarshalTypeError
+	switch {
+	case wantErr != nil && gotErr == nil && errors.As(wantErr, &rangeErr) && strings.HasPrefix(rangeErr.Value, "number"):
+		return nil
+	case gotErr != nil || wantErr != nil:
+		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+			return fmt.Errorf("error %v, upstream's %v", gotErr, wantErr)
+		}
+		return nil
+	}
+	if got.Stream != want.Stream {
+		return fmt.Errorf("stream %v, upstream's %v", got.Stream, want.Stream)
+	}
+	typed := func(b *scheduling.LLMRequestBody) scheduling.LLMRequestBody {
+		c := *b
+		c.Payload, c.Stream = nil, false
+		return c
+	}
+	if g, w := typed(got), typed(want); !reflect.DeepEqual(g, w) {
+		return fmt.Errorf("request %+v, upstream's %+v", g, w)
+	}
+	gotMap, ok1 := got.Payload.(scheduling.PayloadMap)
+	wantMap, ok2 := want.Payload.(scheduling.PayloadMap)
+	if !ok1 || !ok2 {
+		return fmt.Errorf("payload %T, upstream's %T", got.Payload, want.Payload)
+	}
+	if !reflect.DeepEqual(gotMap["model"], wantMap["model"]) {
+		return fmt.Errorf("model %#v, upstream's %#v", gotMap["model"], wantMap["model"])
+	}
+	gotBody, wantBody, err := forwarded(gotMap), forwarded(wantMap), error(nil)
+	if !reflect.DeepEqual(gotBody, wantBody) {
+		err = fmt.Errorf("forwarded body %v, upstream's %v", gotBody, wantBody)
+	}
+	return err
+}
+
+// forwarded is the body upstream's Director forwards for a payload whose model it rewrites, decoded.
+func forwarded(payload scheduling.PayloadMap) any {
+	if _, ok := payload["model"].(string); ok {
+		payload["model"] = "rewritten"
+	}
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return fmt.Sprintf("encoding error: %v", err)
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return fmt.Sprintf("decoding error: %v", err)
+	}
+	return v
+}

@@ -1,0 +1,274 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
+
+	"github.com/sluice-gw/sluice/plugins"
+	"github.com/sluice-gw/sluice/runner/runnertest"
+)
+
+// BenchmarkExtProcStream drives the EPP's ext_proc handler in process as Envoy drives it in FULL_DUPLEX_STREAMED
+// mode, for one streamed chat per operation: request headers, the body, the model server's response headers, then
+// the response body in chunks (one SSE event each, the usage event and [DONE] in the last), every message carrying
+// the filter metadata the data plane forwards, and reads every answer. The EPP is the whole request path the binary
+// runs (Director, parser, scheduling, admission, model selection hold), on four endpoints whose metrics pages say
+// they are idle; only the transport is left out. Upstream's EPP and Sluice's run side by side in one run: the ratio
+// at each size is the figure (testbed/bench/scenarios/README.md), in cpu-ns/op (the process's CPU time per operation,
+// which a shared machine's load disturbs far less than ns/op). With -benchmem, allocs/op against chunks is the cost
+// per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt.
+//
+//	go test -run '^$' -bench ExtProcStream -benchmem -count 6 ./runner/
+func BenchmarkExtProcStream(b *testing.B) {
+	quietLogs(b)
+	shapes := []struct{ promptBytes, chunks int }{
+		{2 << 10, 16}, {2 << 10, 128}, {2 << 10, 1024}, // a 512-token chat, answers of 16 to 1024 tokens
+		{1 << 10, 16}, {16 << 10, 16}, {64 << 10, 16}, {220 << 10, 16}, // prompts of 256 to 56k tokens
+	}
+	for _, profile := range []string{"upstream-default", "sluice"} {
+		h, err := startBenchEPP(b, profile)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, shape := range shapes {
+			b.Run(fmt.Sprintf("prompt=%dKB/chunks=%d/epp=%s", shape.promptBytes>>10, shape.chunks, profile), func(b *testing.B) {
+				ex := newStreamedChat(shape.promptBytes, shape.chunks)
+				b.ReportAllocs()
+				b.ResetTimer()
+				stop := runnertest.CPUPerOp(b)
+				for i := range b.N {
+					if err := ex.run(h, fmt.Sprintf("bench-%s-%d-%d-%d", profile, shape.promptBytes, shape.chunks, i)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				stop()
+			})
+		}
+	}
+}
+
+// quietLogs sends the process's standard error, where the EPP logs (three lines per request at the default
+// verbosity, as in production), to the null device until the benchmark ends: the logging is still paid for.
+func quietLogs(b *testing.B) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = null
+	b.Cleanup(func() {
+		os.Stderr = stderr
+		_ = null.Close()
+	})
+}
+
+// startBenchEPP starts an EPP in static mode on four idle endpoints, until b ends, and returns its ext_proc handler:
+// profile "upstream-default" is the EPP without configuration, "sluice" the EPP with --sluice-admission (Sluice's
+// default profile and admission), both with a model selector installed, as the binary has in either mode.
+func startBenchEPP(b *testing.B, profile string) (extprocv3.ExternalProcessorServer, error) {
+	var endpoints []string
+	for range 4 {
+		endpoints = append(endpoints, runnertest.StartModelServer(b, "127.0.0.1:0").Addr)
+	}
+	args := []string{
+		"--static-endpoints=" + strings.Join(endpoints, ","),
+		fmt.Sprintf("--grpc-port=%d", runnertest.FreePort(b)),
+		fmt.Sprintf("--grpc-health-port=%d", runnertest.FreePort(b)),
+		fmt.Sprintf("--metrics-port=%d", runnertest.FreePort(b)),
+		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=50ms",
+	}
+	if profile == "sluice" {
+		// Sluice admission dispatches only onto endpoints scraped within the staleness threshold; a loaded machine
+		// can delay the scrapes of idle endpoints past the default 200ms, and this benchmark measures the request
+		// path, not the scraper.
+		policy := filepath.Join(b.TempDir(), "policy.yaml")
+		if err := os.WriteFile(policy, []byte("endpoint: {metricsStalenessThreshold: 1h}\n"), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, "--flow-control-config="+policy)
+	}
+	admission := plugins.NewFlowControlCommand()
+	handlers := make(chan extprocv3.ExternalProcessorServer, 1)
+	r := New().WithOutput(io.Discard).
+		WithFlags(admission.AddFlags, func(opts *Options) error { return admission.Complete(opts.Options) }).
+		WithAdmission(func(ctx context.Context, deps AdmissionDeps) (requestcontrol.AdmissionController, error) {
+			if !admission.Enabled() {
+				return UpstreamAdmission(ctx, deps)
+			}
+			return admission.Start(ctx, plugins.FlowControlEnv{Endpoints: deps.Datastore, Plugins: deps.Plugins,
+				RefreshInterval: deps.Options.RefreshMetricsInterval, Logger: deps.Logger})
+		}).
+		WithResponseShapers(admission).
+		WithModelSelector(func(context.Context, ModelSelectorDeps) (ModelSelector, error) { return keepModel{}, nil })
+	r.extProcHandler = func(h extprocv3.ExternalProcessorServer) { handlers <- h }
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	failed := make(chan error, 1)
+	go func() { failed <- r.Run(ctx, args) }()
+	var h extprocv3.ExternalProcessorServer
+	select {
+	case h = <-handlers:
+	case err := <-failed:
+		return nil, fmt.Errorf("the EPP stopped: %v", err)
+	}
+	// Wait for the first scrapes: Sluice admission answers 503 until an endpoint has fresh metrics.
+	ex := newStreamedChat(1<<10, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		err := ex.run(h, fmt.Sprintf("warmup-%s-%d", profile, i))
+		if err == nil {
+			return h, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the EPP does not route: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// keepModel is a ModelSelector that leaves every request's model as it is: with one installed the stream holds the
+// request until its body is complete, as the binary's does.
+type keepModel struct{}
+
+func (keepModel) SelectModel(context.Context, map[string]string, []byte) ModelChoice {
+	return ModelChoice{}
+}
+
+// streamedChat is one request and its streamed response, as the proxy's messages; the body messages are shared by
+// every run (nothing on the request path modifies them), the headers are built per run with its request ID.
+type streamedChat struct {
+	body, respHeaders *extprocv3.ProcessingRequest
+	chunks            []*extprocv3.ProcessingRequest
+	stream            benchStream
+}
+
+func newStreamedChat(promptBytes, chunks int) *streamedChat {
+	served := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{metadata.DestinationEndpointNamespace: {
+		Fields: map[string]*structpb.Value{metadata.DestinationEndpointServedKey: structpb.NewStringValue("127.0.0.1:8000")}}}}
+	words := strings.Fields("tell me more about gateways, endpoint pickers and the queues in front of model servers")
+	var prompt strings.Builder
+	for i := 0; prompt.Len() < promptBytes; i++ {
+		prompt.WriteString(words[i*7%len(words)] + " ")
+	}
+	x := &streamedChat{
+		body: &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"model":"base","stream":true,"stream_options":{"include_usage":true},"max_tokens":` +
+				strconv.Itoa(chunks) + `,"messages":[{"role":"user","content":"` + prompt.String() + `"}]}`),
+			EndOfStream: true}}},
+		respHeaders: &extprocv3.ProcessingRequest{MetadataContext: served, Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HttpHeaders{Headers: headerList(":status", "200", "content-type", "text/event-stream; charset=utf-8")}}},
+	}
+	const event = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1764547200,"model":"base",` +
+		`"choices":[{"index":0,"delta":{"content":"token "},"logprobs":null,"finish_reason":null,"stop_reason":null}]}` + "\n\n"
+	for i := range chunks {
+		body := event
+		if i == chunks-1 {
+			body += `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1764547200,"model":"base","choices":[],` +
+				`"usage":{"prompt_tokens":512,"total_tokens":` + strconv.Itoa(512+chunks) + `,"completion_tokens":` +
+				strconv.Itoa(chunks) + `,"prompt_tokens_details":{"cached_tokens":0}}}` + "\n\ndata: [DONE]\n\n"
+		}
+		x.chunks = append(x.chunks, &extprocv3.ProcessingRequest{MetadataContext: served,
+			Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: i == chunks-1}}})
+	}
+	return x
+}
+
+func headerList(kv ...string) *corev3.HeaderMap {
+	hm := &corev3.HeaderMap{}
+	for i := 0; i < len(kv); i += 2 {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+	}
+	return hm
+}
+
+// run plays the exchange through h with request ID id and checks that every chunk came back in order.
+func (x *streamedChat) run(h extprocv3.ExternalProcessorServer, id string) error {
+	s := &x.stream
+	s.reset()
+	s.in = append(s.in,
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: headerList(":method", "POST", ":path", "/v1/chat/completions", ":authority", "gateway",
+				"content-type", "application/json", "x-request-id", id)}}},
+		x.body, x.respHeaders)
+	s.in = append(s.in, x.chunks...)
+	if err := h.Process(s); err != nil {
+		return err
+	}
+	return s.check(x)
+}
+
+// benchStream is the proxy's side of one ext_proc stream: it hands the handler the request messages in order (the
+// response phase only after the request phase was answered, as Envoy sends it) and keeps what the handler sent.
+type benchStream struct {
+	grpc.ServerStream
+	in      []*extprocv3.ProcessingRequest
+	next    int
+	routed  bool
+	headers int // response-header answers
+	chunks  int // streamed response-body answers
+	done    bool
+	failure string
+}
+
+func (s *benchStream) reset() {
+	clear(s.in)
+	*s = benchStream{in: s.in[:0]}
+}
+
+func (s *benchStream) Context() context.Context { return context.Background() }
+
+func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if s.next == 2 && !s.routed || s.next >= len(s.in) {
+		return nil, io.EOF
+	}
+	m := s.in[s.next]
+	s.next++
+	return m, nil
+}
+
+func (s *benchStream) Send(r *extprocv3.ProcessingResponse) error {
+	switch v := r.Response.(type) {
+	case *extprocv3.ProcessingResponse_ImmediateResponse:
+		s.failure = fmt.Sprintf("immediate response %d: %s", v.ImmediateResponse.GetStatus().GetCode(), v.ImmediateResponse.GetBody())
+	case *extprocv3.ProcessingResponse_RequestBody:
+		if sr := v.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse(); sr == nil || sr.EndOfStream {
+			s.routed = true
+		}
+	case *extprocv3.ProcessingResponse_ResponseHeaders:
+		s.headers++
+	case *extprocv3.ProcessingResponse_ResponseBody:
+		sr := v.ResponseBody.GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			s.failure = "a response body answer without a streamed body"
+			break
+		}
+		s.chunks++
+		s.done = s.done || sr.EndOfStream
+	}
+	return nil
+}
+
+func (s *benchStream) check(x *streamedChat) error {
+	switch {
+	case s.failure != "":
+		return fmt.Errorf("%s", s.failure)
+	case !s.routed || s.headers != 1 || s.chunks != len(x.chunks) || !s.done:
+		return fmt.Errorf("routed %v, %d response-header answers, %d of %d chunks answered, end %v", s.routed, s.headers,
+			s.chunks, len(x.chunks), s.done)
+	}
+	return nil
+}
