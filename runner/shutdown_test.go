@@ -39,7 +39,9 @@ func TestShutdownJoinsAdmission(t *testing.T) {
 	adm := &runnableAdmission{started: make(chan struct{}), stopping: make(chan struct{}), finish: make(chan struct{})}
 	r := runner.New().
 		WithOutput(io.Discard).
-		WithAdmission(func(context.Context, runner.AdmissionDeps) (requestcontrol.AdmissionController, error) { return adm, nil })
+		WithAdmission(func(context.Context, runner.AdmissionDeps) (requestcontrol.AdmissionController, error) {
+			return adm, nil
+		})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	returned := make(chan error, 1)
