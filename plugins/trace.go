@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
-	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/flowcontrol"
 )
 

@@ -16,7 +16,7 @@ import (
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
-	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/flowcontrol"
 )
 

@@ -35,7 +35,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
-	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // The steps of Runner.setup, in the order it takes them.

@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
-	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/plugins"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/utils/clock"
 
-	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/plugins"
 )
 

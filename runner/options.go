@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/pflag"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
-	"github.com/sluice-gw/sluice/decisiontrace"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // Options holds every upstream v1.5.0 EPP option, with upstream's flag names

@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
-	"github.com/sluice-gw/sluice/replication"
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 )
 
 // Balance is how the data plane spreads ext_proc streams over the EPP's replicas. Envoy opens one ext_proc stream
