@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
-	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // TracedSchedulerConfig builds the scheduler configuration that upstream's loader builds from profiles (the

@@ -16,8 +16,8 @@ import (
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
-	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // TestTracedSchedulerConfigIsUpstreams: the traced configuration has upstream's profiles exactly (filters in order,

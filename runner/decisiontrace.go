@@ -10,8 +10,8 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
-	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/plugins"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // DecisionTracePath is where the metrics server serves the decision trace (--decision-trace), behind the same

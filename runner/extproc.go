@@ -14,8 +14,8 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/utils/clock"
 
-	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 	"github.com/sluice-gw/sluice/plugins"
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // requestIDHeader is the header Envoy and upstream's EPP use to correlate a
