@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -331,38 +329,6 @@ func (f *FlowControl) Submit(reqCtx *handlers.RequestContext, priority int, deci
 	})
 }
 
-// awaitWarm holds a request that arrives before any endpoint's metrics were scraped until they are, Run stops, the
-// warm-up ends or ctx does (the client is gone: its error is returned). A new EPP replica answers its pool's first
-// requests on real metrics then, instead of 503 no_endpoints for the moments before its first scrape lands.
-func (f *FlowControl) awaitWarm(ctx context.Context) error {
-	select {
-	case <-f.warm:
-		return nil
-	default:
-	}
-	left := f.warmUntil.Sub(f.clock.Now())
-	if left <= 0 {
-		return nil
-	}
-	t := f.clock.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-f.warm:
-	case <-t.C():
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	return nil
-}
-
-// markWarm ends the warm-up: requests are decided on arrival from now on.
-func (f *FlowControl) markWarm(why string) {
-	f.warmOnce.Do(func() {
-		close(f.warm)
-		f.logger.Info("Admission deciding requests", "after", f.clock.Since(f.started), "because", why)
-	})
-}
-
 // Shed reports whether admission turned the request away and its answer has not been sent yet: the runner asks it
 // (runner.Shedder) to keep upstream's error lines for designed shedding out of the log.
 func (f *FlowControl) Shed(requestID string) bool {
@@ -462,75 +428,6 @@ func positiveCount(v any) (uint64, bool) {
 	return uint64(min(f, maxEstimatedOutputTokens)), true
 }
 
-// errorCode maps a decision that is not Dispatched to upstream's error code, hence the HTTP status.
-func errorCode(d flowcontrol.Decision) string {
-	switch {
-	case d.Outcome == flowcontrol.Unavailable:
-		return errcommon.ServiceUnavailable
-	case d.Reason == flowcontrol.ReasonInvalidRequest:
-		return errcommon.BadRequest
-	case d.Reason == flowcontrol.ReasonBandNotAllowed:
-		return errcommon.Forbidden
-	default:
-		return errcommon.ResourceExhausted
-	}
-}
-
-// httpStatus is the status upstream answers for errorCode(d).
-func httpStatus(d flowcontrol.Decision) int {
-	switch errorCode(d) {
-	case errcommon.ServiceUnavailable:
-		return http.StatusServiceUnavailable
-	case errcommon.BadRequest:
-		return http.StatusBadRequest
-	case errcommon.Forbidden:
-		return http.StatusForbidden
-	default:
-		return http.StatusTooManyRequests
-	}
-}
-
-// shedMessage is the client-facing explanation of a decision that is not Dispatched.
-func shedMessage(d flowcontrol.Decision, err error) string {
-	var why string
-	switch d.Reason {
-	case flowcontrol.ReasonSaturated:
-		why = "every endpoint is above the " + d.Band.String() + " band's saturation ceiling"
-	case flowcontrol.ReasonQueueFull:
-		why = "the " + d.Band.String() + " queue is full"
-	case flowcontrol.ReasonDisplaced:
-		why = "the request was displaced from the " + d.Band.String() + " queue by higher-priority traffic"
-	case flowcontrol.ReasonPredictedWait:
-		why = "the predicted wait exceeds the " + d.Band.String() + " band's maximum queue time"
-	case flowcontrol.ReasonQueueTimeout:
-		why = "the request waited the " + d.Band.String() + " band's maximum queue time"
-	case flowcontrol.ReasonNoEndpoints:
-		why = "no model server endpoint has fresh metrics"
-	case flowcontrol.ReasonShuttingDown:
-		why = "the endpoint picker is shutting down"
-	case flowcontrol.ReasonInvalidRequest:
-		var fe *flowcontrol.Error
-		if errors.As(err, &fe) && fe.Err != nil {
-			return "invalid request: " + fe.Err.Error()
-		}
-		return "invalid request"
-	case flowcontrol.ReasonBandNotAllowed:
-		var bna *flowcontrol.BandNotAllowedError
-		if errors.As(err, &bna) {
-			return fmt.Sprintf("Request not admitted: %s. Send an objective (%s) of the %s band or lower.",
-				bna.Error(), metadata.ObjectiveKey, bna.MaxBand)
-		}
-		return "Request not admitted: the request's objective is above its tenant's highest band."
-	default:
-		why = d.Reason.String()
-	}
-	msg := "Request not admitted: " + why + "."
-	if s := d.RetryAfterSeconds(); s > 0 {
-		msg += fmt.Sprintf(" Retry after %d seconds.", s)
-	}
-	return msg
-}
-
 // PreRequest implements fwkrc.PreRequest: the reservation the controller made at dispatch moves to the endpoint the
 // scheduler picked (the primary profile's first target, where the request is sent).
 func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
@@ -589,90 +486,4 @@ func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string
 	SetImmediateHeader(resp, ShedReasonHeader, d.Reason.String())
 	SetImmediateHeader(resp, "content-type", "application/json")
 	resp.Body = OpenAIError(httpStatus(d), sd.message, d.Reason.String())
-}
-
-// EndpointName names an endpoint the way the EPP routes to it: address:port (upstream's x-gateway-destination-endpoint).
-func EndpointName(md *fwkdl.EndpointMetadata) string {
-	if md == nil {
-		return ""
-	}
-	return net.JoinHostPort(md.GetIPAddress(), md.GetPort())
-}
-
-// EndpointSnapshot converts an upstream endpoint and its latest metrics to the controller's view. An endpoint with no
-// metrics yet has a zero scrape time, hence no headroom. Negative counts read as 0 and KV-cache usage is clamped to
-// [0, 1] (vLLM reports a fraction), so one odd scrape cannot drop the endpoint from the snapshot.
-func EndpointSnapshot(ep fwkdl.Endpoint) flowcontrol.Endpoint {
-	e := flowcontrol.Endpoint{Name: EndpointName(ep.GetMetadata())}
-	m := ep.GetMetrics()
-	if m == nil {
-		return e
-	}
-	e.WaitingQueue = max(m.WaitingQueueSize, 0)
-	e.Running = max(m.RunningRequestsSize, 0)
-	e.KVCacheUsage = m.KVCacheUsagePercent
-	if !(e.KVCacheUsage >= 0) { // also NaN
-		e.KVCacheUsage = 0
-	}
-	e.KVCacheUsage = min(e.KVCacheUsage, 1)
-	e.ScrapedAt = m.UpdateTime
-	return e
-}
-
-func allEndpoints(fwkdl.Endpoint) bool { return true }
-
-// SyncEndpoints hands the controller a snapshot of every endpoint's latest metrics, which dispatches waiting
-// requests onto any endpoint that now has headroom. The error lists endpoints the controller left out.
-func (f *FlowControl) SyncEndpoints() error {
-	pool := f.endpoints.PodList(allEndpoints)
-	eps := make([]flowcontrol.Endpoint, len(pool))
-	scraped := false
-	for i, ep := range pool {
-		eps[i] = EndpointSnapshot(ep)
-		scraped = scraped || !eps[i].ScrapedAt.IsZero()
-	}
-	err := f.ctrl.UpdateEndpoints(eps)
-	if scraped {
-		f.markWarm("endpoint metrics arrived")
-	}
-	return err
-}
-
-// Run takes a snapshot at once and then every SnapshotInterval, until ctx ends. Then it shuts the controller down:
-// new requests are answered 503 (shutting_down), waiting ones may still be dispatched for ShutdownGrace (snapshots
-// continue meanwhile) and are answered 503 after that. Run returns once no request waits.
-func (f *FlowControl) Run(ctx context.Context) {
-	ticker := f.clock.NewTicker(f.opts.SnapshotInterval)
-	defer ticker.Stop()
-	lastErr := ""
-	snapshot := func() {
-		err := f.SyncEndpoints()
-		if msg := fmt.Sprint(err); err != nil && msg != lastErr {
-			f.logger.Error(err, "Some endpoints were left out of the flow control snapshot")
-		}
-		lastErr = fmt.Sprint(err)
-	}
-	snapshot()
-	done := ctx.Done()
-	var drained <-chan struct{}
-	for {
-		select {
-		case <-done:
-			f.logger.Info("Shutting down flow control", "grace", f.opts.ShutdownGrace)
-			done, drained = nil, f.ctrl.Shutdown(f.opts.ShutdownGrace)
-			f.markWarm("shutting down") // requests held for metrics are answered too
-		case <-drained:
-			return
-		case <-ticker.C():
-			snapshot()
-		}
-	}
-}
-
-// Start implements controller-runtime's manager.Runnable with Run: the runner runs an admission controller that is a
-// Runnable beside the EPP's servers and waits for it on shutdown, so the requests still waiting are answered before
-// the process exits.
-func (f *FlowControl) Start(ctx context.Context) error {
-	f.Run(ctx)
-	return nil
 }
