@@ -129,6 +129,14 @@ func (d *Detector) forgetIdleLocked(now time.Time) {
 	}
 }
 
+// Clean reports whether no endpoint's last response was a 5xx, so that no candidate can be ejected: a pick can skip
+// Eject.
+func (d *Detector) Clean() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.endpoints) == 0
+}
+
 // Eject marks in out (len(out) == len(candidates)) the candidates to leave out of a pick at now: those ejected, at
 // most MaxEjectionPercent of the candidates (at least one of two or more), the longest-ejected first, never all. It
 // returns how many it marked.

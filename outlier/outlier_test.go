@@ -146,8 +146,11 @@ func TestForgetsIdleEndpoints(t *testing.T) {
 	if _, ok := d.endpoints["gone"]; ok {
 		t.Error("an endpoint idle for more than twice the max ejection time is still recorded")
 	}
+	if d.Clean() {
+		t.Error("Clean with a failing endpoint")
+	}
 	d.Observe(at(2002), "b", 200)
-	if len(d.endpoints) != 0 {
+	if len(d.endpoints) != 0 || !d.Clean() {
 		t.Errorf("a success left a record: %v", d.endpoints)
 	}
 }

@@ -96,7 +96,7 @@ func (f *OutlierFilter) TypedName() fwkplugin.TypedName { return f.typedName }
 
 // Filter implements fwksched.Filter: the candidates without the ejected ones (within the detector's cap, never all).
 func (f *OutlierFilter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
-	if len(endpoints) < 2 {
+	if len(endpoints) < 2 || f.detector.Clean() {
 		return endpoints
 	}
 	names := make([]string, len(endpoints))
