@@ -84,16 +84,17 @@ func New(cfg Config) (*Detector, error) {
 }
 
 // Observe records the HTTP status of a response endpoint sent at now. A 5xx counts as a failure, any other status
-// clears the endpoint's record. Statuses outside 100-599 and an empty endpoint are ignored.
-func (d *Detector) Observe(now time.Time, endpoint string, status int) {
+// clears the endpoint's record. Statuses outside 100-599 and an empty endpoint are ignored. When the response ejects
+// the endpoint, Observe returns the ejection's length; else 0.
+func (d *Detector) Observe(now time.Time, endpoint string, status int) time.Duration {
 	if endpoint == "" || status < 100 || status > 599 {
-		return
+		return 0
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if status < 500 {
 		delete(d.endpoints, endpoint)
-		return
+		return 0
 	}
 	d.forgetIdleLocked(now)
 	r := d.endpoints[endpoint]
@@ -104,10 +105,12 @@ func (d *Detector) Observe(now time.Time, endpoint string, status int) {
 	r.consecutive++
 	r.last = now
 	if r.consecutive < d.cfg.Consecutive5xx || now.Before(r.until) {
-		return // below the threshold, or a response of a request sent before the ejection
+		return 0 // below the threshold, or a response of a request sent before the ejection
 	}
 	r.ejections++
-	r.since, r.until = now, now.Add(d.ejectionTime(r.ejections))
+	length := d.ejectionTime(r.ejections)
+	r.since, r.until = now, now.Add(length)
+	return length
 }
 
 // ejectionTime is the length of the n-th ejection in a row.

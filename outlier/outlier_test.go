@@ -173,3 +173,30 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("New accepted an invalid config")
 	}
 }
+
+// TestObserveReportsEjections: Observe returns the length of the ejection a response starts, and 0 for every other
+// response, so an ejection is reported once.
+func TestObserveReportsEjections(t *testing.T) {
+	d, err := New(Config{Consecutive5xx: 2, BaseEjectionTime: time.Second, MaxEjectionTime: 2 * time.Second, MaxEjectionPercent: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		ms     int
+		status int
+		want   time.Duration
+	}{
+		{0, 500, 0},
+		{1, 500, time.Second},
+		{2, 500, 0}, // already ejected
+		{1001, 500, 2 * time.Second},
+		{3001, 500, 2 * time.Second}, // the cap
+		{5001, 200, 0},
+		{5002, 500, 0},
+	}
+	for i, s := range steps {
+		if got := d.Observe(at(s.ms), "a", s.status); got != s.want {
+			t.Errorf("step %d (%d at %d ms): ejected for %v, want %v", i, s.status, s.ms, got, s.want)
+		}
+	}
+}

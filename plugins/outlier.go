@@ -8,6 +8,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -116,13 +117,20 @@ func (f *OutlierFilter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwk
 	return kept
 }
 
-// ResponseHeader implements fwkrc.ResponseHeader: the response's status counts for the endpoint that sent it.
-func (f *OutlierFilter) ResponseHeader(_ context.Context, _ *fwksched.LLMRequest, resp *fwkrc.Response, target *fwkdl.EndpointMetadata) {
+// ResponseHeader implements fwkrc.ResponseHeader: the response's status counts for the endpoint that sent it. An
+// ejection is logged, once per ejection: it is the operator's sign of a failing server.
+func (f *OutlierFilter) ResponseHeader(ctx context.Context, _ *fwksched.LLMRequest, resp *fwkrc.Response, target *fwkdl.EndpointMetadata) {
 	if resp == nil || target == nil {
 		return
 	}
-	if status, ok := responseStatus(resp.Headers); ok {
-		f.detector.Observe(f.clock.Now(), EndpointName(target), status)
+	status, ok := responseStatus(resp.Headers)
+	if !ok {
+		return
+	}
+	endpoint := EndpointName(target)
+	if length := f.detector.Observe(f.clock.Now(), endpoint, status); length > 0 {
+		log.FromContext(ctx).Info("Endpoint ejected after consecutive 5xx responses", "endpoint", endpoint,
+			"status", status, "ejectedFor", length.String(), "plugin", f.typedName.Name)
 	}
 }
 

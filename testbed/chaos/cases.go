@@ -85,7 +85,7 @@ func Cases() []Case {
 			Fault: "server 0 answers every inference request 500; its metrics stay healthy",
 			Modes: both,
 			// The outlier filter ejects it after its 5th 500 in a row, then lets one request through when each
-			// ejection ends (1 s, 2 s, 3 s, ...): on the full timeline the last of those is well before the clear.
+			// ejection ends (1 s, 2 s, 3 s, ...): on the full timeline the last of those comes before the window's last second.
 			MustLeaveOnFull: true,
 			Inject:          func(r *Run) { r.Faulty(0); r.Stack.SetFaults(0, simulator.Faults{ErrorRate: 1}) },
 			Clear:           func(r *Run) { r.Stack.SetFaults(0, simulator.Faults{}) },
