@@ -37,11 +37,13 @@ func TestFactoriesReadTheClockHandle(t *testing.T) {
 			return pl.clock
 		case *InFlightScorer:
 			return pl.clock
+		case *OutlierFilter:
+			return pl.clock
 		}
 		t.Fatalf("%T reads no clock", p)
 		return nil
 	}
-	for _, typ := range []string{PrefixCacheType, LoRAAffinityType, LoRAResidencyExtractorType, InFlightScorerType} {
+	for _, typ := range []string{PrefixCacheType, LoRAAffinityType, LoRAResidencyExtractorType, InFlightScorerType, OutlierFilterType} {
 		for _, tc := range []struct {
 			name   string
 			handle fwkplugin.Handle

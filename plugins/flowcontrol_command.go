@@ -147,6 +147,10 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 //     stable one) a request goes to a server of its target model; a no-op otherwise. It must precede the headroom
 //     filter: admission dispatches on the whole pool's headroom, whatever the model, so restricting to headroom first
 //     could leave only servers of another model, which answer 404.
+//   - sluice-outlier-filter: of those, it leaves out the servers that answered 5xx several times in a row, for a
+//     while (passive outlier detection, package outlier): a server that fails every request answers at once, so it
+//     always has headroom and the shortest queue, and every filter and scorer below would prefer it. It precedes the
+//     headroom filter, which could otherwise leave the failing server as the only candidate.
 //   - sluice-headroom-filter: among those, only endpoints Sluice admission found headroom on are scheduled, and those
 //     that hold much more of the request's prompt than any of them (all of them when none has headroom).
 //   - sluice-saturation-scorer (weight 2): ranks endpoints by admission's saturation, which counts each dispatch at
@@ -162,6 +166,7 @@ const sluiceDefaultProfile = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: ` + ServedModelFilterType + `
+- type: ` + OutlierFilterType + `
 - type: ` + HeadroomFilterType + `
 - type: ` + SaturationScorerType + `
 - type: queue-scorer
@@ -179,6 +184,7 @@ schedulingProfiles:
 - name: default
   plugins:
   - pluginRef: ` + ServedModelFilterType + `
+  - pluginRef: ` + OutlierFilterType + `
   - pluginRef: ` + HeadroomFilterType + `
   - pluginRef: ` + SaturationScorerType + `
     weight: 2

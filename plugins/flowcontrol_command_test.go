@@ -92,9 +92,10 @@ func TestDefaultEndpointPickerConfig(t *testing.T) {
 		t.Fatalf("profiles = %+v, want one", raw.SchedulingProfiles)
 	}
 	prof := raw.SchedulingProfiles[0].Plugins
-	if len(prof) < 2 || prof[0].PluginRef != ServedModelFilterType || prof[1].PluginRef != HeadroomFilterType {
-		t.Errorf("profile = %+v, want %s, then %s (see TestDefaultProfileRoutesToServersOfTheRequestedModel)", prof,
-			ServedModelFilterType, HeadroomFilterType)
+	if len(prof) < 3 || prof[0].PluginRef != ServedModelFilterType || prof[1].PluginRef != OutlierFilterType ||
+		prof[2].PluginRef != HeadroomFilterType {
+		t.Errorf("profile = %+v, want %s, %s, then %s (see TestDefaultProfileRoutesToServersOfTheRequestedModel and "+
+			"TestDefaultProfileLeavesAFailingServer)", prof, ServedModelFilterType, OutlierFilterType, HeadroomFilterType)
 	}
 	weights := map[string]float64{}
 	for _, p := range prof {

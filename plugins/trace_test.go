@@ -116,6 +116,7 @@ func TestTracedSchedulingRecordsTheDecision(t *testing.T) {
 	prof := r.Profiles[0]
 	wantFilters := []decisiontrace.Filter{
 		{Plugin: ServedModelFilterType, Kept: 1, Removed: []string{"10.0.0.2:8000"}},
+		{Plugin: OutlierFilterType, Kept: 1}, // no server failed
 		{Plugin: HeadroomFilterType, Kept: 1}, // no server of base has headroom: the filter passes them all
 	}
 	if prof.Name != "default" || !reflect.DeepEqual(prof.Candidates, []string{"10.0.0.1:8000", "10.0.0.2:8000"}) ||
@@ -251,8 +252,9 @@ func TestTraceMatchesTheDecision(t *testing.T) {
 					serves = true
 				}
 			}
-			if len(prof.Filters) != 2 || prof.Filters[0].Plugin != ServedModelFilterType || prof.Filters[1].Plugin != HeadroomFilterType {
-				t.Fatalf("filters %+v, want the served-model filter, then the headroom filter", prof.Filters)
+			if len(prof.Filters) != 3 || prof.Filters[0].Plugin != ServedModelFilterType || prof.Filters[1].Plugin != OutlierFilterType ||
+				prof.Filters[2].Plugin != HeadroomFilterType {
+				t.Fatalf("filters %+v, want the served-model filter, the outlier filter, then the headroom filter", prof.Filters)
 			}
 			if serves && slices.Contains(otherModel, got) {
 				t.Errorf("a request for %s went to %s, a server of another model", model, got)

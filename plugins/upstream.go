@@ -99,6 +99,7 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 	InFlightScorerType:         InFlightScorerFactory,
 	SaturationScorerType:       SaturationScorerFactory,
 	RoundRobinPickerType:       RoundRobinPickerFactory,
+	OutlierFilterType:          OutlierFilterFactory,
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and

@@ -263,7 +263,7 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 	if r.faulty != "" {
 		l := TrafficLeft(all, r.faulty, r.leave.Sub(r.started), end)
 		res.Leave = &l
-		if c.MustLeave && !l.Left {
+		if (c.MustLeave || c.MustLeaveOnFull && r.Timeline == FullTimeline) && !l.Left {
 			res.CheckError = fmt.Sprintf("traffic never left %s: it still got requests in the last part of the fault's window (%.0f%% of them)",
 				r.faulty, 100*l.Share)
 		}

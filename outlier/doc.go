@@ -1,0 +1,16 @@
+// Package outlier is passive outlier detection for an endpoint picker, after Envoy's (consecutive_5xx,
+// base_ejection_time, max_ejection_percent), but decided where the endpoint is picked.
+//
+// A model server that answers every request with a 5xx answers at once, so it always looks the least loaded and
+// every load scorer prefers it; its metrics stay healthy. Only the responses tell. The Detector counts each
+// endpoint's consecutive 5xx responses; at the threshold it ejects the endpoint for the base ejection time times the
+// number of times it was ejected in a row (capped). Once the ejection ends the endpoint is picked again, and the first
+// response decides: another 5xx ejects it again at once, for longer; any other status clears its record.
+//
+// Eject applies the cap on the pool: of the candidates of one pick, at most MaxEjectionPercent of them (at least one
+// when there are two or more) are left out, the longest-ejected first, and never all of them, so a fleet-wide failure
+// (a bad rollout, a broken dependency) degrades to the plain pick instead of refusing every request.
+//
+// The package is pure bookkeeping: time comes in as arguments, no I/O, no goroutines, no upstream imports. A
+// Detector is safe for concurrent use; one mutex guards it.
+package outlier

@@ -1,0 +1,202 @@
+package outlier
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+// step is one response observed, or one pick checked: at ms, endpoint answered status; when status is 0, the
+// candidates in pick are offered and want names those left out.
+type step struct {
+	ms       int
+	endpoint string
+	status   int
+	pick     []string
+	want     []string
+}
+
+func TestDetector(t *testing.T) {
+	cfg := Config{Consecutive5xx: 3, BaseEjectionTime: time.Second, MaxEjectionTime: 3 * time.Second, MaxEjectionPercent: 50}
+	abc := []string{"a", "b", "c"}
+	tests := []struct {
+		name  string
+		cfg   Config
+		steps []step
+	}{
+		{name: "below the threshold nothing is ejected", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 503},
+			{ms: 2, pick: abc, want: nil},
+		}},
+		{name: "the threshold ejects for the base time", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 500}, {ms: 2, endpoint: "a", status: 502},
+			{ms: 2, pick: abc, want: []string{"a"}},
+			{ms: 1001, pick: abc, want: []string{"a"}},
+			{ms: 1002, pick: abc, want: nil},
+		}},
+		{name: "a success in between resets the count", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 500}, {ms: 2, endpoint: "a", status: 200},
+			{ms: 3, endpoint: "a", status: 500}, {ms: 4, endpoint: "a", status: 500},
+			{ms: 5, pick: abc, want: nil},
+		}},
+		{name: "4xx counts as success", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 500}, {ms: 2, endpoint: "a", status: 429},
+			{ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: nil},
+		}},
+		{name: "statuses out of range are ignored", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 500}, {ms: 2, endpoint: "a", status: 0},
+			{ms: 2, endpoint: "a", status: 600}, {ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: []string{"a"}},
+		}},
+		{name: "after an ejection one 5xx ejects again, for longer, up to the cap", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500},
+			{ms: 1000, pick: abc, want: nil},
+			{ms: 1000, endpoint: "a", status: 500}, // 2nd ejection: 2 s
+			{ms: 2999, pick: abc, want: []string{"a"}},
+			{ms: 3000, pick: abc, want: nil},
+			{ms: 3000, endpoint: "a", status: 500}, // 3rd: 3 s (the cap)
+			{ms: 5999, pick: abc, want: []string{"a"}},
+			{ms: 6000, endpoint: "a", status: 500}, // 4th: still 3 s
+			{ms: 8999, pick: abc, want: []string{"a"}},
+			{ms: 9000, pick: abc, want: nil},
+		}},
+		{name: "a success after an ejection starts over", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500},
+			{ms: 1000, endpoint: "a", status: 200},
+			{ms: 1001, endpoint: "a", status: 500}, {ms: 1002, endpoint: "a", status: 500},
+			{ms: 1003, pick: abc, want: nil},
+			{ms: 1004, endpoint: "a", status: 500}, // a first ejection again: 1 s
+			{ms: 2003, pick: abc, want: []string{"a"}},
+			{ms: 2004, pick: abc, want: nil},
+		}},
+		{name: "5xx of requests sent before the ejection do not extend it", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500},
+			{ms: 500, endpoint: "a", status: 500}, {ms: 900, endpoint: "a", status: 500},
+			{ms: 1000, pick: abc, want: nil},
+		}},
+		{name: "at most half the candidates, the longest-ejected first", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "b", status: 500}, {ms: 0, endpoint: "b", status: 500}, {ms: 0, endpoint: "b", status: 500},
+			{ms: 10, endpoint: "a", status: 500}, {ms: 10, endpoint: "a", status: 500}, {ms: 10, endpoint: "a", status: 500},
+			{ms: 20, pick: abc, want: []string{"b"}},
+			{ms: 20, pick: []string{"a", "b", "c", "d"}, want: []string{"a", "b"}},
+			{ms: 20, pick: []string{"a", "c"}, want: []string{"a"}},
+		}},
+		{name: "never the only candidate", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "a", status: 500},
+			{ms: 1, pick: []string{"a"}, want: nil},
+			{ms: 1, pick: nil, want: nil},
+		}},
+		{name: "at least one of two or more, however small the percent", cfg: Config{Consecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 10}, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 0, endpoint: "b", status: 500},
+			{ms: 1, pick: abc, want: []string{"a"}},
+		}},
+		{name: "0 percent ejects nothing", cfg: Config{Consecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 0}, steps: []step{
+			{ms: 0, endpoint: "a", status: 500},
+			{ms: 1, pick: abc, want: nil},
+		}},
+		{name: "100 percent still leaves one", cfg: Config{Consecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 100}, steps: []step{
+			{ms: 0, endpoint: "c", status: 500}, {ms: 1, endpoint: "b", status: 500}, {ms: 2, endpoint: "a", status: 500},
+			{ms: 3, pick: abc, want: []string{"b", "c"}},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := New(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range tt.steps {
+				if s.status != 0 || s.endpoint != "" {
+					d.Observe(at(s.ms), s.endpoint, s.status)
+					continue
+				}
+				out := make([]bool, len(s.pick))
+				n := d.Eject(at(s.ms), s.pick, out)
+				var got []string
+				for j, e := range out {
+					if e {
+						got = append(got, s.pick[j])
+					}
+				}
+				if !slices.Equal(got, s.want) || n != len(s.want) {
+					t.Errorf("step %d (at %d ms, candidates %v): left out %v (n=%d), want %v", i, s.ms, s.pick, got, n, s.want)
+				}
+			}
+		})
+	}
+}
+
+func TestForgetsIdleEndpoints(t *testing.T) {
+	d, err := New(Config{Consecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Observe(at(0), "gone", 500)
+	d.Observe(at(2000), "b", 500) // "gone" failed last 2 s ago: kept
+	if len(d.endpoints) != 2 {
+		t.Fatalf("records: %d, want 2", len(d.endpoints))
+	}
+	d.Observe(at(2001), "b", 500)
+	if _, ok := d.endpoints["gone"]; ok {
+		t.Error("an endpoint idle for more than twice the max ejection time is still recorded")
+	}
+	if d.Clean() {
+		t.Error("Clean with a failing endpoint")
+	}
+	d.Observe(at(2002), "b", 200)
+	if len(d.endpoints) != 0 || !d.Clean() {
+		t.Errorf("a success left a record: %v", d.endpoints)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("default: %v", err)
+	}
+	bad := Config{Consecutive5xx: 0, BaseEjectionTime: 0, MaxEjectionTime: -1, MaxEjectionPercent: 101}
+	err := bad.Validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, field := range []string{"consecutive5xx", "baseEjectionTime", "maxEjectionTime", "maxEjectionPercent"} {
+		if !strings.Contains(err.Error(), field) {
+			t.Errorf("error %q does not name %s", err, field)
+		}
+	}
+	if _, err := New(bad); err == nil {
+		t.Error("New accepted an invalid config")
+	}
+}
+
+// TestObserveReportsEjections: Observe returns the length of the ejection a response starts, and 0 for every other
+// response, so an ejection is reported once.
+func TestObserveReportsEjections(t *testing.T) {
+	d, err := New(Config{Consecutive5xx: 2, BaseEjectionTime: time.Second, MaxEjectionTime: 2 * time.Second, MaxEjectionPercent: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		ms     int
+		status int
+		want   time.Duration
+	}{
+		{0, 500, 0},
+		{1, 500, time.Second},
+		{2, 500, 0}, // already ejected
+		{1001, 500, 2 * time.Second},
+		{3001, 500, 2 * time.Second}, // the cap
+		{5001, 200, 0},
+		{5002, 500, 0},
+	}
+	for i, s := range steps {
+		if got := d.Observe(at(s.ms), "a", s.status); got != s.want {
+			t.Errorf("step %d (%d at %d ms): ejected for %v, want %v", i, s.status, s.ms, got, s.want)
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/sluice-gw/sluice/outlier"
+)
+
+// OutlierFilterType is the plugin type of OutlierFilter.
+const OutlierFilterType = "sluice-outlier-filter"
+
+var (
+	_ fwksched.Filter      = (*OutlierFilter)(nil)
+	_ fwkrc.ResponseHeader = (*OutlierFilter)(nil)
+)
+
+// outlierAPIConfig is the JSON schema of OutlierFilter's parameters; unset fields take outlier.DefaultConfig's.
+type outlierAPIConfig struct {
+	// Consecutive5xx: 5xx responses in a row that eject an endpoint. Default 5.
+	Consecutive5xx *int `json:"consecutive5xx,omitempty"`
+	// BaseEjectionTime: the first ejection's length; the n-th in a row lasts n times as long. Default 1s.
+	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
+	// MaxEjectionTime caps an ejection. Default 30s.
+	MaxEjectionTime *metav1.Duration `json:"maxEjectionTime,omitempty"`
+	// MaxEjectionPercent: at most this share of a pick's candidates is left out (at least one of two or more, never
+	// all). Default 50.
+	MaxEjectionPercent *int `json:"maxEjectionPercent,omitempty"`
+}
+
+func (c outlierAPIConfig) config() outlier.Config {
+	cfg := outlier.DefaultConfig()
+	if c.Consecutive5xx != nil {
+		cfg.Consecutive5xx = *c.Consecutive5xx
+	}
+	if c.BaseEjectionTime != nil {
+		cfg.BaseEjectionTime = c.BaseEjectionTime.Duration
+	}
+	if c.MaxEjectionTime != nil {
+		cfg.MaxEjectionTime = c.MaxEjectionTime.Duration
+	}
+	if c.MaxEjectionPercent != nil {
+		cfg.MaxEjectionPercent = *c.MaxEjectionPercent
+	}
+	return cfg
+}
+
+// OutlierFilter is passive outlier detection (package outlier): it watches the HTTP status of every response the
+// EPP routed, per endpoint, and leaves the endpoints that answer 5xx in a row out of the candidates for a while. A
+// model server that fails every request answers at once, so without it every load scorer prefers the failing server.
+//
+// List it after filters that pick servers by what they serve (sluice-served-model-filter) and before filters that
+// narrow by load (sluice-headroom-filter): the failing server always looks idle, so a load filter run first could
+// leave it as the only candidate, which this filter never removes.
+//
+// Concurrency: safe for concurrent use.
+type OutlierFilter struct {
+	typedName fwkplugin.TypedName
+	detector  *outlier.Detector
+	clock     clock.PassiveClock
+}
+
+// OutlierFilterFactory builds an OutlierFilter from its parameters (see outlierAPIConfig), on the handle's clock (see
+// ClockHandle) or the wall clock.
+func OutlierFilterFactory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
+	var api outlierAPIConfig
+	if err := decodeParams(raw, &api); err != nil {
+		return nil, fmt.Errorf("parsing %s parameters: %w", OutlierFilterType, err)
+	}
+	if name == "" {
+		name = OutlierFilterType
+	}
+	d, err := outlier.New(api.config())
+	if err != nil {
+		return nil, fmt.Errorf("%s %q: %w", OutlierFilterType, name, err)
+	}
+	return &OutlierFilter{
+		typedName: fwkplugin.TypedName{Type: OutlierFilterType, Name: name},
+		detector:  d,
+		clock:     clockOf(handle, clock.RealClock{}),
+	}, nil
+}
+
+// TypedName implements fwkplugin.Plugin.
+func (f *OutlierFilter) TypedName() fwkplugin.TypedName { return f.typedName }
+
+// Filter implements fwksched.Filter: the candidates without the ejected ones (within the detector's cap, never all).
+func (f *OutlierFilter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
+	if len(endpoints) < 2 || f.detector.Clean() {
+		return endpoints
+	}
+	names := make([]string, len(endpoints))
+	for i, ep := range endpoints {
+		names[i] = EndpointName(ep.GetMetadata())
+	}
+	ejected := make([]bool, len(endpoints))
+	if f.detector.Eject(f.clock.Now(), names, ejected) == 0 {
+		return endpoints
+	}
+	kept := make([]fwksched.Endpoint, 0, len(endpoints))
+	for i, ep := range endpoints {
+		if !ejected[i] {
+			kept = append(kept, ep)
+		}
+	}
+	return kept
+}
+
+// ResponseHeader implements fwkrc.ResponseHeader: the response's status counts for the endpoint that sent it. An
+// ejection is logged, once per ejection: it is the operator's sign of a failing server.
+func (f *OutlierFilter) ResponseHeader(ctx context.Context, _ *fwksched.LLMRequest, resp *fwkrc.Response, target *fwkdl.EndpointMetadata) {
+	if resp == nil || target == nil {
+		return
+	}
+	status, ok := responseStatus(resp.Headers)
+	if !ok {
+		return
+	}
+	endpoint := EndpointName(target)
+	if length := f.detector.Observe(f.clock.Now(), endpoint, status); length > 0 {
+		log.FromContext(ctx).Info("Endpoint ejected after consecutive 5xx responses", "endpoint", endpoint,
+			"status", status, "ejectedFor", length.String(), "plugin", f.typedName.Name)
+	}
+}
+
+// responseStatus reads the HTTP status from response headers as Envoy's ext_proc sends them (":status").
+func responseStatus(headers map[string]string) (int, bool) {
+	v, ok := headers[":status"]
+	if !ok {
+		return 0, false
+	}
+	status, err := strconv.Atoi(v)
+	return status, err == nil
+}

@@ -1,0 +1,142 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/sluice-gw/sluice/outlier"
+)
+
+func TestOutlierFilterFactory(t *testing.T) {
+	tests := []struct {
+		name, params string
+		want         outlier.Config
+		err          string
+	}{
+		{name: "defaults", params: "", want: outlier.DefaultConfig()},
+		{name: "all set", params: `{"consecutive5xx": 3, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34}`,
+			want: outlier.Config{Consecutive5xx: 3, BaseEjectionTime: 2 * time.Second, MaxEjectionTime: time.Minute, MaxEjectionPercent: 34}},
+		{name: "unknown field", params: `{"consecutive5xxx": 3}`, err: "unknown field"},
+		{name: "invalid values", params: `{"consecutive5xx": 0, "maxEjectionPercent": 200}`, err: "consecutive5xx must be at least 1"},
+		{name: "max below base", params: `{"baseEjectionTime": "10s", "maxEjectionTime": "5s"}`, err: "maxEjectionTime (5s) must be at least baseEjectionTime (10s)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var api outlierAPIConfig
+			if err := decodeParams(json.RawMessage(tt.params), &api); err == nil && tt.err == "" && api.config() != tt.want {
+				t.Errorf("config %+v, want %+v", api.config(), tt.want)
+			}
+			p, err := OutlierFilterFactory("f", json.RawMessage(tt.params), nil)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want one containing %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.TypedName(); got.Type != OutlierFilterType || got.Name != "f" {
+				t.Errorf("typed name %+v", got)
+			}
+		})
+	}
+}
+
+// respond reports to f a response of status from endpoint ep, as upstream's director does when the response headers
+// arrive (Envoy sends the status as ":status").
+func respond(f *OutlierFilter, ep fwksched.Endpoint, status string) {
+	headers := map[string]string{"content-type": "application/json"}
+	if status != "" {
+		headers[":status"] = status
+	}
+	f.ResponseHeader(context.Background(), &fwksched.LLMRequest{RequestId: "r"}, &fwkrc.Response{RequestId: "r", Headers: headers}, ep.GetMetadata())
+}
+
+func TestOutlierFilter(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(fcT0)
+	p, err := OutlierFilterFactory("", json.RawMessage(`{"consecutive5xx": 2, "baseEjectionTime": "1s"}`), clockHandle{clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.(*OutlierFilter)
+	var eps []fwksched.Endpoint
+	for i := range 3 {
+		ep := upstreamEndpoint(fmt.Sprintf("10.0.0.%d", i+1), 0, 0, fcT0)
+		eps = append(eps, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes()))
+	}
+	names := func(kept []fwksched.Endpoint) []string {
+		var out []string
+		for _, ep := range kept {
+			out = append(out, EndpointName(ep.GetMetadata()))
+		}
+		return out
+	}
+	all := names(eps)
+	steps := []struct {
+		name      string
+		do        func()
+		candidate []fwksched.Endpoint
+		want      []string
+	}{
+		{"no response yet", func() {}, eps, all},
+		{"one 500", func() { respond(f, eps[0], "500") }, eps, all},
+		{"no status and a bad one do not count", func() { respond(f, eps[0], ""); respond(f, eps[0], "x") }, eps, all},
+		{"a second 500 ejects", func() { respond(f, eps[0], "503") }, eps, all[1:]},
+		{"never the only candidate", func() {}, eps[:1], all[:1]},
+		{"a pick of two loses it", func() {}, eps[:2], all[1:2]},
+		{"back after the base ejection time", func() { clk.SetTime(fcT0.Add(time.Second)) }, eps, all},
+		{"one more 500 ejects it again", func() { respond(f, eps[0], "500") }, eps, all[1:]},
+		{"twice as long", func() { clk.SetTime(fcT0.Add(2999 * time.Millisecond)) }, eps, all[1:]},
+		{"back", func() { clk.SetTime(fcT0.Add(3 * time.Second)) }, eps, all},
+		{"a success clears it", func() { respond(f, eps[0], "200"); respond(f, eps[0], "500") }, eps, all},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := names(f.Filter(t.Context(), fwksched.NewCycleState(), nil, s.candidate)); !slices.Equal(got, s.want) {
+			t.Errorf("%s: kept %v, want %v", s.name, got, s.want)
+		}
+	}
+}
+
+// TestDefaultProfileLeavesAFailingServer: in Sluice's default profile, a server that answers 500s, idle and so
+// everyone's favourite, gets no request once it failed consecutive5xx times in a row.
+func TestDefaultProfileLeavesAFailingServer(t *testing.T) {
+	p := newDefaultProfilePool(t, []modelServer{{"10.0.0.1", "base", 0}, {"10.0.0.2", "base", 40}, {"10.0.0.3", "base", 40}})
+	f, ok := p.plugins[OutlierFilterType].(*OutlierFilter)
+	if !ok {
+		t.Fatalf("the default profile has no %s", OutlierFilterType)
+	}
+	f.clock = clocktesting.NewFakePassiveClock(fcT0) // its ejections last until the test moves this clock
+	failing := p.candidates[0]
+	for i := range outlier.DefaultConsecutive5xx {
+		got, err := p.route(t.Context(), t, p.scheduler, fmt.Sprintf("req-%d", i), "base")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != "10.0.0.1:8000" {
+			t.Fatalf("request %d went to %s before the idle server failed %d times", i, got, outlier.DefaultConsecutive5xx)
+		}
+		respond(f, failing, "500")
+	}
+	for i := range 5 {
+		got, err := p.route(t.Context(), t, p.scheduler, fmt.Sprintf("after-%d", i), "base")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == "10.0.0.1:8000" {
+			t.Fatalf("request %d after the ejection went to the failing server", i)
+		}
+	}
+}
