@@ -116,7 +116,7 @@ func TestTracedSchedulingRecordsTheDecision(t *testing.T) {
 	prof := r.Profiles[0]
 	wantFilters := []decisiontrace.Filter{
 		{Plugin: ServedModelFilterType, Kept: 1, Removed: []string{"10.0.0.2:8000"}},
-		{Plugin: OutlierFilterType, Kept: 1}, // no server failed
+		{Plugin: OutlierFilterType, Kept: 1},  // no server failed
 		{Plugin: HeadroomFilterType, Kept: 1}, // no server of base has headroom: the filter passes them all
 	}
 	if prof.Name != "default" || !reflect.DeepEqual(prof.Candidates, []string{"10.0.0.1:8000", "10.0.0.2:8000"}) ||
