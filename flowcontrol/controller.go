@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -70,8 +71,11 @@ type Controller struct {
 	seq           uint64
 	endpoints     []endpointState
 	endpointIndex map[string]int
-	reservations  map[string]reservation // dispatched requests still unscraped or pending, by ID
-	drain         drainEstimator
+	// newestScrapeNs is the newest scrape time among endpoints, Unix nanoseconds (math.MinInt64 when none): the
+	// pool has a fresh endpoint, or is down (poolDownLocked), by it alone.
+	newestScrapeNs int64
+	reservations   map[string]reservation // dispatched requests still unscraped or pending, by ID
+	drain          drainEstimator
 	// blockedSince is, per band, since when snapshots have found the band unable to dispatch an arrival at once (no
 	// endpoint below its ceiling, or requests of it or a higher band still waiting after dispatch); zero otherwise.
 	// Retry-After uses the age of such an episode (see retryEstimateLocked).
@@ -111,15 +115,16 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 		deps.Recorder = noopRecorder{}
 	}
 	c := &Controller{
-		cfg:           cfg,
-		clock:         deps.Clock,
-		recorder:      deps.Recorder,
-		rng:           deps.Rand,
-		queued:        make(map[string]*item),
-		endpointIndex: make(map[string]int),
-		reservations:  make(map[string]reservation),
-		drain:         newDrainEstimator(cfg.DrainRateWindow),
-		onTimer:       func(event func()) { go event() },
+		cfg:            cfg,
+		clock:          deps.Clock,
+		recorder:       deps.Recorder,
+		rng:            deps.Rand,
+		queued:         make(map[string]*item),
+		endpointIndex:  make(map[string]int),
+		newestScrapeNs: math.MinInt64,
+		reservations:   make(map[string]reservation),
+		drain:          newDrainEstimator(cfg.DrainRateWindow),
+		onTimer:        func(event func()) { go event() },
 	}
 	if deps.SynchronousTimers {
 		c.onTimer = func(event func()) { event() }

@@ -33,8 +33,8 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 // ReasonQueueTimeout otherwise.
 func (c *Controller) expireLocked(now time.Time) int {
 	n := 0
-	noEndpoints := c.freshCountLocked(now) == 0
-	down := noEndpoints && c.poolDownLocked(now)
+	noEndpoints := !c.anyFreshLocked(now)
+	down := c.poolDownLocked(now)
 	for _, b := range allBands {
 		q := c.bands[b]
 		for q.oldest != nil && (down || !q.oldest.deadline.After(now)) {
@@ -84,9 +84,9 @@ func (c *Controller) armTTLTimerLocked(now time.Time) {
 			earliest = end
 		}
 	}
-	if c.totalCount > 0 && c.freshCountLocked(now) == 0 {
+	if c.totalCount > 0 && !c.anyFreshLocked(now) {
 		// Requests wait out late metrics; without a scrape by then, the pool is down and they are answered.
-		down := time.Unix(0, c.newestScrapeLocked()).Add(outageStalenessMultiple * c.cfg.Endpoint.MetricsStaleness)
+		down := time.Unix(0, c.newestScrapeNs).Add(outageStalenessMultiple * c.cfg.Endpoint.MetricsStaleness)
 		if down.After(now) && (earliest.IsZero() || down.Before(earliest)) {
 			earliest = down
 		}

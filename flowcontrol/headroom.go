@@ -81,32 +81,17 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 // the EPP or a server is starved of CPU for a moment) make requests wait for the next scrape rather than be answered
 // 503: the next scrape normally lands within one refresh interval.
 func (c *Controller) poolDownLocked(now time.Time) bool {
-	return c.newestScrapeLocked() <= freshCutoff(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
+	return c.newestScrapeNs <= freshCutoff(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
+}
+
+// anyFreshLocked reports whether some endpoint's metrics are fresh at now.
+func (c *Controller) anyFreshLocked(now time.Time) bool {
+	return c.newestScrapeNs >= freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 }
 
 // outageStalenessMultiple: with the default staleness threshold (200 ms), a pool is down after 2 s without a scrape,
 // upstream's own --metrics-staleness-threshold.
 const outageStalenessMultiple = 10
-
-// newestScrapeLocked returns the newest scrape time of the pool in Unix nanoseconds, math.MinInt64 if none.
-func (c *Controller) newestScrapeLocked() int64 {
-	newest := int64(math.MinInt64)
-	for i := range c.endpoints {
-		newest = max(newest, c.endpoints[i].scrapedNs)
-	}
-	return newest
-}
-
-func (c *Controller) freshCountLocked(now time.Time) int {
-	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
-	n := 0
-	for i := range c.endpoints {
-		if c.endpoints[i].scrapedNs >= cutoff {
-			n++
-		}
-	}
-	return n
-}
 
 // MayExceedHeadroom reports whether a request dispatched in band may still be placed on the named endpoint, which had
 // no headroom for the band, when the endpoint holds much of its prompt (the headroom filter's prefix-affinity

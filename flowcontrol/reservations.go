@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -64,6 +65,10 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		states[i].refresh(c.cfg.Endpoint)
 	}
 	c.endpoints, c.endpointIndex = states, index
+	c.newestScrapeNs = math.MinInt64
+	for i := range states {
+		c.newestScrapeNs = max(c.newestScrapeNs, states[i].scrapedNs)
+	}
 	c.dispatchLocked(now)
 	c.trackBlockedLocked(now)
 	c.endOpLocked(now)
