@@ -80,15 +80,37 @@ func (b *binary) path(t *testing.T) string {
 	return b.file
 }
 
-// FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
+// handedOut holds every port FreePort has returned in this test binary: the
+// kernel may hand a just-closed port out again, and a process given the same
+// port for two listeners exits on the second bind.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// FreePort returns a TCP port that was free on 127.0.0.1 a moment ago and
+// that no earlier call in this test binary returned.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port
+		}
+	}
+	t.Fatal("no free port the kernel offered was unused by this test binary")
+	return 0
 }
 
 // Process is a running EPP binary.
