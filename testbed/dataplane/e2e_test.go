@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -42,31 +41,6 @@ func startSimulator(t *testing.T, ip, profile string) string {
 	return l.Addr().String()
 }
 
-// startDataPlane serves a data plane that asks the EPP on eppPort.
-func startDataPlane(t *testing.T, eppPort int) string {
-	t.Helper()
-	p, err := New(Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", eppPort), ReportServedHeader: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = p.Serve(ctx, l)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		_ = p.Close()
-	})
-	return "http://" + l.Addr().String()
-}
-
 // chatCompletion posts body as JSON to the data plane's chat endpoint.
 func chatCompletion(t *testing.T, url string, body any) (int, http.Header, string) {
 	t.Helper()
@@ -75,6 +49,14 @@ func chatCompletion(t *testing.T, url string, body any) (int, http.Header, strin
 		t.Fatal(err)
 	}
 	return post(t, url+"/v1/chat/completions", string(raw))
+}
+
+// startEPPDataPlane serves a data plane that asks the EPP on eppPort and
+// returns its base URL.
+func startEPPDataPlane(t *testing.T, eppPort int) string {
+	t.Helper()
+	proxy, _ := startProxy(t, Config{EPPAddress: fmt.Sprintf("127.0.0.1:%d", eppPort), ReportServedHeader: true})
+	return proxy.URL
 }
 
 func chat(content string, stream bool) map[string]any {
@@ -97,7 +79,7 @@ func TestEndToEnd(t *testing.T) {
 	a := startSimulator(t, "127.0.0.2", "h100")
 	b := startSimulator(t, "127.0.0.3", "a10g")
 	epp := runnertest.StartEPP(t, nil, "--static-endpoints="+a+","+b, "--secure-serving=false")
-	url := startDataPlane(t, epp.GRPCPort)
+	url := startEPPDataPlane(t, epp.GRPCPort)
 
 	t.Run("chat", func(t *testing.T) {
 		status, header, body := chatCompletion(t, url, chat("hello", false))
@@ -184,7 +166,7 @@ schedulingProfiles:
 		t.Fatal(err)
 	}
 	epp := runnertest.StartEPP(t, nil, "--static-endpoints="+dead+","+a+","+b, "--secure-serving=false", "--config-file="+config)
-	url := startDataPlane(t, epp.GRPCPort)
+	url := startEPPDataPlane(t, epp.GRPCPort)
 	for i := range 40 {
 		status, header, body := chatCompletion(t, url, chat(fmt.Sprintf("request %d", i), false))
 		if status != http.StatusOK {
