@@ -47,6 +47,16 @@
 // Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
 // and requests whose end was never reported stop counting after three scrapes.
 //
+// Foreign load does not close an endpoint: an endpoint on which the EPP has none of its own requests in flight always
+// takes one, whatever its seats and the foreign occupancy its scrapes show (endpointState.hasSlot). Load the EPP did
+// not cause (another EPP replica's, a second gateway's, a server reporting a steady queue) is not drained by the EPP
+// waiting, since whoever sent it refills the seats it frees; counting it in full would close the endpoint to this
+// EPP for as long as it lasts, and its requests would wait out their queue time. With the floor the EPP keeps one
+// request at a time there, in its own priority and fair order, starting behind whatever the server already queues,
+// and beyond that one its requests are bounded by the seats with the foreign load counted against them. A floor of
+// one, rather than seats that grow with the foreign load, keeps the server's queue as short as this EPP can make it;
+// a saturation ceiling still applies as before (headroom).
+//
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
 // headroom it hands to the scheduler. Otherwise, in order: a band that rejects when saturated (by default Sheddable,

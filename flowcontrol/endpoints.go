@@ -162,13 +162,17 @@ func (e *endpointState) noteFull(now time.Time) {
 
 // hasSlot reports whether admission may send the endpoint one more request as far as its concurrency goes. Under
 // the Critical reserve (seats) its occupancy must be below its capacity; otherwise below its known concurrency (stated
-// or learned slots), if any.
+// or learned slots), if any. An endpoint holding none of the EPP's requests always has a slot (the foreign-load
+// floor): its occupancy is then all foreign (another replica's requests, or load sent around the gateway), which
+// waiting here does not drain, since whoever sent it refills the seats it frees, so a limit that counted it would
+// keep the endpoint closed to this EPP for as long as that load lasts. The EPP's own requests are still bounded by the
+// seats, with foreign load counting against them, beyond this one.
 func (e *endpointState) hasSlot(seats bool) bool {
 	limit := e.known
 	if seats {
 		limit = e.capacity
 	}
-	return limit == 0 || e.occupancy() < limit
+	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
 }
 
 // freeSeats is how many of its seats the endpoint has free.

@@ -301,3 +301,74 @@ func TestLearnedSlotLimit(t *testing.T) {
 		after.wantOutcome(t, Dispatched, ReasonNone) // it ran five: the limit is forgotten
 	})
 }
+
+// TestForeignLoadDoesNotStarve: an endpoint whose scrapes keep showing requests the EPP did not send (another
+// replica's, or load sent around the gateway) fills its seats with them for as long as that load lasts; the
+// foreign-load floor still sends it one request at a time, so every request is served, each with exactly one outcome.
+// Without the floor each case below waits until its queue time ends.
+func TestForeignLoadDoesNotStarve(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  func(*Config)
+		// report is what every scrape of the only endpoint shows, whatever the EPP sent it.
+		report Endpoint
+		// priorities are cycled through by the arrivals; a Critical one keeps the Critical reserve (seats) on.
+		priorities []int
+	}{{
+		name:       "learned slots, foreign queue",
+		cfg:        func(c *Config) { c.Endpoint.QueueDepth = 100 },
+		report:     Endpoint{Name: "a", Running: 4, WaitingQueue: 5},
+		priorities: []int{0},
+	}, {
+		name:       "stated concurrency, every seat foreign",
+		cfg:        func(c *Config) { c.Endpoint.Concurrency = 4 },
+		report:     Endpoint{Name: "a", Running: 4},
+		priorities: []int{1, 0, 0},
+	}, {
+		name:       "tentative seats under the Critical reserve",
+		cfg:        func(c *Config) { c.Endpoint.QueueDepth = 100 },
+		report:     Endpoint{Name: "a", Running: 1, WaitingQueue: 1},
+		priorities: []int{1, 0},
+	}}
+	const (
+		interval = 50 * time.Millisecond
+		hold     = 2 // scrape intervals a dispatched request runs before it ends
+		every    = 3 // scrape intervals between arrivals: slower than one request at a time serves
+		arrivals = 30
+	)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, tc.cfg))
+				var calls []*call
+				dispatchedAt := map[string]int{}
+				for round := 0; round < every*arrivals+20; round++ {
+					h.scrape(tc.report)
+					if err := checkInvariants(h.c); err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+					for _, cl := range calls {
+						id := cl.req.ID
+						if _, seen := dispatchedAt[id]; !seen && cl.finished() && cl.result(t).Outcome == Dispatched {
+							dispatchedAt[id] = round
+						}
+						if at, ok := dispatchedAt[id]; ok && round-at == hold {
+							h.c.Release(id)
+							synctest.Wait()
+						}
+					}
+					if n := len(calls); n < arrivals && round%every == 0 {
+						calls = append(calls, h.admit(tc.priorities[n%len(tc.priorities)], "t", 1))
+					}
+					h.step(interval)
+				}
+				for _, cl := range calls {
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+				}
+				if s := h.c.Stats(); s.InFlight != 0 || s.Queued != [NumBands]int{} {
+					t.Fatalf("stats %+v, want nothing in flight or waiting", s)
+				}
+			})
+		})
+	}
+}
