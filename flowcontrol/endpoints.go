@@ -162,11 +162,8 @@ func (e *endpointState) noteFull(now time.Time) {
 
 // hasSlot reports whether admission may send the endpoint one more request as far as its concurrency goes. Under
 // the Critical reserve (seats) its occupancy must be below its capacity; otherwise below its known concurrency (stated
-// or learned slots), if any. An endpoint holding none of the EPP's requests always has a slot (the foreign-load
-// floor): its occupancy is then all foreign (another replica's requests, or load sent around the gateway), which
-// waiting here does not drain, since whoever sent it refills the seats it frees, so a limit that counted it would
-// keep the endpoint closed to this EPP for as long as that load lasts. The EPP's own requests are still bounded by the
-// seats, with foreign load counting against them, beyond this one.
+// or learned slots), if any. An endpoint holding none of the EPP's requests always has a slot, so that load the EPP
+// did not send cannot close it for as long as that load lasts (the package doc's "Foreign load").
 func (e *endpointState) hasSlot(seats bool) bool {
 	limit := e.known
 	if seats {
