@@ -364,7 +364,7 @@ func randomSpec(rng *rand.Rand) *FlowControlPolicySpec {
 		spec.PriorityMapping = &PriorityMapping{i(-2, -1, 0, 1, 2), i(-2, -1, 0, 1, 2)}
 	}
 	if maybe() {
-		spec.Endpoint = &EndpointThresholds{i(-1, 0, 5), i(-1, 0, 2), d(), i(-1, 0, 4, 16), d(), f(0, 0.5, 0.8, 1, 1.5), i(-1, 0, 32), d()}
+		spec.Endpoint = &EndpointThresholds{i(-1, 0, 5), i(-1, 0, 2), d(), i(-1, 0, 4, 16), d(), f(0, 0.5, 0.8, 1, 1.5), i(-1, 0, 32), d(), i(-1, 0, 4)}
 	}
 	for range rng.IntN(4) {
 		spec.Tenants = append(spec.Tenants, TenantPolicy{

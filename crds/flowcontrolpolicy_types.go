@@ -446,6 +446,15 @@ type EndpointThresholds struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="metricsStalenessThreshold must be positive"
 	// +kubebuilder:default="200ms"
 	MetricsStalenessThreshold *metav1.Duration `json:"metricsStalenessThreshold,omitempty"`
+	// Concurrency is how many requests each endpoint runs at once (vLLM's --max-num-seqs), for a pool whose
+	// endpoints all run the same number. Admission fills an endpoint to its concurrency and no further, so requests
+	// wait in the EPP, in priority and fair order, rather than inside the server. 0, the default, learns it per
+	// endpoint from its metrics (the running count it plateaus at while requests wait there); an endpoint whose KV
+	// cache holds fewer requests uses that smaller number either way.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=0
+	Concurrency *int `json:"concurrency,omitempty"`
 }
 
 // TenantPolicy is one tenant's policy. Its fields are flowcontrol.APITenantPolicy's.

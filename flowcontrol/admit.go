@@ -99,6 +99,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	if band == Critical {
 		// A valid Critical arrival is Critical traffic, whatever its outcome: the reserve is on (or extended).
 		c.lastCritical = now
+		c.criticalArrivals.add(now, 1)
 		if c.totalCount > 0 {
 			// The reserve now ends later; its end may dispatch what waits, so a timer must be there to see it.
 			c.armTTLTimerLocked(now)

@@ -143,6 +143,8 @@ type EndpointThresholds struct {
 	BurstQueueDepth  int
 	BurstPendingTime time.Duration
 	MetricsStaleness time.Duration
+	// Concurrency is the stated concurrency of every endpoint; 0 learns it.
+	Concurrency int
 }
 
 // TenantPolicy is one tenant's validated policy.
@@ -238,6 +240,7 @@ func applyDefaults(api *APIConfig) {
 	ep.BurstQueueDepthThreshold = orDefault(ep.BurstQueueDepthThreshold, DefaultBurstQueueDepthThreshold)
 	ep.BurstPendingTimeThreshold = orDefaultDuration(ep.BurstPendingTimeThreshold, DefaultBurstPendingTimeThreshold)
 	ep.MetricsStalenessThreshold = orDefaultDuration(ep.MetricsStalenessThreshold, DefaultMetricsStalenessThreshold)
+	ep.Concurrency = orDefault(ep.Concurrency, 0)
 	api.Endpoint = &ep
 
 	tenants := make([]APITenantPolicy, len(api.Tenants))
@@ -315,6 +318,7 @@ func toConfig(api *APIConfig) (*Config, error) {
 			BurstQueueDepth:  burstThreshold(*api.Endpoint.BurstQueueDepthThreshold, *api.Endpoint.QueueDepthThreshold),
 			BurstPendingTime: burstThreshold(api.Endpoint.BurstPendingTimeThreshold.Duration, api.Endpoint.PendingTimeThreshold.Duration),
 			MetricsStaleness: api.Endpoint.MetricsStalenessThreshold.Duration,
+			Concurrency:      *api.Endpoint.Concurrency,
 		},
 		Tenants:          make(map[string]TenantPolicy, len(api.Tenants)),
 		RetryAfterJitter: *api.RetryAfterJitter,
@@ -429,6 +433,9 @@ func (c *Config) Validate() error {
 	} else if b > 0 && b < c.Endpoint.PendingTime {
 		errs = append(errs, fmt.Errorf("endpoint.burstPendingTimeThreshold must be 0 or at least pendingTimeThreshold (%v), got %v",
 			c.Endpoint.PendingTime, b))
+	}
+	if c.Endpoint.Concurrency < 0 {
+		errs = append(errs, fmt.Errorf("endpoint.concurrency must not be negative, got %d", c.Endpoint.Concurrency))
 	}
 	if c.Endpoint.MetricsStaleness <= 0 {
 		errs = append(errs, fmt.Errorf("endpoint.metricsStalenessThreshold must be positive, got %v", c.Endpoint.MetricsStaleness))

@@ -129,6 +129,10 @@ type APIEndpointThresholds struct {
 	RunningThreshold *int `json:"runningThreshold,omitempty"`
 	// Default 200ms.
 	MetricsStalenessThreshold *metav1.Duration `json:"metricsStalenessThreshold,omitempty"`
+	// Concurrency is how many requests each endpoint runs at once (vLLM's --max-num-seqs), when every endpoint of the
+	// pool runs the same number. 0 learns it per endpoint from its metrics. Either way an endpoint's KV cache may
+	// hold fewer, which its metrics show, and the smaller applies. Default 0.
+	Concurrency *int `json:"concurrency,omitempty"`
 }
 
 // APITenantPolicy is one tenant's policy.

@@ -74,8 +74,14 @@ type Controller struct {
 	// newestScrapeNs is the newest scrape time among endpoints, Unix nanoseconds (math.MinInt64 when none): the
 	// pool has a fresh endpoint, or is down (poolDownLocked), by it alone.
 	newestScrapeNs int64
-	reservations   map[string]reservation // dispatched requests still unscraped or pending, by ID
+	reservations   map[string]reservation // dispatched requests not yet released, by ID
 	drain          drainEstimator
+	// criticalArrivals is the rate of valid Critical arrivals and holdTime the smoothed time a request dispatched to a
+	// seat-bound endpoint holds its seat there, dispatch to release: what the seat reserve is sized from (seats.go).
+	criticalArrivals rateMeter
+	holdTime         time.Duration
+	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.
+	droppedMissing int
 	// blockedSince is, per band, since when snapshots have found the band unable to dispatch an arrival at once (no
 	// endpoint below its ceiling, or requests of it or a higher band still waiting after dispatch); zero otherwise.
 	// Retry-After uses the age of such an episode (see retryEstimateLocked).
@@ -126,6 +132,9 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 		drain:          newDrainEstimator(cfg.DrainRateWindow),
 		onTimer:        func(event func()) { go event() },
 	}
+	now := deps.Clock.Now()
+	c.criticalArrivals = newRateMeter(cfg.DrainRateWindow)
+	c.criticalArrivals.advance(now)
 	if deps.SynchronousTimers {
 		c.onTimer = func(event func()) { event() }
 	}
@@ -169,6 +178,7 @@ func (c *Controller) SetConfig(cfg *Config) error {
 	c.drain.advance(now)
 	c.cfg = cfg
 	c.drain.setWindow(cfg.DrainRateWindow)
+	c.criticalArrivals.setWindow(cfg.DrainRateWindow)
 	for i := range c.endpoints {
 		c.endpoints[i].refresh(cfg.Endpoint)
 	}
@@ -197,8 +207,12 @@ func (c *Controller) SetConfig(cfg *Config) error {
 type Stats struct {
 	Queued      [NumBands]int
 	QueuedBytes [NumBands]int64
-	// Reserved is the number of dispatched requests still counted against an endpoint.
-	Reserved int
+	// Reserved is the number of dispatched requests a scrape does not yet show or that have not had their first
+	// response chunk; InFlight, the number dispatched and not yet released.
+	Reserved, InFlight int
+	// DroppedMissing counts the dispatched requests the controller stopped counting, unreleased, because their
+	// endpoint's scrapes said they were no longer there.
+	DroppedMissing int
 	// DrainRate is the estimated drain rate in cost units per second; 0 while unknown.
 	DrainRate    float64
 	ShuttingDown bool
@@ -208,7 +222,12 @@ type Stats struct {
 func (c *Controller) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := Stats{Reserved: len(c.reservations), ShuttingDown: c.shuttingDown}
+	s := Stats{InFlight: len(c.reservations), DroppedMissing: c.droppedMissing, ShuttingDown: c.shuttingDown}
+	for _, r := range c.reservations {
+		if r.unscraped || r.pending {
+			s.Reserved++
+		}
+	}
 	for b, q := range c.bands {
 		s.Queued[b] = q.count
 		s.QueuedBytes[b] = q.bytes

@@ -175,11 +175,19 @@ func TestReservations(t *testing.T) {
 		// A later scrape covers everything dispatched before it.
 		h.step(50 * time.Millisecond)
 		h.scrape(ep("a", 5), ep("b", 5))
-		if s := h.c.Stats(); s.Reserved != 0 {
+		s := h.c.Stats()
+		if s.Reserved != 0 {
 			t.Fatalf("%d reservations survive a covering scrape", s.Reserved)
 		}
+		// The requests are still in flight: the EPP counts them until they end, fresher than any scrape.
+		if !h.c.Release(first[2].req.ID) {
+			t.Fatal("Release after a covering scrape found no request in flight")
+		}
+		if got := h.c.Stats().InFlight; got != s.InFlight-1 {
+			t.Fatalf("in flight after Release: %d, want %d", got, s.InFlight-1)
+		}
 		if h.c.Release(first[2].req.ID) {
-			t.Fatal("Release after a covering scrape found a reservation")
+			t.Fatal("second Release after a covering scrape found a reservation")
 		}
 	})
 }
@@ -263,8 +271,8 @@ func TestCriticalReserve(t *testing.T) {
 		if h.c.Started(first.req.ID) {
 			t.Fatal("second Started found the request pending")
 		}
-		if h.c.Release(first.req.ID) {
-			t.Fatal("Release after Started and a covering scrape found a reservation")
+		if !h.c.Release(first.req.ID) {
+			t.Fatal("Release after Started and a covering scrape found no request in flight")
 		}
 		// Release ends a pending request that never started (the client went away).
 		if !h.c.Release(next.req.ID) {
@@ -1158,6 +1166,23 @@ func TestSaturationsRankBusyEndpoints(t *testing.T) {
 		dispatch("r5", "b")
 		if want := []float64{0, 3}; !near(ranks(""), want) {
 			t.Fatalf("a fresh prompt on b: %v, want %v", got, want)
+		}
+	})
+}
+
+// TestRetryAfterAddsBacklogToEpisode: a blocked band's clients are told to come back when the episode is expected to
+// end (as long again as it has lasted) plus the time the backlog waiting ahead of them then takes to drain, not at
+// the episode's end, when that backlog would shed them again.
+func TestRetryAfterAddsBacklogToEpisode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			oneSlot(c)
+			c.Bands[Sheddable].RetryAfterMax = 5 * time.Minute
+		}))
+		warmDrainRate(t, h, 10) // blocked for 20 s, 10 Critical requests (1000 tokens) waiting at ~100 tokens/s
+		d := h.admit(-1, "batch", 100).wantOutcome(t, Rejected, ReasonSaturated)
+		if d.RetryAfter < 29*time.Second || d.RetryAfter > 32*time.Second {
+			t.Fatalf("Retry-After %v, want the 20 s episode plus about 10 s of backlog", d.RetryAfter)
 		}
 	})
 }

@@ -32,6 +32,31 @@
 // also count over the pending threshold (a count cap). The reserve governs this controller only: another EPP replica
 // that sees no Critical traffic still uses the burst tier.
 //
+// Seats: a server that runs only a few requests at once (vLLM's --max-num-seqs) queues what it is sent behind the
+// requests it runs, FIFO, so on such a server the EPP's priority and fair order is not the order requests start. The
+// controller therefore counts every request it sent an endpoint until Release (its own signal that a slot freed,
+// fresher than any scrape), learns each endpoint's concurrency (concurrencyLearner: the running count it plateaus at
+// while requests wait there, across ends of requests; EndpointThresholds.Concurrency may state it; the KV cache may
+// hold fewer, and the smaller applies) and sends an endpoint no more than that, so requests wait in the EPP and the
+// next one leaves the moment one ends. Under the Critical reserve, an endpoint that has queued while running only a
+// few requests gets tentative seats (the most it has run) until its plateau is learned, and lower bands leave idle a
+// reserve of seats on the endpoints that have been full recently, sized from the observed Critical arrival rate and
+// the rate seats free, as Kubernetes API Priority and Fairness keeps seats for a priority level (seats.go): a Critical
+// arrival finds one free rather than waiting for a running request to end. Large-batch servers, whose requests
+// contend in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
+// Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
+// and requests whose end was never reported stop counting after three scrapes.
+//
+// Foreign load does not close an endpoint: an endpoint on which the EPP has none of its own requests in flight always
+// takes one, whatever its seats and the foreign occupancy its scrapes show (endpointState.hasSlot). Load the EPP did
+// not cause (another EPP replica's, a second gateway's, a server reporting a steady queue) is not drained by the EPP
+// waiting, since whoever sent it refills the seats it frees; counting it in full would close the endpoint to this
+// EPP for as long as it lasts, and its requests would wait out their queue time. With the floor the EPP keeps one
+// request at a time there, in its own priority and fair order, starting behind whatever the server already queues,
+// and beyond that one its requests are bounded by the seats with the foreign load counted against them. A floor of
+// one, rather than seats that grow with the foreign load, keeps the server's queue as short as this EPP can make it;
+// a saturation ceiling still applies as before (headroom).
+//
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
 // headroom it hands to the scheduler. Otherwise, in order: a band that rejects when saturated (by default Sheddable,
@@ -51,13 +76,15 @@
 // endpoint is enough for the head of the highest non-empty band to go, whatever the pool's average saturation.
 //
 // A dispatched request is reserved on the least saturated endpoint with headroom until the scheduler's choice moves it
-// (Bind), the request finishes (Release), or a scrape taken after it covers it (UpdateEndpoints) and, if streamed, it
-// has started. This keeps a burst between two scrapes from piling onto one endpoint.
+// (Bind) and counted there until the request finishes (Release). It counts towards the endpoint's queue until a
+// scrape taken after it covers it (UpdateEndpoints) and, if streamed, it has started; that keeps a burst between two
+// scrapes from piling onto one endpoint. It counts towards the endpoint's occupancy (seats) until Release.
 //
-// Retry-After is the estimated time until the band admits again: the larger of the backlog at and above the band
-// over the drain rate (an exponential moving average of cost dispatched per second of backlogged time) and the age of
-// the band's current blocked episode (snapshots finding no headroom for it, or requests waiting at or above it),
-// clamped to the band's bounds, jittered and rounded up to whole seconds. The backlog term alone would tell shed
+// Retry-After is the estimated time until capacity for the band returns: the backlog at and above the band over the
+// drain rate (an exponential moving average of cost dispatched per second of backlogged time) or, if larger while the
+// band is blocked (snapshots finding no headroom for it, or requests waiting at or above it), the age of the blocked
+// episode plus the time that backlog takes to drain once it ends; clamped to the band's bounds, jittered and rounded
+// up to whole seconds. The backlog term alone would tell shed
 // Sheddable clients "1s" all through a burst, which sheds them again; an episode that has lasted d is taken to last
 // about d more, so retries land after the burst.
 //

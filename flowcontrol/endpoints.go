@@ -21,30 +21,53 @@ type Endpoint struct {
 	ScrapedAt time.Time
 }
 
-// endpointState is an Endpoint plus the requests the EPP sent it that its last scrape does not yet show (reserved)
-// and the streamed requests it sent that have not had their first response chunk (pending). It caches what the fast
-// path needs so that a scan is two comparisons per endpoint.
+// endpointState is an Endpoint plus what the EPP knows of it beyond its last scrape: the requests it sent there
+// that the scrape does not yet show (reserved), the streamed requests it sent that have not had their first response
+// chunk (pending), every request it sent there and has not released (inflight), and the concurrency learned from its
+// scrapes. It caches what the fast path needs so that a scan is a few comparisons per endpoint.
 type endpointState struct {
 	Endpoint
 	reserved int
 	// started counts the reserved requests that have had their first response chunk: running, no longer waiting.
 	started int
 	pending int
+	// inflight counts every request the EPP dispatched here and has not released: running or waiting in the server,
+	// or on their way there. It is fresher than any scrape: a request that ends frees its place at once.
+	inflight int
+	// foreign is how many more requests the last two scrapes both showed here than the EPP had sent (another EPP
+	// replica's, or requests sent around the gateway): the endpoint's occupancy counts them too.
+	foreign int
+	// seats and capacity are concurrencyLearner.limits: the requests the endpoint is known to start at once (0 while
+	// unknown) and the most admission keeps there under the Critical reserve (0: no bound).
+	seats, capacity int
+	// known is concurrencyLearner.known: the stated or learned concurrency (0 while neither is), the limit outside the
+	// Critical reserve, where the KV term and tentative seats do not apply.
+	known int
+	// running counts the requests the EPP sent here that have had their first response chunk and not ended: running
+	// there for sure, fresher than a scrape.
+	running int
+	// fullNs is when the occupancy last reached the seats, in Unix nanoseconds (0 never): an endpoint full recently
+	// is seat-bound (Controller.seatBoundLocked). Like the learner it outlives scrapes.
+	fullNs int64
+	// learner, recon, firstChunk and pendingDoneNs outlive scrapes and are forgotten with the endpoint.
+	learner concurrencyLearner
+	recon   occupancyRecon
 	// firstChunk is the learned time one prompt takes here from dispatch to its first response chunk (zero until a
-	// streamed request has started here); it outlives scrapes and is forgotten with the endpoint.
+	// streamed request has started here).
 	firstChunk time.Duration
 	// pendingDoneNs is when the pending prompts are expected to have all started, in Unix nanoseconds: each dispatch
 	// of a pending prompt moves it to max(itself, dispatch time) plus the prompt's expected time (a virtual finish
 	// clock, so prompts sent together queue behind one another), a pending prompt moved or released takes its time
-	// back, and it is zero while nothing is pending. Like firstChunk it outlives scrapes.
+	// back, and it is zero while nothing is pending.
 	pendingDoneNs int64
 	// sat is the largest of Saturation(Endpoint, reserved, thresholds) and the pending prompts' learned first-chunk
-	// time over the pending time threshold; satReserve, what the Critical reserve judges by, is the larger of sat and
-	// pending over the pending threshold; satBurst is sat with the burst tier's thresholds; satRank is Saturation
-	// without the started requests, which rankAt completes with the pending prompts for schedulers. Refresh them after
-	// changing any count.
-	sat, satReserve, satBurst, satRank float64
-	scrapedNs                          int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
+	// time over the pending time threshold; satReserve, what the Critical reserve judges by, is sat without the KV
+	// term (seats stand for KV there) and with pending over the pending threshold; satBurst is sat with the burst
+	// tier's thresholds; satRank is Saturation without the started requests, satRankSeats the same with the
+	// occupancy over the seats in place of the KV term, which rankAt completes with the pending prompts for
+	// schedulers. Refresh them after changing any count.
+	sat, satReserve, satBurst, satRank, satRankSeats float64
+	scrapedNs                                        int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
 
 func newEndpointState(e Endpoint) endpointState {
@@ -79,6 +102,10 @@ func (e *endpointState) remove(r reservation, th EndpointThresholds) {
 
 // tally adds r's share (sign +1 or -1) to the endpoint's counts; the caller refreshes.
 func (e *endpointState) tally(r reservation, sign int) {
+	e.inflight += sign
+	if r.started {
+		e.running += sign
+	}
 	if r.unscraped {
 		e.reserved += sign
 		if r.started {
@@ -90,12 +117,17 @@ func (e *endpointState) tally(r reservation, sign int) {
 	}
 }
 
-// refresh recomputes the cached saturations.
+// refresh recomputes the concurrency and the cached saturations.
 func (e *endpointState) refresh(th EndpointThresholds) {
-	e.sat = max(Saturation(e.Endpoint, e.reserved, th), e.pendingTimeSaturation(th.PendingTime))
-	e.satReserve = e.sat
+	e.learner.observeRunning(e.running)
+	e.seats, e.capacity, _ = e.learner.limits(th, e.WaitingQueue > 0)
+	e.known = e.learner.known(th, e.WaitingQueue > 0)
+	kv := e.KVCacheUsage / th.KVCacheUtil
+	base := max(queueSaturation(e.Endpoint, e.reserved, th), e.pendingTimeSaturation(th.PendingTime))
+	e.sat = max(base, kv)
+	e.satReserve = base
 	if th.Pending > 0 {
-		e.satReserve = max(e.sat, float64(e.pending)/float64(th.Pending))
+		e.satReserve = max(base, float64(e.pending)/float64(th.Pending))
 	}
 	e.satBurst = e.sat
 	if th.BurstQueueDepth > 0 {
@@ -105,13 +137,43 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 		if th.PendingTime > 0 {
 			bt = th.BurstPendingTime
 		}
-		e.satBurst = max(Saturation(e.Endpoint, e.reserved, burst), e.pendingTimeSaturation(bt))
+		e.satBurst = max(queueSaturation(e.Endpoint, e.reserved, burst), e.pendingTimeSaturation(bt), kv)
 	}
-	e.satRank = Saturation(e.Endpoint, e.reserved-e.started, th)
+	rank := queueSaturation(e.Endpoint, e.reserved-e.started, th)
+	e.satRank, e.satRankSeats = max(rank, kv), rank
+	if e.seats > 0 {
+		e.satRankSeats = max(rank, float64(e.occupancy())/float64(e.seats))
+	}
 	if e.pending == 0 {
 		e.pendingDoneNs = 0
 	}
 }
+
+// occupancy is how many requests the endpoint holds by the EPP's count: its own in flight there and the foreign ones
+// its scrapes showed.
+func (e *endpointState) occupancy() int { return e.inflight + e.foreign }
+
+// noteFull records now as the endpoint's last full moment if its occupancy is at its seats.
+func (e *endpointState) noteFull(now time.Time) {
+	if e.seats > 0 && e.occupancy() >= e.seats {
+		e.fullNs = now.UnixNano()
+	}
+}
+
+// hasSlot reports whether admission may send the endpoint one more request as far as its concurrency goes. Under
+// the Critical reserve (seats) its occupancy must be below its capacity; otherwise below its known concurrency (stated
+// or learned slots), if any. An endpoint holding none of the EPP's requests always has a slot, so that load the EPP
+// did not send cannot close it for as long as that load lasts (the package doc's "Foreign load").
+func (e *endpointState) hasSlot(seats bool) bool {
+	limit := e.known
+	if seats {
+		limit = e.capacity
+	}
+	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
+}
+
+// freeSeats is how many of its seats the endpoint has free.
+func (e *endpointState) freeSeats() int { return max(0, e.seats-e.occupancy()) }
 
 // firstChunkOr is the learned first-chunk time, or fallback while nothing is learned here yet (a new endpoint, or
 // one back from a gap): a threshold then stands in for one prompt until its first chunk teaches the endpoint's time.
@@ -134,15 +196,19 @@ func (e *endpointState) promptTime(th EndpointThresholds) time.Duration {
 // share its first step with a pending one, as slow to start as on a saturated endpoint. Among endpoints that are all
 // computing a prompt, the one where a new prompt is expected to start answering first thus ranks lowest, whatever
 // their speeds; with the time bound disabled the number of pending prompts stands in.
-func (e *endpointState) rankAt(nowNs int64, th EndpointThresholds) float64 {
+func (e *endpointState) rankAt(nowNs int64, th EndpointThresholds, seats bool) float64 {
+	rank := e.satRank
+	if seats {
+		rank = e.satRankSeats
+	}
 	if e.pending == 0 {
-		return e.satRank
+		return rank
 	}
 	if th.PendingTime <= 0 {
-		return max(e.satRank, float64(e.pending))
+		return max(rank, float64(e.pending))
 	}
 	wait := time.Duration(max(0, e.pendingDoneNs-nowNs))
-	return max(e.satRank, 1+float64(wait+e.promptTime(th))/float64(th.PendingTime))
+	return max(rank, 1+float64(wait+e.promptTime(th))/float64(th.PendingTime))
 }
 
 // pendingTimeSaturation is the learned first-chunk time of the endpoint's pending prompts over threshold (0 when
@@ -154,17 +220,21 @@ func (e *endpointState) pendingTimeSaturation(threshold time.Duration) float64 {
 	return float64(e.pending) * float64(e.firstChunkOr(threshold)) / float64(threshold)
 }
 
+// smoothDuration folds sample into the exponentially weighted average avg (zero: nothing learned yet, sample is it).
+func smoothDuration(avg, sample time.Duration, weight float64) time.Duration {
+	if avg == 0 {
+		return sample
+	}
+	return avg + time.Duration(weight*float64(sample-avg))
+}
+
 // firstChunkWeight is the weight of each new sample in the learned first-chunk time: about the last five prompts count.
 const firstChunkWeight = 0.2
 
 // learnFirstChunk folds one prompt's time from dispatch to first chunk, already divided among the prompts that were
 // pending ahead of it (they share its prefill steps), into the learned first-chunk time; the caller refreshes.
 func (e *endpointState) learnFirstChunk(d time.Duration) {
-	if e.firstChunk == 0 {
-		e.firstChunk = d
-	} else {
-		e.firstChunk += time.Duration(firstChunkWeight * float64(d-e.firstChunk))
-	}
+	e.firstChunk = smoothDuration(e.firstChunk, d, firstChunkWeight)
 }
 
 // saturationFor is the saturation headroom is judged by in the normal tier: satReserve under the Critical reserve,
@@ -176,8 +246,9 @@ func (e *endpointState) saturationFor(reserve bool) float64 {
 	return e.sat
 }
 
-// reservation is one dispatched request counted against an endpoint: as unscraped until a scrape covers it, and, if
-// its response streams, as pending until its first response chunk (Controller.Started). Release ends both.
+// reservation is one dispatched request counted against an endpoint until Release: in flight there, as unscraped
+// until a scrape covers it, and, if its response streams, as pending until its first response chunk
+// (Controller.Started).
 type reservation struct {
 	endpoint string
 	at       time.Time
@@ -190,19 +261,20 @@ type reservation struct {
 	promptTime time.Duration
 }
 
-// Saturation is an endpoint's load relative to its thresholds: the largest of
-// (waiting + reserved) / QueueDepth, KV cache usage / KVCacheUtil and, if Running > 0, running / Running.
-// 1.0 means "at threshold". The controller judges headroom by the larger of this and the endpoint's pending prompts'
-// learned time over PendingTime (endpointState.refresh), against the band's ceiling, in the normal or the burst tier.
+// Saturation is an endpoint's load relative to its thresholds: the largest of (waiting + reserved) / QueueDepth,
+// KV cache usage / KVCacheUtil and, if Running > 0, running / Running. 1.0 means "at threshold". The controller judges
+// headroom by the larger of this and the endpoint's pending prompts' learned time over PendingTime
+// (endpointState.refresh), against the band's ceiling, in the normal or the burst tier. Under the Critical reserve the
+// KV term gives way to the endpoint's seats (concurrencyLearner), which no band exceeds.
 func Saturation(e Endpoint, reserved int, th EndpointThresholds) float64 {
+	return max(queueSaturation(e, reserved, th), e.KVCacheUsage/th.KVCacheUtil)
+}
+
+// queueSaturation is Saturation without the KV term.
+func queueSaturation(e Endpoint, reserved int, th EndpointThresholds) float64 {
 	s := float64(e.WaitingQueue+reserved) / float64(th.QueueDepth)
-	if kv := e.KVCacheUsage / th.KVCacheUtil; kv > s {
-		s = kv
-	}
 	if th.Running > 0 {
-		if r := float64(e.Running) / float64(th.Running); r > s {
-			s = r
-		}
+		s = max(s, float64(e.Running)/float64(th.Running))
 	}
 	return s
 }

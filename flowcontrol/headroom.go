@@ -7,12 +7,15 @@ import (
 
 // headroomLocked returns the number of endpoints with fresh metrics and the index of the least saturated one with
 // headroom for band (-1 if none): in the normal tier or, when no endpoint has headroom there, in the burst tier (then
-// burst is true).
+// burst is true). An endpoint has headroom for a band when its metrics are fresh, it has a free slot (hasSlot) and its
+// saturation is below the band's ceiling; while the Critical reserve is on, a band below Critical takes no free seat
+// of a seat-bound endpoint once those are down to their reserve of idle seats (seatReserveLocked).
 func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, burst bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
 	tier := c.burstTierLocked(band, reserve)
+	seatsFull := reserve && band != Critical && c.seatsFullLocked(now)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -21,6 +24,9 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 			continue
 		}
 		fresh++
+		if !c.mayTakeLocked(e, reserve, seatsFull, now) {
+			continue
+		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
 			best, bestSat = i, sat
 		}
@@ -32,6 +38,25 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 		return fresh, bestBurst, true
 	}
 	return fresh, best, false
+}
+
+// mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot), and it
+// takes a free seat of a seat-bound endpoint only if the seats are not down to their reserve (seatsFull, for bands
+// below Critical under the Critical reserve). A request beyond the seats, where the capacity allows it, takes no seat
+// Critical could have.
+func (c *Controller) mayTakeLocked(e *endpointState, reserve, seatsFull bool, now time.Time) bool {
+	if !e.hasSlot(reserve) {
+		return false
+	}
+	return e.freeSeats() == 0 || !seatsFull || !c.seatBoundLocked(e, now)
+}
+
+// seatsFullLocked reports whether the seat-bound endpoints are down to their reserve of idle seats for Critical, so
+// that a lower band may take none of their seats (it may still go beyond the seats of an endpoint whose capacity
+// allows more: that takes no seat Critical could have).
+func (c *Controller) seatsFullLocked(now time.Time) bool {
+	reserve, idle := c.seatReserveLocked(now)
+	return reserve > 0 && idle <= reserve
 }
 
 // criticalReserveLocked reports whether the Critical reserve is on: while Critical traffic is active (a Critical
@@ -54,12 +79,13 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
+	seatsFull := reserve && band != Critical && c.seatsFullLocked(now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(reserve)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.scrapedNs >= cutoff && sat < ceiling
+		return e.scrapedNs >= cutoff && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {
@@ -95,7 +121,8 @@ const outageStalenessMultiple = 10
 
 // MayExceedHeadroom reports whether a request dispatched in band may still be placed on the named endpoint, which had
 // no headroom for the band, when the endpoint holds much of its prompt (the headroom filter's prefix-affinity
-// exception): the endpoint's metrics must be fresh, the band must queue when saturated (a holdback band, which
+// exception): the endpoint's metrics must be fresh, it must have a free slot (a request past its concurrency would
+// wait inside it, behind whatever was sent before), the band must queue when saturated (a holdback band, which
 // rejects instead, keeps to its ceiling), and while the Critical reserve is active (any Critical request within the
 // drain-rate window, whatever the thresholds) only Critical may exceed it, so the reserve keeps its places.
 func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
@@ -109,10 +136,11 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 	if !ok || c.endpoints[i].scrapedNs < freshCutoff(now, c.cfg.Endpoint.MetricsStaleness) {
 		return false
 	}
-	if c.cfg.Bands[band].RejectWhenSaturated {
+	reserve := c.criticalReserveLocked(now)
+	if c.cfg.Bands[band].RejectWhenSaturated || !c.endpoints[i].hasSlot(reserve) {
 		return false
 	}
-	return band == Critical || !c.criticalReserveLocked(now)
+	return band == Critical || !reserve
 }
 
 // Saturations writes into out the current load of each named endpoint, for schedulers to rank endpoints by load
@@ -130,6 +158,7 @@ func (c *Controller) Saturations(self string, names []string, out []float64) {
 	now := c.clock.Now()
 	nowNs := now.UnixNano()
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	seats := c.criticalReserveLocked(now)
 	own, hasOwn := c.reservations[self]
 	for i, name := range names {
 		out[i] = math.Inf(1)
@@ -140,9 +169,9 @@ func (c *Controller) Saturations(self string, names []string, out []float64) {
 		if hasOwn && own.endpoint == name {
 			e := c.endpoints[j]
 			e.remove(own, c.cfg.Endpoint)
-			out[i] = e.rankAt(nowNs, c.cfg.Endpoint)
+			out[i] = e.rankAt(nowNs, c.cfg.Endpoint, seats)
 			continue
 		}
-		out[i] = c.endpoints[j].rankAt(nowNs, c.cfg.Endpoint)
+		out[i] = c.endpoints[j].rankAt(nowNs, c.cfg.Endpoint, seats)
 	}
 }

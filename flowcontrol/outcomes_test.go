@@ -88,20 +88,31 @@ func checkInvariants(c *Controller) error {
 	unscraped := make([]int, len(c.endpoints))
 	pending := make([]int, len(c.endpoints))
 	started := make([]int, len(c.endpoints))
+	inflight := make([]int, len(c.endpoints))
+	running := make([]int, len(c.endpoints))
 	for id, r := range c.reservations {
-		if !r.unscraped && !r.pending {
-			return fmt.Errorf("reservation %s counts for nothing and was kept", id)
+		i, ok := c.endpointIndex[r.endpoint]
+		if !ok {
+			return fmt.Errorf("reservation %s is on %s, which is not in the pool", id, r.endpoint)
 		}
-		if i, ok := c.endpointIndex[r.endpoint]; ok {
-			unscraped[i] += b2i(r.unscraped)
-			pending[i] += b2i(r.pending)
-			started[i] += b2i(r.unscraped && r.started)
+		if r.pending && r.started {
+			return fmt.Errorf("reservation %s is both pending and started", id)
 		}
+		unscraped[i] += b2i(r.unscraped)
+		pending[i] += b2i(r.pending)
+		started[i] += b2i(r.unscraped && r.started)
+		inflight[i]++
+		running[i] += b2i(r.started)
 	}
 	for i, e := range c.endpoints {
-		if e.reserved != unscraped[i] || e.pending != pending[i] || e.started != started[i] {
-			return fmt.Errorf("endpoint %s counts %d unscraped, %d pending and %d started, reservations say %d, %d and %d",
-				e.Name, e.reserved, e.pending, e.started, unscraped[i], pending[i], started[i])
+		if e.reserved != unscraped[i] || e.pending != pending[i] || e.started != started[i] ||
+			e.inflight != inflight[i] || e.running != running[i] {
+			return fmt.Errorf("endpoint %s counts %d unscraped, %d pending, %d started, %d in flight and %d running; "+
+				"reservations say %d, %d, %d, %d and %d", e.Name, e.reserved, e.pending, e.started, e.inflight, e.running,
+				unscraped[i], pending[i], started[i], inflight[i], running[i])
+		}
+		if e.capacity > 0 && e.seats > e.capacity {
+			return fmt.Errorf("endpoint %s has %d seats over a capacity of %d", e.Name, e.seats, e.capacity)
 		}
 	}
 	return nil

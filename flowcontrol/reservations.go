@@ -7,19 +7,22 @@ import (
 	"time"
 )
 
-// reserveLocked counts a dispatched request against endpoint i until a scrape covers it and, if streamed, it has
-// started, or until it is released.
+// reserveLocked counts a dispatched request against endpoint i until it is released: in flight, unscraped
+// until a scrape covers it and, if streamed, pending until it has started.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
 	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
-	c.endpoints[i].add(&r, c.cfg.Endpoint)
+	e := &c.endpoints[i]
+	e.add(&r, c.cfg.Endpoint)
+	e.noteFull(now)
 	c.reservations[id] = r
 }
 
 // UpdateEndpoints replaces the pool snapshot after a scrape. Requests dispatched to an endpoint before its scrape stop
-// counting as unscraped, since the scrape counts them itself (they stay pending until Started); reservations on
-// endpoints no longer in the pool are dropped. Waiting requests are then dispatched onto any endpoint with headroom.
-// Invalid entries (empty or duplicate names, negative counts, KV usage outside [0, 1]) are left out, and reported in
-// the returned error; the rest of the snapshot applies.
+// counting as unscraped, since the scrape counts them itself (they stay in flight until released, and pending until
+// Started); reservations on endpoints no longer in the pool are dropped. Each endpoint's new scrape also teaches its
+// concurrency and is reconciled with the requests the EPP counts there (occupancyRecon). Waiting requests are then
+// dispatched onto any endpoint with headroom. Invalid entries (empty or duplicate names, negative counts, KV usage
+// outside [0, 1]) are left out, and reported in the returned error; the rest of the snapshot applies.
 func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	var errs []error
 	states := make([]endpointState, 0, len(eps))
@@ -45,29 +48,49 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	c.mu.Lock()
 	now := c.clock.Now()
 	c.drain.advance(now)
+	// newScrape marks the endpoints whose scrape is newer than the one the controller had: only those teach anything.
+	newScrape := make([]bool, len(states))
+	for i := range states {
+		s := &states[i]
+		newScrape[i] = s.scrapedNs != math.MinInt64
+		if j, ok := c.endpointIndex[s.Name]; ok {
+			old := &c.endpoints[j]
+			s.learner, s.recon, s.foreign = old.learner, old.recon, old.foreign
+			s.firstChunk, s.pendingDoneNs, s.fullNs = old.firstChunk, old.pendingDoneNs, old.fullNs
+			newScrape[i] = s.scrapedNs > old.scrapedNs
+		}
+	}
+	sentBefore := make([]int, len(states))
 	for id, r := range c.reservations {
 		i, ok := index[r.endpoint]
-		if ok && r.at.Before(states[i].ScrapedAt) {
-			r.unscraped = false
-			c.reservations[id] = r
-		}
-		if !ok || !r.unscraped && !r.pending {
+		if !ok {
 			delete(c.reservations, id)
 			continue
 		}
-		states[i].tally(r, +1)
-	}
-	for i := range states {
-		if j, ok := c.endpointIndex[states[i].Name]; ok {
-			states[i].firstChunk = c.endpoints[j].firstChunk
-			states[i].pendingDoneNs = c.endpoints[j].pendingDoneNs
+		if r.at.Before(states[i].ScrapedAt) {
+			sentBefore[i]++
+			if r.unscraped {
+				r.unscraped = false
+				c.reservations[id] = r
+			}
 		}
-		states[i].refresh(c.cfg.Endpoint)
+		states[i].tally(r, +1)
 	}
 	c.endpoints, c.endpointIndex = states, index
 	c.newestScrapeNs = math.MinInt64
 	for i := range states {
-		c.newestScrapeNs = max(c.newestScrapeNs, states[i].scrapedNs)
+		e := &states[i]
+		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
+		if newScrape[i] {
+			e.learner.observe(e.Endpoint)
+			var drop int
+			e.foreign, drop = e.recon.observe(e.scrapedNs, e.Running+e.WaitingQueue, sentBefore[i])
+			if drop > 0 {
+				c.dropMissingLocked(i, drop)
+			}
+		}
+		e.refresh(c.cfg.Endpoint)
+		e.noteFull(now)
 	}
 	c.dispatchLocked(now)
 	c.trackBlockedLocked(now)
@@ -118,24 +141,19 @@ func (c *Controller) Started(id string) bool {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
 		e.tally(r, -1)
-		if started.unscraped {
-			e.tally(started, +1)
-		}
+		e.tally(started, +1)
 		e.learnFirstChunk(now.Sub(r.at) / time.Duration(r.ahead+1))
 		e.refresh(c.cfg.Endpoint)
 	}
-	if started.unscraped {
-		c.reservations[id] = started
-	} else {
-		delete(c.reservations, id)
-	}
+	c.reservations[id] = started
 	c.drain.advance(now)
 	c.dispatchFreedAndUnlock(now)
 	return true
 }
 
-// Release ends a dispatched request's reservation (the request finished or failed before reaching its endpoint).
-// It reports whether the request still held one; after a covering scrape it does not, and that is not an error.
+// Release ends a dispatched request's reservation: the request finished, or failed before reaching its endpoint, and
+// its place there is free. It reports whether the request was still counted (one dropped with its endpoint, or as
+// missing, is not; that is not an error).
 func (c *Controller) Release(id string) bool {
 	c.mu.Lock()
 	r, ok := c.reservations[id]
@@ -143,13 +161,21 @@ func (c *Controller) Release(id string) bool {
 		c.mu.Unlock()
 		return false
 	}
+	now := c.clock.Now()
 	delete(c.reservations, id)
 	c.unreserveLocked(r)
+	if i, ok := c.endpointIndex[r.endpoint]; ok {
+		e := &c.endpoints[i]
+		e.recon.release(r.at, now)
+		e.learner.releases++
+		if c.seatBoundLocked(e, now) {
+			c.learnHoldTimeLocked(now.Sub(r.at))
+		}
+	}
 	if c.totalCount == 0 {
 		c.mu.Unlock()
 		return true
 	}
-	now := c.clock.Now()
 	c.drain.advance(now)
 	c.dispatchFreedAndUnlock(now)
 	return true

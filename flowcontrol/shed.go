@@ -19,10 +19,7 @@ func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost 
 // timeUntilAdmitLocked estimates when band would admit again: its backlog and the backlog of higher bands, plus
 // cost, over the drain rate. Unknown rate: the band's minimum if nothing waits, else its maximum.
 func (c *Controller) timeUntilAdmitLocked(band Band, cost float64) time.Duration {
-	backlog := 0.0
-	for b := Critical; b <= band; b++ {
-		backlog += c.bands[b].cost
-	}
+	backlog := c.backlogAtOrAboveLocked(band)
 	rate, ok := c.drain.rate()
 	switch {
 	case ok:
@@ -34,16 +31,31 @@ func (c *Controller) timeUntilAdmitLocked(band Band, cost float64) time.Duration
 	}
 }
 
-// retryEstimateLocked is the Retry-After estimate for a request of band turned away at now: the larger of
-// timeUntilAdmitLocked (the backlog ahead over the drain rate) and the age of the band's current saturation episode.
-// The backlog alone is blind to arrivals that keep the pool saturated: under a sustained burst a band that rejects
-// when saturated (Sheddable) has no backlog at all, and clients told "1s" would come back into the same burst and be
-// shed again. An overload that has lasted d is expected to last about d more (the Lindy heuristic for episodes
-// whose length is unknown), so clients are spread over the episode's likely end instead of hammering it.
+// backlogAtOrAboveLocked is the cost waiting in band and the bands above it.
+func (c *Controller) backlogAtOrAboveLocked(band Band) float64 {
+	backlog := 0.0
+	for b := Critical; b <= band; b++ {
+		backlog += c.bands[b].cost
+	}
+	return backlog
+}
+
+// retryEstimateLocked is the Retry-After estimate for a request of band turned away at now: when capacity for it is
+// expected to return. Unblocked, that is timeUntilAdmitLocked (the backlog ahead over the drain rate). While the band
+// is blocked, it is no sooner than the current saturation episode's end plus the time the backlog at and above the
+// band waiting now then still takes to drain: an overload that has lasted d is expected to last about d more (the
+// Lindy heuristic for episodes whose length is unknown), and the requests waiting ahead go first once it ends, so a
+// client told only the episode's end comes back to a queue that sheds it again. The backlog alone is blind to
+// arrivals that keep the pool saturated: under a sustained burst a band that rejects when saturated (Sheddable) has
+// no backlog at all, and clients told "1s" would come back into the same burst.
 func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time) time.Duration {
 	estimate := c.timeUntilAdmitLocked(band, cost)
 	if since := c.blockedSince[band]; !since.IsZero() {
-		estimate = max(estimate, now.Sub(since))
+		episode := now.Sub(since)
+		if rate, ok := c.drain.rate(); ok {
+			episode += secondsToDuration(c.backlogAtOrAboveLocked(band) / rate)
+		}
+		estimate = max(estimate, episode)
 	}
 	return estimate
 }

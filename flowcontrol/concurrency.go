@@ -1,0 +1,183 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"math"
+)
+
+// concurrencyLearner learns from an endpoint's scrapes how many requests it runs at once, the number admission fills
+// it to and no further (see Endpoint and APIEndpointThresholds.Concurrency):
+//
+//   - Its slot limit: the running count it plateaus at while requests wait there, when no scrape has ever shown it
+//     running more. A server with a waiting queue admits a waiting request whenever it can; a running count that
+//     stays put over several scrapes while requests wait, at the most it has ever run, is the most it will run (vLLM's
+//     --max-num-seqs, say). A queue that comes and goes within a step (a request sent just as a slot freed waits for
+//     the next step) or that drains while the count moves (several prompts per step on a large server) is not a
+//     plateau; neither is one below the most the server has run (a request waiting for a LoRA slot, or for KV blocks).
+//   - Its KV limit: how many requests of the current mix its KV cache holds, the running count over the fraction of
+//     KV blocks in use (smoothed), times the KV threshold, which leaves the running requests room to grow as they
+//     decode. A server that reports no KV use has none.
+//
+// A scrape showing more running than the learned slot limit forgets it: the endpoint was restarted with another
+// configuration, or something else is sending it requests.
+type concurrencyLearner struct {
+	// maxRunning is the most requests any scrape, or the EPP's own count of its started requests, has shown running.
+	maxRunning int
+	// plateauRunning, plateauScrapes and plateauReleases describe the current run of consecutive scrapes with
+	// requests waiting and the same running count: the count, how many scrapes, and how many of the EPP's requests
+	// there ended meanwhile; plateauScrapes is 0 outside one. releases counts the ends since the last scrape.
+	plateauRunning, plateauScrapes, plateauReleases int
+	releases                                        int
+	queued                                          bool
+	// slots is the learned slot limit, 0 while unknown.
+	slots int
+	// perKV is the smoothed running count over KV use: how many requests of the current mix fill the KV cache; 0
+	// while unknown.
+	perKV float64
+}
+
+const (
+	// slotPlateauScrapes and slotPlateauReleases are how long a plateau must last for its running count to be the
+	// endpoint's slot limit: four scrapes (150 ms at the default 50 ms interval), across at least two ends of requests
+	// there. A server that runs all it can admits a waiting request whenever one ends, so its count holds across the
+	// ends; one whose steps are long (a prompt of thousands of tokens on a slow GPU takes a second) holds its count
+	// while no step ends, nothing ends either, and at the next step its count moves with what that step admitted.
+	slotPlateauScrapes  = 4
+	slotPlateauReleases = 1
+	// perKVWeight is the weight of each scrape in the smoothed requests per KV cache: about the last ten scrapes
+	// (half a second at the default interval) count, so one scrape in a step that admitted a batch of prompts moves
+	// it little.
+	perKVWeight = 0.1
+)
+
+// observe folds one new scrape into what is learned.
+func (l *concurrencyLearner) observe(e Endpoint) {
+	if e.Running > l.maxRunning {
+		l.maxRunning = e.Running
+	}
+	if e.WaitingQueue > 0 && e.Running > 0 {
+		l.queued = true
+	}
+	if l.slots > 0 && e.Running > l.slots {
+		l.slots = 0
+	}
+	// A plateau goes on while the running count holds; the scrape that finds the queue gone still counts when the
+	// count held, since what ended meanwhile let the waiting requests in, one for one.
+	switch {
+	case l.plateauScrapes > 0 && e.Running == l.plateauRunning:
+		l.plateauScrapes++
+		l.plateauReleases += l.releases
+	case e.WaitingQueue > 0 && e.Running > 0:
+		l.plateauRunning, l.plateauScrapes, l.plateauReleases = e.Running, 1, 0
+	default:
+		l.plateauRunning, l.plateauScrapes, l.plateauReleases = 0, 0, 0
+	}
+	l.releases = 0
+	if l.plateauScrapes >= slotPlateauScrapes && l.plateauReleases >= slotPlateauReleases &&
+		l.plateauRunning >= l.maxRunning {
+		l.slots = l.plateauRunning
+	}
+	if e.WaitingQueue == 0 {
+		l.plateauRunning, l.plateauScrapes, l.plateauReleases = 0, 0, 0
+	}
+	if e.Running > 0 && e.KVCacheUsage > 0 {
+		perKV := float64(e.Running) / e.KVCacheUsage
+		if l.perKV == 0 {
+			l.perKV = perKV
+		} else {
+			l.perKV += perKVWeight * (perKV - l.perKV)
+		}
+	}
+}
+
+// limits returns the endpoint's seats, the number of requests it is known to start at once (0 while nothing is
+// known), and its capacity, the most requests admission keeps there (0 for no bound), given whether its latest scrape
+// showed requests waiting there. A stated concurrency or a learned slot limit, bounded by the KV limit, gives both.
+// Without either, an endpoint that has queued requests while running fewer than largeBatchRunning gets tentative
+// seats: the most it has run, and a capacity a quarter beyond (at least one request), so its load can grow while it
+// starts what it is sent, but a full server queues at most that many while its plateau teaches its slot limit; one
+// whose latest scrape showed requests waiting gets nothing beyond its seats until they have started. Any other
+// endpoint has neither (the saturation thresholds alone judge it, as before seats).
+func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats, capacity int, source concurrencySource) {
+	pick := func(n int, s concurrencySource) {
+		if n > 0 && (seats == 0 || n < seats) {
+			seats, source = n, s
+		}
+	}
+	pick(th.Concurrency, concurrencyStated)
+	pick(l.slots, concurrencySlots)
+	if seats > 0 {
+		if l.perKV > 0 {
+			pick(max(1, int(math.Min(th.KVCacheUtil*l.perKV, math.MaxInt32))), concurrencyKV)
+		}
+		return seats, seats, source
+	}
+	if !l.queued || l.maxRunning == 0 || l.maxRunning >= largeBatchRunning {
+		return 0, 0, concurrencyUnknown
+	}
+	seats, capacity = l.maxRunning, l.maxRunning+max(1, l.maxRunning/4)
+	if waiting {
+		capacity = seats
+	}
+	return seats, capacity, concurrencyRunning
+}
+
+// largeBatchRunning: an endpoint seen running at least this many requests at once, whose slot limit is not known,
+// gets no tentative seats. Its requests contend in prefill long before it runs out of slots, and a request that
+// does wait for a slot there waits for the first of many to end; capping it at what it has run so far while its
+// load grows would cost throughput (measured in testbed/bench/scenarios/README.md, "Seats").
+const largeBatchRunning = 16
+
+// known is the limit outside the Critical reserve: the stated concurrency or the learned slot limit, the smaller if
+// both; 0 while neither is known. A learned limit is one more while the latest scrape showed nothing waiting there:
+// a plateau can be the EPP's own doing (a large server fed one request per request that ends, each waiting for the
+// next step) and a limit that is never exceeded would never be disproved, so the endpoint may run one more, which
+// forgets the limit if it starts; on a server that is truly full it waits there until the next scrape shows it.
+func (l *concurrencyLearner) known(th EndpointThresholds, waiting bool) int {
+	slots := l.slots
+	if slots > 0 && !waiting {
+		slots++
+	}
+	switch {
+	case th.Concurrency > 0 && slots > 0:
+		return min(th.Concurrency, slots)
+	case th.Concurrency > 0:
+		return th.Concurrency
+	default:
+		return slots
+	}
+}
+
+// observeRunning notes that n requests the EPP sent have started there and not ended: the endpoint runs at least n.
+func (l *concurrencyLearner) observeRunning(n int) {
+	l.maxRunning = max(l.maxRunning, n)
+}
+
+// concurrencySource says where an endpoint's concurrency comes from. It is a closed enum.
+type concurrencySource uint8
+
+const (
+	// concurrencyUnknown: nothing is known yet (no request has been seen running).
+	concurrencyUnknown concurrencySource = iota
+	// concurrencyRunning: the most it has run at once, while the limit is not known.
+	concurrencyRunning
+	// concurrencyStated: the policy's endpoint.concurrency.
+	concurrencyStated
+	// concurrencySlots: the running count the endpoint plateaus at while requests wait there.
+	concurrencySlots
+	// concurrencyKV: what its KV cache holds of the current mix.
+	concurrencyKV
+)
+
+// numConcurrencySources is the number of concurrencySource values.
+const numConcurrencySources = 5
+
+var concurrencySourceNames = [numConcurrencySources]string{"unknown", "running", "stated", "slots", "kv"}
+
+// String returns the source's metric label value.
+func (s concurrencySource) String() string {
+	if int(s) < len(concurrencySourceNames) {
+		return concurrencySourceNames[s]
+	}
+	return fmt.Sprintf("concurrencySource(%d)", uint8(s))
+}

@@ -1,0 +1,374 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// scrapeStep is one scrape an endpoint's concurrency learner folds in, after ends releases of the EPP's requests
+// there.
+type scrapeStep struct {
+	running, waiting, ends int
+	kv                     float64
+}
+
+// TestConcurrencyLearner: a running count that holds at its most while requests wait, across ends of requests, is
+// the slot limit; a queue that comes and goes, a count that moves, or one below the most ever run is not; a scrape
+// running more forgets it. Tentative seats exist only for a small endpoint that has queued.
+func TestConcurrencyLearner(t *testing.T) {
+	plateau := []scrapeStep{{4, 1, 0, 0.1}, {4, 2, 1, 0.1}, {4, 1, 0, 0.1}, {4, 1, 1, 0.1}}
+	tests := []struct {
+		name            string
+		stated          int
+		steps           []scrapeStep
+		waiting         bool
+		slots           int
+		seats, capacity int
+		source          concurrencySource
+		known           int
+	}{
+		{name: "nothing seen", source: concurrencyUnknown},
+		// Outside the reserve a learned limit may be exceeded by one while nothing waits there, so a plateau of the
+		// EPP's own making can be disproved.
+		{name: "plateau with ends", steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots, known: 5},
+		{name: "plateau, latest scrape waiting", steps: plateau, waiting: true, slots: 4, seats: 4, capacity: 4,
+			source: concurrencySlots, known: 4},
+		{name: "plateau without ends", steps: []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}},
+			seats: 4, capacity: 5, source: concurrencyRunning},
+		{name: "plateau too short", steps: plateau[:3], seats: 4, capacity: 5, source: concurrencyRunning},
+		{name: "queue gone each scrape", steps: []scrapeStep{{4, 1, 1, 0.1}, {4, 0, 1, 0.1}, {4, 1, 1, 0.1}, {4, 0, 1, 0.1}},
+			seats: 4, capacity: 5, source: concurrencyRunning},
+		{name: "count moves", steps: []scrapeStep{{3, 1, 1, 0.1}, {4, 1, 1, 0.1}, {5, 1, 1, 0.1}, {6, 1, 1, 0.1}},
+			seats: 6, capacity: 7, source: concurrencyRunning},
+		{name: "below the most run", steps: append([]scrapeStep{{6, 0, 0, 0.1}}, plateau...), seats: 6, capacity: 7,
+			source: concurrencyRunning},
+		{name: "more running forgets", steps: append(append([]scrapeStep{}, plateau...), scrapeStep{6, 0, 0, 0.1}),
+			seats: 6, capacity: 7, source: concurrencyRunning},
+		{name: "latest scrape waiting", steps: plateau[:2], waiting: true, seats: 4, capacity: 4, source: concurrencyRunning},
+		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1}, {4, 0, 1, 0.1}}, source: concurrencyUnknown},
+		{name: "large batch", steps: []scrapeStep{{40, 3, 1, 0.5}, {40, 2, 1, 0.5}}, source: concurrencyUnknown},
+		{name: "stated", stated: 3, source: concurrencyStated, seats: 3, capacity: 3, known: 3},
+		{name: "stated over learned", stated: 8, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots,
+			known: 5},
+		{name: "stated under learned", stated: 4, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencyStated,
+			known: 4},
+		// Four running use 80% of KV: five fill it, and the default threshold (0.8) keeps four.
+		{name: "KV bounds the slots", stated: 8, steps: []scrapeStep{{4, 0, 0, 0.8}}, seats: 4, capacity: 4,
+			source: concurrencyKV, known: 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			th := DefaultConfig().Endpoint
+			th.Concurrency = tt.stated
+			var l concurrencyLearner
+			for _, s := range tt.steps {
+				l.releases += s.ends
+				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv})
+			}
+			if l.slots != tt.slots {
+				t.Errorf("slots = %d, want %d", l.slots, tt.slots)
+			}
+			seats, capacity, source := l.limits(th, tt.waiting)
+			if seats != tt.seats || capacity != tt.capacity || source != tt.source {
+				t.Errorf("limits = %d seats, capacity %d, %s; want %d, %d, %s", seats, capacity, source, tt.seats,
+					tt.capacity, tt.source)
+			}
+			if k := l.known(th, tt.waiting); k != tt.known {
+				t.Errorf("known = %d, want %d", k, tt.known)
+			}
+		})
+	}
+}
+
+// TestReserveSeats: the reserve is the fewest idle seats that a Critical arrival finds empty at most seatMiss of the
+// time, bounded by maxSeats.
+func TestReserveSeats(t *testing.T) {
+	tests := []struct {
+		arrivals, frees float64
+		maxSeats, want  int
+	}{
+		{0, 10, 8, 1},   // no Critical demand measured: one seat
+		{1, 1000, 8, 1}, // seats free 1000x as often as Critical arrives: 1/(1+1000) < 1%
+		{1, 50, 8, 2},   // 1/(1+50) > 1%, 1/(1+50+2500) < 1%
+		{10, 10, 8, 8},  // as many arrivals as frees: 1/(n+1), more than 8 needed
+		{10, 10, 0, 1},  // at least one
+		{5, 0, 3, 3},    // nothing frees yet: the most allowed
+		{1, 9.0, 20, 3}, // 1/(1+9+81) > 1%, 1/(1+9+81+729) < 1%
+	}
+	for _, tt := range tests {
+		if got := reserveSeats(tt.arrivals, tt.frees, tt.maxSeats); got != tt.want {
+			t.Errorf("reserveSeats(%v, %v, %d) = %d, want %d", tt.arrivals, tt.frees, tt.maxSeats, got, tt.want)
+		}
+	}
+}
+
+// TestRateMeter: the rate is right from the first window on, follows a change of rate, and survives a new window.
+func TestRateMeter(t *testing.T) {
+	m := newRateMeter(10 * time.Second)
+	now := t0
+	if _, ok := m.rate(now); ok {
+		t.Fatal("a rate before any time passed")
+	}
+	for range 20 { // 4 per second for 5 s
+		now = now.Add(250 * time.Millisecond)
+		m.add(now, 1)
+	}
+	if r, _ := m.rate(now); r < 3.6 || r > 4.4 {
+		t.Fatalf("rate after 5 s at 4/s = %v", r)
+	}
+	for range 200 { // 1 per second for 200 s
+		now = now.Add(time.Second)
+		m.add(now, 1)
+	}
+	if r, _ := m.rate(now); r < 0.9 || r > 1.1 {
+		t.Fatalf("rate after 200 s at 1/s = %v", r)
+	}
+	m.setWindow(time.Second)
+	if r, _ := m.rate(now); r < 0.9 || r > 1.1 {
+		t.Fatalf("rate after a new window = %v", r)
+	}
+}
+
+// TestOccupancyRecon: a surplus in two consecutive scrapes is foreign occupancy; a shortfall in three drops the EPP's
+// oldest requests there; a request released after a scrape still counts for that scrape.
+func TestOccupancyRecon(t *testing.T) {
+	type obs struct{ server, sentBefore, foreign, drop int }
+	tests := []struct {
+		name string
+		obs  []obs
+	}{
+		{"agree", []obs{{3, 3, 0, 0}, {3, 3, 0, 0}}},
+		{"surplus once", []obs{{5, 3, 0, 0}, {3, 3, 0, 0}}},
+		{"surplus twice", []obs{{5, 3, 0, 0}, {6, 3, 2, 0}, {6, 3, 3, 0}}},
+		{"shortfall twice", []obs{{1, 3, 0, 0}, {1, 3, 0, 0}, {3, 3, 0, 0}}},
+		{"shortfall thrice", []obs{{1, 3, 0, 0}, {2, 3, 0, 0}, {1, 3, 0, 1}, {2, 2, 0, 0}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var o occupancyRecon
+			for i, ob := range tt.obs {
+				foreign, drop := o.observe(int64(i+1)*int64(time.Second), ob.server, ob.sentBefore)
+				if foreign != ob.foreign || drop != ob.drop {
+					t.Fatalf("scrape %d: foreign %d, drop %d; want %d, %d", i, foreign, drop, ob.foreign, ob.drop)
+				}
+			}
+		})
+	}
+	var o occupancyRecon
+	o.release(t0, t0.Add(2*time.Second)) // sent before the scrape at 1 s, released after it
+	if foreign, _ := o.observe(t0.Add(time.Second).UnixNano(), 3, 2); foreign != 0 {
+		t.Fatalf("a request released after the scrape counted as foreign")
+	}
+	if foreign, _ := o.observe(t0.Add(3*time.Second).UnixNano(), 3, 2); foreign != 0 {
+		t.Fatalf("surplus counted as foreign after one scrape: %d", foreign)
+	}
+}
+
+// TestStatedConcurrency: an endpoint with a stated concurrency gets no more than that many requests in flight,
+// whatever its scrapes say of its queue, and the request waiting next goes the moment one ends (Release), before any
+// scrape.
+func TestStatedConcurrency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 2 }))
+		h.scrape(ep("a", 0))
+		first, second, third := h.admit(0, "t", 1), h.admit(0, "t", 1), h.admit(0, "t", 1)
+		first.wantOutcome(t, Dispatched, ReasonNone)
+		second.wantOutcome(t, Dispatched, ReasonNone)
+		third.wantWaiting(t)
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 2})
+		third.wantWaiting(t) // the scrape covers both; they still hold the endpoint's two slots
+		if s := h.c.Stats(); s.InFlight != 2 || s.Reserved != 0 {
+			t.Fatalf("stats %+v, want 2 in flight, none reserved", s)
+		}
+		h.step(10 * time.Millisecond)
+		h.c.Release(first.req.ID)
+		synctest.Wait()
+		third.wantOutcome(t, Dispatched, ReasonNone)
+	})
+}
+
+// TestCriticalSeatReserve: while Critical traffic is active, a seat that frees on a full (seat-bound) endpoint stays
+// idle for Critical rather than going to a waiting Standard request; a Critical arrival takes it at once, and when
+// Critical traffic stops the Standard request gets the next seat.
+func TestCriticalSeatReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.Concurrency = 2
+			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
+		}))
+		h.scrape(ep("a", 0), ep("b", 0))
+		critical := h.admit(1, "t", 1)
+		critical.wantOutcome(t, Dispatched, ReasonNone)
+		var standard []*call
+		for range 4 {
+			standard = append(standard, h.admit(0, "t", 1))
+		}
+		for _, cl := range standard[:3] {
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+		}
+		standard[3].wantWaiting(t) // both endpoints are full
+		h.step(time.Second)
+		h.c.Release(standard[0].req.ID)
+		synctest.Wait()
+		standard[3].wantWaiting(t) // the freed seat is Critical's reserve
+		late := h.admit(1, "t", 1)
+		late.wantOutcome(t, Dispatched, ReasonNone)
+
+		// Critical traffic stops: once the reserve ends, the next seat to free goes to Standard.
+		h.step(h.c.cfg.DrainRateWindow + time.Second)
+		h.c.Release(late.req.ID)
+		synctest.Wait()
+		standard[3].wantOutcome(t, Dispatched, ReasonNone)
+	})
+}
+
+// TestConcurrencyExactlyOneOutcome: with a stated concurrency, requests that end in any order (released, started
+// first, or never reported) each get one outcome, and the counts stay consistent throughout.
+func TestConcurrencyExactlyOneOutcome(t *testing.T) {
+	for _, concurrency := range []int{1, 3} {
+		t.Run(fmt.Sprint(concurrency), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = concurrency }))
+				h.scrape(ep("a", 0), ep("b", 0))
+				var calls []*call
+				for i := range 20 {
+					calls = append(calls, h.admitReq(Request{ID: fmt.Sprintf("r%d", i), Tenant: "t", Priority: i%3 - 1,
+						Bytes: 10, Streamed: i%2 == 0}))
+				}
+				for round := 0; round < 40; round++ {
+					for _, cl := range calls {
+						if cl.finished() && cl.result(t).Outcome == Dispatched {
+							switch round % 3 {
+							case 0:
+								h.c.Started(cl.req.ID)
+							default:
+								h.c.Release(cl.req.ID)
+							}
+						}
+					}
+					h.step(50 * time.Millisecond)
+					h.scrape(ep("a", 0), ep("b", 0))
+					if err := checkInvariants(h.c); err != nil {
+						t.Fatal(err)
+					}
+				}
+				<-h.c.Shutdown(0)
+				synctest.Wait()
+				for _, cl := range calls {
+					if !cl.finished() {
+						t.Fatalf("%s got no outcome", cl.req.ID)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestLearnedSlotLimit: a running count that plateaus while requests wait there becomes the endpoint's limit, so the
+// next request waits in the EPP rather than in the server; once nothing waits there the endpoint may run one more,
+// and a scrape showing it running more forgets the limit (a plateau of the EPP's own making is disproved).
+func TestLearnedSlotLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth = 100 }))
+		h.scrape(ep("a", 0))
+		var inflight []*call
+		for range 4 {
+			cl := h.admit(0, "t", 1)
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+			inflight = append(inflight, cl)
+		}
+		for range slotPlateauScrapes {
+			h.step(50 * time.Millisecond)
+			h.c.Release(inflight[0].req.ID)
+			inflight = inflight[1:]
+			cl := h.admit(0, "t", 1)
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+			inflight = append(inflight, cl)
+			h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
+		}
+		next := h.admit(0, "t", 1)
+		next.wantWaiting(t) // four in flight, four slots learned, one waiting there
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 4})
+		next.wantOutcome(t, Dispatched, ReasonNone) // nothing waits there: one more may go
+		after := h.admit(0, "t", 1)
+		after.wantWaiting(t)
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 5})
+		after.wantOutcome(t, Dispatched, ReasonNone) // it ran five: the limit is forgotten
+	})
+}
+
+// TestForeignLoadDoesNotStarve: an endpoint whose scrapes keep showing requests the EPP did not send (another
+// replica's, or load sent around the gateway) fills its seats with them for as long as that load lasts; the
+// foreign-load floor still sends it one request at a time, so every request is served, each with exactly one outcome.
+// Without the floor each case below waits until its queue time ends.
+func TestForeignLoadDoesNotStarve(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  func(*Config)
+		// report is what every scrape of the only endpoint shows, whatever the EPP sent it.
+		report Endpoint
+		// priorities are cycled through by the arrivals; a Critical one keeps the Critical reserve (seats) on.
+		priorities []int
+	}{{
+		name:       "learned slots, foreign queue",
+		cfg:        func(c *Config) { c.Endpoint.QueueDepth = 100 },
+		report:     Endpoint{Name: "a", Running: 4, WaitingQueue: 5},
+		priorities: []int{0},
+	}, {
+		name:       "stated concurrency, every seat foreign",
+		cfg:        func(c *Config) { c.Endpoint.Concurrency = 4 },
+		report:     Endpoint{Name: "a", Running: 4},
+		priorities: []int{1, 0, 0},
+	}, {
+		name:       "tentative seats under the Critical reserve",
+		cfg:        func(c *Config) { c.Endpoint.QueueDepth = 100 },
+		report:     Endpoint{Name: "a", Running: 1, WaitingQueue: 1},
+		priorities: []int{1, 0},
+	}}
+	const (
+		interval = 50 * time.Millisecond
+		hold     = 2 // scrape intervals a dispatched request runs before it ends
+		every    = 3 // scrape intervals between arrivals: slower than one request at a time serves
+		arrivals = 30
+	)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, tc.cfg))
+				var calls []*call
+				dispatchedAt := map[string]int{}
+				for round := 0; round < every*arrivals+20; round++ {
+					h.scrape(tc.report)
+					if err := checkInvariants(h.c); err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+					for _, cl := range calls {
+						id := cl.req.ID
+						if _, seen := dispatchedAt[id]; !seen && cl.finished() && cl.result(t).Outcome == Dispatched {
+							dispatchedAt[id] = round
+						}
+						if at, ok := dispatchedAt[id]; ok && round-at == hold {
+							h.c.Release(id)
+							synctest.Wait()
+						}
+					}
+					if n := len(calls); n < arrivals && round%every == 0 {
+						calls = append(calls, h.admit(tc.priorities[n%len(tc.priorities)], "t", 1))
+					}
+					h.step(interval)
+				}
+				for _, cl := range calls {
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+				}
+				if s := h.c.Stats(); s.InFlight != 0 || s.Queued != [NumBands]int{} {
+					t.Fatalf("stats %+v, want nothing in flight or waiting", s)
+				}
+			})
+		})
+	}
+}
