@@ -110,7 +110,7 @@ func (n *narrowedCandidates) narrow(id, model string, all []fwkdl.Endpoint) []fw
 
 	buf.names = buf.names[:0]
 	for _, i := range buf.eligible {
-		buf.names = append(buf.names, EndpointName(all[i].GetMetadata()))
+		buf.names = append(buf.names, n.fc.nameOf(all[i].GetMetadata()))
 	}
 	buf.ranks = grow(buf.ranks, len(buf.names))
 	n.fc.ctrl.Saturations(id, buf.names, buf.ranks)

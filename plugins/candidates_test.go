@@ -171,3 +171,18 @@ func TestNarrowCandidatesOff(t *testing.T) {
 		t.Fatalf("NarrowCandidates with MaxCandidates -1 = %T, want the inner candidates", got)
 	}
 }
+
+// TestFlowControlNameOf: names come from the last snapshot for the metadata it held; metadata the datastore replaced
+// since (a new pointer, say a new address) is named afresh.
+func TestFlowControlNameOf(t *testing.T) {
+	fc, _, pool := narrowingPool(t, 2, nil, nil)
+	known := pool.eps[0].GetMetadata()
+	if got := fc.nameOf(known); got != "10.0.0.0:8000" {
+		t.Fatalf("nameOf(snapshot metadata) = %q", got)
+	}
+	replaced := &fwkdl.EndpointMetadata{Address: "10.0.9.9", Port: "8001"}
+	pool.eps[0].(*fwkdl.ModelServer).UpdateMetadata(replaced)
+	if got := fc.nameOf(pool.eps[0].GetMetadata()); got != "10.0.9.9:8001" {
+		t.Fatalf("nameOf(replaced metadata) = %q, want 10.0.9.9:8001", got)
+	}
+}

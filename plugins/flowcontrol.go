@@ -195,6 +195,8 @@ type FlowControl struct {
 	headroom  *decisionStore
 	filtering atomic.Bool
 	narrowing atomic.Bool
+	// names are the endpoints' names in the last snapshot, by metadata (nameOf).
+	names atomic.Pointer[map[*fwkdl.EndpointMetadata]string]
 	// chunksSeen is set by the first non-final response chunk: from then on streamed requests are Streamed.
 	chunksSeen atomic.Bool
 	// awaitingFirstChunk holds the IDs of dispatched Streamed requests until their first chunk, so that Started
