@@ -179,6 +179,8 @@ type FlowControlDeps struct {
 //     shuts the controller down so that waiting requests get an answer.
 //   - Attached HeadroomFilters restrict scheduling to the endpoints that had headroom when the request was
 //     dispatched.
+//   - NarrowCandidates wraps the Director's candidate source: a dispatched request is scheduled among the
+//     MaxCandidates endpoints admission ranks least loaded, not the whole pool (candidates.go).
 //
 // Concurrency: all methods are safe for concurrent use.
 type FlowControl struct {
