@@ -76,6 +76,10 @@ type FlowControlOptions struct {
 	MaxPendingDecisions int
 	// DecisionTTL drops a stored decision whose consumer never ran. Default 1m.
 	DecisionTTL time.Duration
+	// MaxCandidates is how many endpoints, at most, the Director schedules a request Sluice admission dispatched
+	// among: the least loaded by admission's ranking (see NarrowCandidates). 0 means DefaultMaxCandidates; negative
+	// schedules among every endpoint, as upstream does.
+	MaxCandidates int
 	// WarmUp bounds how long, from the start, admission holds requests that arrive before any endpoint's metrics
 	// have been scraped: they are decided as soon as the first metrics arrive (then, as ever, on fresh metrics only),
 	// instead of being answered 503 no_endpoints by an EPP that has not looked yet. After WarmUp without metrics
@@ -111,6 +115,9 @@ func (o *FlowControlOptions) applyDefaults() {
 	}
 	if o.WarmUp == 0 {
 		o.WarmUp = DefaultWarmUp
+	}
+	if o.MaxCandidates == 0 {
+		o.MaxCandidates = DefaultMaxCandidates
 	}
 }
 
@@ -172,6 +179,8 @@ type FlowControlDeps struct {
 //     shuts the controller down so that waiting requests get an answer.
 //   - Attached HeadroomFilters restrict scheduling to the endpoints that had headroom when the request was
 //     dispatched.
+//   - NarrowCandidates wraps the Director's candidate source: a dispatched request is scheduled among the
+//     MaxCandidates endpoints admission ranks least loaded, not the whole pool (candidates.go).
 //
 // Concurrency: all methods are safe for concurrent use.
 type FlowControl struct {
@@ -183,9 +192,13 @@ type FlowControl struct {
 
 	// shed holds rejections until ShapeImmediateResponse answers them.
 	shed *decisionStore
-	// headroom holds dispatched decisions until PreRequest; filled only while a HeadroomFilter is attached.
+	// headroom holds dispatched decisions until PreRequest; filled only while a HeadroomFilter is attached or the
+	// Director's candidates are narrowed (NarrowCandidates).
 	headroom  *decisionStore
 	filtering atomic.Bool
+	narrowing atomic.Bool
+	// names are the endpoints' names in the last snapshot, by metadata (nameOf).
+	names atomic.Pointer[map[*fwkdl.EndpointMetadata]string]
 	// chunksSeen is set by the first non-final response chunk: from then on streamed requests are Streamed.
 	chunksSeen atomic.Bool
 	// awaitingFirstChunk holds the IDs of dispatched Streamed requests until their first chunk, so that Started
@@ -311,7 +324,7 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 		log.FromContext(ctx).V(logutil.VERBOSE).Info("Request not admitted", "status", httpStatus(d), "band", d.Band.String(),
 			"reason", d.Reason.String(), "retryAfterSeconds", d.RetryAfterSeconds(), "waited", d.Waited)
 	}
-	return f.settle(req, d, err)
+	return f.settle(req, reqCtx.TargetModelName, d, err)
 }
 
 // Submit is Admit without blocking, for a caller that drives the controller's clock itself (the virtual-time
@@ -325,7 +338,7 @@ func (f *FlowControl) Submit(reqCtx *handlers.RequestContext, priority int, deci
 			decided(err, true)
 			return
 		}
-		decided(f.settle(req, d, err), false)
+		decided(f.settle(req, reqCtx.TargetModelName, d, err), false)
 	})
 }
 
@@ -338,19 +351,19 @@ func (f *FlowControl) Shed(requestID string) bool {
 
 // settle keeps what later hooks need about a decision that is not Cancelled (the headroom of a dispatched request,
 // the answer of a shed one) and returns Admit's result: nil when dispatched, else the error upstream answers.
-func (f *FlowControl) settle(req flowcontrol.Request, d flowcontrol.Decision, err error) error {
+func (f *FlowControl) settle(req flowcontrol.Request, model string, d flowcontrol.Decision, err error) error {
 	id := req.ID
 	if d.Outcome == flowcontrol.Dispatched {
 		if req.Streamed {
 			f.awaitingFirstChunk.Store(id, struct{}{})
 		}
-		if f.filtering.Load() && len(d.Endpoints) > 0 {
-			f.headroom.put(id, d, "")
+		if f.narrowing.Load() || (f.filtering.Load() && len(d.Endpoints) > 0) {
+			f.headroom.put(id, storedDecision{decision: d, model: model})
 		}
 		return nil
 	}
 	msg := shedMessage(d, err)
-	f.shed.put(id, d, msg)
+	f.shed.put(id, storedDecision{decision: d, message: msg})
 	return errcommon.Error{Code: errorCode(d), Msg: msg}
 }
 

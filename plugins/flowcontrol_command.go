@@ -77,6 +77,10 @@ func (c *FlowControlCommand) AddFlags(fs *pflag.FlagSet) {
 		"Sluice admission: expected output tokens of a request without max_tokens, for its fair-queuing cost.")
 	fs.DurationVar(&c.opts.ShutdownGrace, "flow-control-shutdown-grace", c.opts.ShutdownGrace,
 		"Sluice admission: on shutdown, how long queued requests may still be dispatched before they are answered 503.")
+	fs.IntVar(&c.opts.MaxCandidates, "flow-control-max-candidates", c.opts.MaxCandidates,
+		"Sluice admission: schedule each admitted request among at most this many endpoints, the least loaded by "+
+			"admission's ranking (among those serving its model), instead of scoring every endpoint of the pool; "+
+			"a negative value scores every endpoint.")
 	fs.DurationVar(&c.opts.WarmUp, "flow-control-warmup", c.opts.WarmUp,
 		"Sluice admission: at most how long, from the start, requests that arrive before any endpoint's metrics were "+
 			"scraped wait for them (instead of 503 no_endpoints).")

@@ -85,24 +85,11 @@ func (h *HeadroomFilter) Filter(ctx context.Context, _ *fwksched.CycleState, req
 	if !ok || len(sd.decision.Endpoints) == 0 {
 		return endpoints
 	}
-	names := sd.decision.Endpoints
-	var set map[string]struct{}
-	if len(names)*len(endpoints) > headroomScanMax*headroomScanMax {
-		set = make(map[string]struct{}, len(names))
-		for _, n := range names {
-			set[n] = struct{}{}
-		}
-	}
 	keep := make([]bool, len(endpoints))
+	markHeadroom(sd.decision.Endpoints, endpoints, keep)
 	n := 0
-	for i, ep := range endpoints {
-		name := EndpointName(ep.GetMetadata())
-		if set != nil {
-			_, keep[i] = set[name]
-		} else {
-			keep[i] = slices.Contains(names, name)
-		}
-		if keep[i] {
+	for _, k := range keep {
+		if k {
 			n++
 		}
 	}
@@ -119,6 +106,35 @@ func (h *HeadroomFilter) Filter(ctx context.Context, _ *fwksched.CycleState, req
 		}
 	}
 	return kept
+}
+
+// markHeadroom sets keep[i] for the endpoints whose names are among names. Small lists are scanned; otherwise the
+// smaller side is indexed (with narrowed candidates, the candidates are far fewer than the endpoints with headroom).
+func markHeadroom(names []string, endpoints []fwksched.Endpoint, keep []bool) {
+	switch {
+	case len(names)*len(endpoints) <= headroomScanMax*headroomScanMax:
+		for i, ep := range endpoints {
+			keep[i] = slices.Contains(names, EndpointName(ep.GetMetadata()))
+		}
+	case len(endpoints) < len(names):
+		at := make(map[string]int, len(endpoints))
+		for i, ep := range endpoints {
+			at[EndpointName(ep.GetMetadata())] = i
+		}
+		for _, n := range names {
+			if i, ok := at[n]; ok {
+				keep[i] = true
+			}
+		}
+	default:
+		set := make(map[string]struct{}, len(names))
+		for _, n := range names {
+			set[n] = struct{}{}
+		}
+		for i, ep := range endpoints {
+			_, keep[i] = set[EndpointName(ep.GetMetadata())]
+		}
+	}
 }
 
 // keepAffine marks in keep (the candidates with headroom) the candidates without headroom that hold at least

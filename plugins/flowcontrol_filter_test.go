@@ -49,6 +49,13 @@ func TestHeadroomFilterRestrictsCandidates(t *testing.T) {
 		many[i] = fmt.Sprintf("10.0.1.%d", i)
 	}
 	manyAllowed := []string{"10.0.1.3:8000", "10.0.1.39:8000", "10.0.1.17:8000"}
+	allButTwo := make([]string, 0, len(many))
+	for _, a := range many {
+		if a != "10.0.1.5" && a != "10.0.1.9" {
+			allButTwo = append(allButTwo, a+":8000")
+		}
+	}
+	few := many[:20] // narrowed candidates: fewer than the endpoints with headroom
 	tests := []struct {
 		name       string
 		attached   bool
@@ -61,6 +68,8 @@ func TestHeadroomFilterRestrictsCandidates(t *testing.T) {
 			[]string{"10.0.0.1:8000", "10.0.0.3:8000"}},
 		{"large pools take the map path", true, manyAllowed, many,
 			[]string{"10.0.1.3:8000", "10.0.1.17:8000", "10.0.1.39:8000"}},
+		{"few candidates among many with headroom", true, allButTwo, few,
+			allButTwo[:18]},
 		{"unknown request filters nothing", true, nil, []string{"10.0.0.1", "10.0.0.2"},
 			[]string{"10.0.0.1:8000", "10.0.0.2:8000"}},
 		{"no overlap filters nothing rather than fail scheduling", true,
@@ -76,7 +85,7 @@ func TestHeadroomFilterRestrictsCandidates(t *testing.T) {
 				fc.Attach(map[string]fwkplugin.Plugin{"f": f})
 			}
 			if tt.stored != nil {
-				fc.headroom.put("req", flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Endpoints: tt.stored}, "")
+				fc.headroom.put("req", storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Endpoints: tt.stored}})
 			}
 			got := names(f.Filter(context.Background(), fwksched.NewCycleState(), &fwksched.LLMRequest{RequestId: "req"}, candidates(tt.candidates...)))
 			if !slices.Equal(got, tt.want) {
@@ -213,7 +222,7 @@ func TestHeadroomFilterKeepsPrefixAffinity(t *testing.T) {
 			f := mustHeadroomFilter(t)
 			plugins["f"] = f
 			fc.Attach(plugins)
-			fc.headroom.put("req", flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Band: tt.band, Endpoints: []string{"10.0.0.0:8000"}}, "")
+			fc.headroom.put("req", storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Band: tt.band, Endpoints: []string{"10.0.0.0:8000"}}})
 			got := names(f.Filter(context.Background(), fwksched.NewCycleState(), tt.req, eps))
 			if !slices.Equal(got, tt.want) {
 				t.Fatalf("Filter = %v, want %v", got, tt.want)

@@ -42,16 +42,33 @@ func EndpointSnapshot(ep fwkdl.Endpoint) flowcontrol.Endpoint {
 
 func allEndpoints(fwkdl.Endpoint) bool { return true }
 
+// nameOf is EndpointName(md), from the last snapshot's names when md was in it: the datastore replaces an endpoint's
+// metadata rather than change it, so a known pointer has the same name, and a per-request pass over the pool needs
+// no new string per endpoint.
+func (f *FlowControl) nameOf(md *fwkdl.EndpointMetadata) string {
+	if names := f.names.Load(); names != nil {
+		if name, ok := (*names)[md]; ok {
+			return name
+		}
+	}
+	return EndpointName(md)
+}
+
 // SyncEndpoints hands the controller a snapshot of every endpoint's latest metrics, which dispatches waiting
 // requests onto any endpoint that now has headroom. The error lists endpoints the controller left out.
 func (f *FlowControl) SyncEndpoints() error {
 	pool := f.endpoints.PodList(allEndpoints)
 	eps := make([]flowcontrol.Endpoint, len(pool))
+	names := make(map[*fwkdl.EndpointMetadata]string, len(pool))
 	scraped := false
 	for i, ep := range pool {
 		eps[i] = EndpointSnapshot(ep)
 		scraped = scraped || !eps[i].ScrapedAt.IsZero()
+		if md := ep.GetMetadata(); md != nil {
+			names[md] = eps[i].Name
+		}
 	}
+	f.names.Store(&names)
 	err := f.ctrl.UpdateEndpoints(eps)
 	if scraped {
 		f.markWarm("endpoint metrics arrived")

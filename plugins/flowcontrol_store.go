@@ -33,6 +33,8 @@ type storedDecision struct {
 	decision flowcontrol.Decision
 	// message is the human-readable reason, for the response body.
 	message string
+	// model is a dispatched request's target model, for candidate narrowing.
+	model string
 }
 
 func newDecisionStore(clk clock.PassiveClock, ttl time.Duration, max int) *decisionStore {
@@ -41,8 +43,8 @@ func newDecisionStore(clk clock.PassiveClock, ttl time.Duration, max int) *decis
 	return s
 }
 
-// put stores d for id, replacing any entry id already has.
-func (s *decisionStore) put(id string, d flowcontrol.Decision, message string) {
+// put stores sd for id, replacing any entry id already has.
+func (s *decisionStore) put(id string, sd storedDecision) {
 	now := s.clock.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,7 +54,7 @@ func (s *decisionStore) put(id string, d flowcontrol.Decision, message string) {
 		s.entries.DropOldest()
 		s.dropped++
 	}
-	s.entries.Put(now, id, storedDecision{decision: d, message: message})
+	s.entries.Put(now, id, sd)
 }
 
 // get returns id's entry without removing it (the headroom filter runs once per scheduling profile).

@@ -737,7 +737,7 @@ func TestFlowControlDecisionStoreIsBoundedAndExpires(t *testing.T) {
 	s := newDecisionStore(clk, time.Minute, 3)
 	d := flowcontrol.Decision{Outcome: flowcontrol.Rejected, Reason: flowcontrol.ReasonSaturated}
 	for i := range 5 {
-		s.put(fmt.Sprint(i), d, "")
+		s.put(fmt.Sprint(i), storedDecision{decision: d})
 	}
 	if s.len() != 3 || s.dropped != 2 {
 		t.Fatalf("len %d dropped %d, want the bound 3 and the 2 oldest dropped", s.len(), s.dropped)
@@ -754,7 +754,7 @@ func TestFlowControlDecisionStoreIsBoundedAndExpires(t *testing.T) {
 	if _, ok := s.take("4"); ok || s.len() != 2 {
 		t.Fatalf("take must delete: len %d", s.len())
 	}
-	s.put("2", d, "again") // replacing keeps one entry per ID
+	s.put("2", storedDecision{decision: d, message: "again"}) // replacing keeps one entry per ID
 	if s.len() != 2 {
 		t.Fatalf("len %d after replacing, want 2", s.len())
 	}
@@ -763,7 +763,7 @@ func TestFlowControlDecisionStoreIsBoundedAndExpires(t *testing.T) {
 	if _, ok := s.get("3"); ok {
 		t.Fatal("an expired entry is still served")
 	}
-	s.put("new", d, "")
+	s.put("new", storedDecision{decision: d})
 	if s.len() != 1 {
 		t.Fatalf("expired entries were not removed on put: len %d", s.len())
 	}

@@ -55,6 +55,15 @@ type AdmissionDeps struct {
 // while the servers drain.
 type AdmissionFactory func(ctx context.Context, deps AdmissionDeps) (requestcontrol.AdmissionController, error)
 
+// CandidateNarrower is an admission controller that narrows the endpoints the
+// Director schedules a request among (plugins.FlowControl.NarrowCandidates):
+// the runner hands the Director the narrowed candidates and puts each
+// stream's request ID in its context (plugins.WithRequestID), so Locate knows
+// the request admission decided.
+type CandidateNarrower interface {
+	NarrowCandidates(inner contracts.EndpointCandidates) contracts.EndpointCandidates
+}
+
 // UpstreamAdmission chooses admission exactly as upstream's runner does: the
 // experimental flow controller when its feature gate is on, otherwise legacy
 // saturation-based shedding of sheddable requests.

@@ -200,6 +200,8 @@ type requestPath struct {
 	parser    fwkrh.Parser
 	selector  ModelSelector
 	decisions *decisiontrace.Recorder // nil when the decision trace is off
+	// narrowing: the admission controller narrows the Director's candidates, by request ID (plugins.WithRequestID).
+	narrowing bool
 }
 
 // newRequestPath builds the admission controller (a plugin one joins the
@@ -237,7 +239,11 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if path.selector != nil {
 		directorStore = withoutUpstreamRewrites{ds}
 	}
-	path.director = requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, endpointCandidates, rcConfig)
+	directorCandidates := endpointCandidates
+	if n, ok := admission.(CandidateNarrower); ok {
+		directorCandidates, path.narrowing = n.NarrowCandidates(endpointCandidates), true
+	}
+	path.director = requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
 	return path, nil
 }
 
@@ -317,6 +323,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		maxBodyBytes: opts.ModelSelectionMaxBodyBytes,
 		clock:        r.clock,
 		decisions:    req.decisions,
+		requestIDs:   req.narrowing,
 	}
 	if r.extProcHandler != nil {
 		r.extProcHandler(handler)

@@ -56,6 +56,8 @@ type shapingServer struct {
 
 	// decisions (nil when --decision-trace is off) traces requests' decisions.
 	decisions *decisiontrace.Recorder
+	// requestIDs puts each stream's request ID in its context (plugins.WithRequestID).
+	requestIDs bool
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
@@ -69,6 +71,9 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 			}
 			return false
 		})
+	}
+	if s.requestIDs {
+		ss.ctx = plugins.WithRequestID(ss.ctx, func() string { return ss.requestID })
 	}
 	if s.selector != nil {
 		ss.selection = &modelSelection{selector: s.selector, maxBodyBytes: s.maxBodyBytes, clock: s.clock}

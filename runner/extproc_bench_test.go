@@ -76,20 +76,26 @@ func quietLogs(b *testing.B) {
 	})
 }
 
-// startBenchEPP starts an EPP in static mode on four idle endpoints, until b ends, and returns its ext_proc handler:
-// profile "upstream-default" is the EPP without configuration, "sluice" the EPP with --sluice-admission (Sluice's
-// default profile and admission), both with a model selector installed, as the binary has in either mode.
-func startBenchEPP(b *testing.B, profile string) (extprocv3.ExternalProcessorServer, error) {
+// startBenchEPP starts an EPP in static mode on servers (four idle ones when none are given), until b ends, and
+// returns its ext_proc handler: profile "upstream-default" is the EPP without configuration, "sluice" the EPP with
+// --sluice-admission (Sluice's default profile and admission), both with a model selector installed, as the binary
+// has in either mode.
+func startBenchEPP(b *testing.B, profile string, servers ...*runnertest.ModelServer) (extprocv3.ExternalProcessorServer, error) {
+	if len(servers) == 0 {
+		for range 4 {
+			servers = append(servers, runnertest.StartModelServer(b, "127.0.0.1:0"))
+		}
+	}
 	var endpoints []string
-	for range 4 {
-		endpoints = append(endpoints, runnertest.StartModelServer(b, "127.0.0.1:0").Addr)
+	for _, s := range servers {
+		endpoints = append(endpoints, s.Addr)
 	}
 	args := []string{
 		"--static-endpoints=" + strings.Join(endpoints, ","),
 		fmt.Sprintf("--grpc-port=%d", runnertest.FreePort(b)),
 		fmt.Sprintf("--grpc-health-port=%d", runnertest.FreePort(b)),
 		fmt.Sprintf("--metrics-port=%d", runnertest.FreePort(b)),
-		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=50ms",
+		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=" + benchRefreshInterval.String(),
 	}
 	if profile == "sluice" {
 		// Sluice admission dispatches only onto endpoints scraped within the staleness threshold; a loaded machine
@@ -139,6 +145,9 @@ func startBenchEPP(b *testing.B, profile string) (extprocv3.ExternalProcessorSer
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// benchRefreshInterval is the benchmark EPPs' metrics refresh interval.
+const benchRefreshInterval = 50 * time.Millisecond
 
 // keepModel is a ModelSelector that leaves every request's model as it is: with one installed the stream holds the
 // request until its body is complete, as the binary's does.

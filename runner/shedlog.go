@@ -37,26 +37,30 @@ func withShedQuietLogger(ctx context.Context, shed func() bool) context.Context 
 	if cd, ok := sink.(logr.CallDepthLogSink); ok {
 		sink = cd.WithCallDepth(1)
 	}
-	return log.IntoContext(ctx, base.WithSink(shedQuietSink{sink: sink, shed: shed}))
+	return log.IntoContext(ctx, base.WithSink(&shedQuietSink{sink: sink, shed: shed}))
 }
 
 // shedQuietSink is a logr.LogSink that drops the error lines of shed
-// requests (see withShedQuietLogger).
+// requests (see withShedQuietLogger). It is used by pointer, and WithValues
+// without values returns it unchanged: upstream's handler derives a logger
+// (log.FromContext, which calls WithValues) several times for every response
+// chunk, and each derivation would otherwise allocate a wrapper and a clone of
+// the wrapped logger.
 type shedQuietSink struct {
 	sink logr.LogSink
 	shed func() bool
 }
 
-var _ logr.CallDepthLogSink = shedQuietSink{}
+var _ logr.CallDepthLogSink = (*shedQuietSink)(nil)
 
 // Init is a no-op: the wrapped sink was initialized by its own logger.
-func (s shedQuietSink) Init(logr.RuntimeInfo) {}
+func (s *shedQuietSink) Init(logr.RuntimeInfo) {}
 
-func (s shedQuietSink) Enabled(level int) bool { return s.sink.Enabled(level) }
+func (s *shedQuietSink) Enabled(level int) bool { return s.sink.Enabled(level) }
 
-func (s shedQuietSink) Info(level int, msg string, kv ...any) { s.sink.Info(level, msg, kv...) }
+func (s *shedQuietSink) Info(level int, msg string, kv ...any) { s.sink.Info(level, msg, kv...) }
 
-func (s shedQuietSink) Error(err error, msg string, kv ...any) {
+func (s *shedQuietSink) Error(err error, msg string, kv ...any) {
 	var reqErr errcommon.Error
 	if errors.As(err, &reqErr) && s.shed() {
 		return
@@ -64,17 +68,20 @@ func (s shedQuietSink) Error(err error, msg string, kv ...any) {
 	s.sink.Error(err, msg, kv...)
 }
 
-func (s shedQuietSink) WithValues(kv ...any) logr.LogSink {
-	return shedQuietSink{sink: s.sink.WithValues(kv...), shed: s.shed}
+func (s *shedQuietSink) WithValues(kv ...any) logr.LogSink {
+	if len(kv) == 0 {
+		return s
+	}
+	return &shedQuietSink{sink: s.sink.WithValues(kv...), shed: s.shed}
 }
 
-func (s shedQuietSink) WithName(name string) logr.LogSink {
-	return shedQuietSink{sink: s.sink.WithName(name), shed: s.shed}
+func (s *shedQuietSink) WithName(name string) logr.LogSink {
+	return &shedQuietSink{sink: s.sink.WithName(name), shed: s.shed}
 }
 
-func (s shedQuietSink) WithCallDepth(depth int) logr.LogSink {
+func (s *shedQuietSink) WithCallDepth(depth int) logr.LogSink {
 	if cd, ok := s.sink.(logr.CallDepthLogSink); ok {
-		return shedQuietSink{sink: cd.WithCallDepth(depth), shed: s.shed}
+		return &shedQuietSink{sink: cd.WithCallDepth(depth), shed: s.shed}
 	}
 	return s
 }

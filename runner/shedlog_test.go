@@ -77,3 +77,17 @@ func TestShedRequestsLeaveNoErrorLines(t *testing.T) {
 		})
 	}
 }
+
+// TestShedQuietLoggerDerivesWithoutAllocating: upstream's handler calls log.FromContext several times for every
+// response chunk; deriving a logger without values from the shed-quiet logger must not allocate (it did: a wrapper
+// and a clone of the wrapped logger each time).
+func TestShedQuietLoggerDerivesWithoutAllocating(t *testing.T) {
+	base := funcr.New(func(string, string) {}, funcr.Options{})
+	ctx := withShedQuietLogger(log.IntoContext(context.Background(), base), func() bool { return false })
+	if allocs := testing.AllocsPerRun(100, func() { _ = log.FromContext(ctx) }); allocs != 0 {
+		t.Fatalf("log.FromContext allocates %.0f times per call, want 0", allocs)
+	}
+	if _, ok := log.FromContext(ctx).WithValues("stage", "x").GetSink().(*shedQuietSink); !ok {
+		t.Fatal("a logger derived with values lost the shed-quiet sink")
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/config/loader"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datalayer"
 	upflowcontrol "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/flowcontrol/contracts"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
@@ -138,6 +139,9 @@ type inProcessEPP struct {
 
 	fc     *plugins.FlowControl
 	legacy requestcontrol.AdmissionController
+	// candidates locates a request's scheduling candidates, as the runner's Director does: every endpoint, narrowed
+	// by Sluice admission (plugins.FlowControl.NarrowCandidates) when it is on.
+	candidates contracts.EndpointCandidates
 	// staleness shows upstream's staleness checks the age metrics have on the EPP's clock.
 	staleness staleness
 	// hooks runs every call into plugin code and waits for the goroutines it starts.
@@ -283,9 +287,11 @@ func (p *inProcessEPP) load(opts eppOptions, logger logr.Logger) error {
 		}
 		fc.Attach(handle.GetAllPluginsWithNames())
 		p.fc = fc
+		p.candidates = fc.NarrowCandidates(allEndpoints{p})
 		all = append(all, fc) // the runner adds the admission controller's hooks after the configured plugins
 	} else {
 		p.legacy = requestcontrol.NewLegacyAdmissionController(cfg.SaturationDetector, stalenessCandidates{p})
+		p.candidates = allEndpoints{p}
 	}
 	p.addHooks(all, dag)
 	for _, pl := range all {

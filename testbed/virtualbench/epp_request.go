@@ -15,6 +15,8 @@ import (
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+
+	"github.com/sluice-gw/sluice/plugins"
 )
 
 // A request's way through the in-process EPP, in the order of upstream's ext_proc handler and Director: Route
@@ -139,7 +141,7 @@ func (p *inProcessEPP) Resume() {
 // that is its answer.
 func (p *inProcessEPP) schedule(ctx context.Context, st *eppState) (eppAnswer, error) {
 	req := st.rc.SchedulingRequest
-	cands := p.schedulerCandidates()
+	cands := p.schedulerCandidates(ctx, st)
 	for _, pd := range p.prepareData {
 		// Upstream logs a PrepareData failure and schedules anyway.
 		if err := pd.PrepareRequestData(ctx, req, cands); err != nil {
@@ -182,17 +184,31 @@ func (p *inProcessEPP) schedule(ctx context.Context, st *eppState) (eppAnswer, e
 	return eppAnswer{Endpoint: idx, Body: body}, nil
 }
 
-// schedulerCandidates snapshots every endpoint for the scheduler, as the Director's toSchedulerEndpoints does, with
-// UpdateTime as upstream's staleness checks must see it (see staleness).
-func (p *inProcessEPP) schedulerCandidates() []fwksched.Endpoint {
+// schedulerCandidates locates st's candidates as the Director does (the runner puts the request's ID in the Locate
+// context) and snapshots them for the scheduler, as the Director's toSchedulerEndpoints does, with UpdateTime as
+// upstream's staleness checks must see it (see staleness).
+func (p *inProcessEPP) schedulerCandidates(ctx context.Context, st *eppState) []fwksched.Endpoint {
+	located := p.candidates.Locate(plugins.WithRequestID(ctx, func() string { return st.id }), st.rc.Request.Metadata)
 	now := p.clock.Now()
-	out := make([]fwksched.Endpoint, len(p.endpoints))
-	for i, ep := range p.endpoints {
+	out := make([]fwksched.Endpoint, len(located))
+	for i, ep := range located {
 		s := fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), ep.GetAttributes())
 		if m := s.GetMetrics(); m != nil {
 			m.UpdateTime = p.staleness.updateTime(m.UpdateTime, now)
 		}
 		out[i] = s
+	}
+	return out
+}
+
+// allEndpoints locates every endpoint of the EPP, as upstream's datastore candidates do without a subset hint.
+type allEndpoints struct{ p *inProcessEPP }
+
+// Locate implements contracts.EndpointCandidates.
+func (c allEndpoints) Locate(context.Context, map[string]any) []fwkdl.Endpoint {
+	out := make([]fwkdl.Endpoint, len(c.p.endpoints))
+	for i, ep := range c.p.endpoints {
+		out[i] = ep
 	}
 	return out
 }
