@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
@@ -69,17 +70,10 @@ func NewOptions() *Options {
 		ModelSelectionMaxBodyBytes:    DefaultModelSelectionMaxBodyBytes,
 		DecisionTraceRate:             decisiontrace.DefaultRate,
 		MetricsMaxLabelValues:         DefaultMaxLabelValues,
-		PeerProbeInterval:             DefaultPeerProbeInterval,
-		PeerTimeout:                   DefaultPeerTimeout,
+		PeerProbeInterval:             replication.DefaultProbeInterval,
+		PeerTimeout:                   replication.DefaultTimeout,
 	}
 }
-
-// The default peer probe interval and timeout: a dead replica's endpoints are taken over within the timeout plus one
-// snapshot interval (50 ms by default), inside upstream's default metrics staleness threshold (200 ms).
-const (
-	DefaultPeerProbeInterval = 40 * time.Millisecond
-	DefaultPeerTimeout       = 140 * time.Millisecond
-)
 
 // AddFlags registers upstream's flags, then Sluice's, on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {

@@ -55,11 +55,23 @@ func (v *View) Live(now time.Time) []string {
 }
 
 // Owned returns the endpoints this replica owns at now, in their given order: its share of Partition over the live
-// replicas; all of them when no peer is live.
+// replicas; all of them when no peer is live, and also when its share is empty (more live replicas than endpoints),
+// since a replica without endpoints could only answer 503: it then shares the whole pool, as without replication.
 func (v *View) Owned(endpoints []string, now time.Time) []string {
 	live := v.Live(now)
 	if len(live) == 1 {
 		return endpoints
 	}
-	return Partition(endpoints, live)[v.membership.self]
+	if mine := Partition(endpoints, live)[v.membership.self]; len(mine) > 0 {
+		return mine
+	}
+	return endpoints
 }
+
+// The EPP's defaults for probing peers: a replica killed is noticed within DefaultTimeout, and its endpoints are
+// taken over at the next pool snapshot (50 ms by default), within upstream's default metrics staleness threshold
+// (200 ms).
+const (
+	DefaultProbeInterval = 40 * time.Millisecond
+	DefaultTimeout       = 140 * time.Millisecond
+)

@@ -102,3 +102,26 @@ func TestViewConcurrentUse(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// More live replicas than endpoints: a replica whose share is empty shares the whole pool rather than own nothing.
+func TestViewWithoutShareOwnsAll(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	fleet := endpoints(1)
+	owners := 0
+	for _, self := range []string{"a:1", "b:1"} {
+		v, err := NewView(self, []string{"a:1", "b:1"}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.Heard(map[string]string{"a:1": "b:1", "b:1": "a:1"}[self], t0)
+		if got := v.Owned(fleet, t0); !slices.Equal(got, fleet) {
+			t.Fatalf("%s owns %v of one endpoint, want it", self, got)
+		}
+		if len(Partition(fleet, v.Live(t0))[self]) == 1 {
+			owners++
+		}
+	}
+	if owners != 1 {
+		t.Fatalf("%d replicas own the one endpoint by Partition, want 1", owners)
+	}
+}
