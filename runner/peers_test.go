@@ -5,14 +5,18 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -141,4 +145,48 @@ func TestReplicaNameDerived(t *testing.T) {
 	if _, err := podPeerName(local[:1], "9003"); err == nil || !strings.Contains(err.Error(), "--replica-id") {
 		t.Errorf("only loopback: %v, want an error naming --replica-id", err)
 	}
+}
+
+type syncedPool struct{}
+
+func (syncedPool) PoolHasSynced() bool { return true }
+
+// The prober hears a peer whose health service serves, and the peer stops being live once it is gone.
+func TestPeerProberFollowsAPeer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := l.Addr().String()
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, &healthServer{logger: testr.New(t), pool: syncedPool{}, isLeader: &atomic.Bool{}})
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+
+	view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, 150*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	live := func(want string) func() string {
+		return func() string {
+			if got := strings.Join(view.Live(time.Now()), ","); got != want {
+				return "live " + got + ", want " + want
+			}
+			return ""
+		}
+	}
+	runnertest.Eventually(t, "a serving peer is heard", live(strings.Join(slices.Sorted(slices.Values([]string{"127.0.0.1:1", peer})), ",")))
+	srv.Stop()
+	runnertest.Eventually(t, "a stopped peer is gone", live("127.0.0.1:1"))
 }
