@@ -158,6 +158,15 @@ type FlowControlDeps struct {
 	// SynchronousTimers is flowcontrol.Deps.SynchronousTimers: for a clock that runs callbacks on its driver's
 	// goroutine (the virtual-time benchmark engine's).
 	SynchronousTimers bool
+	// Ownership, when this EPP is one of several replicas, says which endpoints it owns; nil: it owns every one.
+	Ownership EndpointOwnership
+}
+
+// EndpointOwnership is what admission needs of EPP replication (replication.View): the pool endpoints this replica
+// owns at now. A replica admits on, and dispatches to, its own endpoints only, so it sees every request sent to them
+// and no other replica's dispatches fill their headroom unseen; with no peer live it owns every endpoint.
+type EndpointOwnership interface {
+	Owned(endpoints []string, now time.Time) []string
 }
 
 // FlowControl adapts a flowcontrol.Controller to upstream's EPP:
@@ -186,6 +195,7 @@ type FlowControlDeps struct {
 type FlowControl struct {
 	ctrl      *flowcontrol.Controller
 	endpoints EndpointLister
+	ownership EndpointOwnership // nil: every endpoint
 	clock     clock.WithTicker
 	logger    logr.Logger
 	opts      FlowControlOptions
@@ -241,6 +251,7 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 	f := &FlowControl{
 		ctrl:      ctrl,
 		endpoints: deps.Endpoints,
+		ownership: deps.Ownership,
 		clock:     deps.Clock,
 		logger:    deps.Logger,
 		opts:      opts,

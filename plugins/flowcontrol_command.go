@@ -229,7 +229,9 @@ type FlowControlEnv struct {
 	RefreshInterval time.Duration
 	// Registerer receives the flow-control metrics (the registry the EPP's /metrics serves); nil means none.
 	Registerer prometheus.Registerer
-	Logger     logr.Logger
+	// Ownership is the EPP's replication view when it runs with peers; nil means this replica owns every endpoint.
+	Ownership EndpointOwnership
+	Logger    logr.Logger
 }
 
 // Start builds the FlowControl from the completed flags and env and attaches the configured HeadroomFilters. It may be
@@ -255,7 +257,7 @@ func (c *FlowControlCommand) Start(_ context.Context, env FlowControlEnv) (*Flow
 	if env.RefreshInterval > 0 {
 		opts.SnapshotInterval = env.RefreshInterval
 	}
-	deps := FlowControlDeps{Endpoints: env.Endpoints, Logger: env.Logger}
+	deps := FlowControlDeps{Endpoints: env.Endpoints, Ownership: env.Ownership, Logger: env.Logger}
 	if env.Registerer != nil {
 		rec, err := flowcontrol.NewPrometheusRecorder(env.Registerer, flowControlMetricTenants)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 
@@ -54,8 +55,9 @@ func (f *FlowControl) nameOf(md *fwkdl.EndpointMetadata) string {
 	return EndpointName(md)
 }
 
-// SyncEndpoints hands the controller a snapshot of every endpoint's latest metrics, which dispatches waiting
-// requests onto any endpoint that now has headroom. The error lists endpoints the controller left out.
+// SyncEndpoints hands the controller a snapshot of the latest metrics of every endpoint this replica owns (every
+// endpoint without replication), which dispatches waiting requests onto any endpoint that now has headroom. The
+// error lists endpoints the controller left out.
 func (f *FlowControl) SyncEndpoints() error {
 	pool := f.endpoints.PodList(allEndpoints)
 	eps := make([]flowcontrol.Endpoint, len(pool))
@@ -69,11 +71,33 @@ func (f *FlowControl) SyncEndpoints() error {
 		}
 	}
 	f.names.Store(&names)
+	eps = f.ownedOnly(eps)
 	err := f.ctrl.UpdateEndpoints(eps)
 	if scraped {
 		f.markWarm("endpoint metrics arrived")
 	}
 	return err
+}
+
+// ownedOnly keeps, in order, the endpoints of eps this replica owns. Ownership is recomputed on every snapshot, so
+// when a peer falls silent its endpoints join this replica's snapshot at the next one.
+func (f *FlowControl) ownedOnly(eps []flowcontrol.Endpoint) []flowcontrol.Endpoint {
+	if f.ownership == nil {
+		return eps
+	}
+	names := make([]string, len(eps))
+	for i := range eps {
+		names[i] = eps[i].Name
+	}
+	owned := f.ownership.Owned(names, f.clock.Now())
+	if len(owned) == len(eps) {
+		return eps
+	}
+	mine := make(map[string]bool, len(owned))
+	for _, n := range owned {
+		mine[n] = true
+	}
+	return slices.DeleteFunc(eps, func(e flowcontrol.Endpoint) bool { return !mine[e.Name] })
 }
 
 // Run takes a snapshot at once and then every SnapshotInterval, until ctx ends. Then it shuts the controller down:

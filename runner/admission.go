@@ -15,6 +15,8 @@ import (
 	fwkfc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/flowcontrol"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
+
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 )
 
 // enableExperimentalFlowControlLayer is upstream's deprecated environment
@@ -36,6 +38,9 @@ type AdmissionDeps struct {
 	// relies on in the scheduling profiles (e.g. a filter that restricts
 	// scheduling to what admission decided).
 	Plugins map[string]fwkplugin.Plugin
+	// Replication is this replica's view of its peers when the EPP runs with --peers, --peers-file or
+	// --peers-service (nil otherwise): admission should take only the endpoints it owns (View.Owned).
+	Replication *replication.View
 }
 
 // AdmissionFactory builds the admission controller the Director consults for

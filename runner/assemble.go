@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
@@ -139,6 +140,9 @@ func (r *Runner) newProcess(ctx context.Context, opts *Options, gknn common.GKNN
 	}
 	var optionErrs []error
 	extendOptions := func(o *ctrl.Options) {
+		if opts.PeersService != "" {
+			peersCache(o, gknn.Namespace, opts.PeersService)
+		}
 		for _, s := range r.managerSetups {
 			if s.Options != nil {
 				optionErrs = append(optionErrs, s.Options(o, gknn))
@@ -207,7 +211,8 @@ type requestPath struct {
 // newRequestPath builds the admission controller (a plugin one joins the
 // request-control plugins), the model selector and the Director.
 func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.GKNN, ds datastore.Datastore, featureGates map[string]bool,
-	eppConfig *config.Config, rcConfig *requestcontrol.Config, configured map[string]fwkplugin.Plugin, scheduler *scheduling.Scheduler, parser fwkrh.Parser) (*requestPath, error) {
+	eppConfig *config.Config, rcConfig *requestcontrol.Config, configured map[string]fwkplugin.Plugin, scheduler *scheduling.Scheduler, parser fwkrh.Parser,
+	view *replication.View) (*requestPath, error) {
 	candidates := requestcontrol.NewDatastoreEndpointCandidates(ds, requestcontrol.WithDisableEndpointSubsetFilter(opts.DisableEndpointSubsetFilter))
 	var endpointCandidates contracts.EndpointCandidates = candidates
 	if featureGates[flowcontrol.FeatureGate] {
@@ -222,6 +227,7 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 		FeatureGates:       featureGates,
 		Logger:             setupLog,
 		Plugins:            configured,
+		Replication:        view,
 	})
 	if err != nil {
 		return nil, err

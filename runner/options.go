@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
@@ -43,6 +44,18 @@ type Options struct {
 	// that clients choose (model_name, target_model_name, fairness_id); later
 	// values are counted under "other".
 	MetricsMaxLabelValues int
+	// Peers lists the health addresses (host:port, --grpc-health-port) of every EPP replica of the pool, this one
+	// included: the replicas then share the endpoints (see peers.go). PeersFile names a file of them instead.
+	Peers     string
+	PeersFile string
+	// PeersService names the EPP's own Service in Kubernetes mode: its EndpointSlices' ready addresses, on
+	// --grpc-health-port, are the peers.
+	PeersService string
+	// ReplicaID is this replica's own peer address; empty: derived (see newReplicationView).
+	ReplicaID string
+	// PeerProbeInterval is how often each peer's health is probed; PeerTimeout how long an unheard peer stays live.
+	PeerProbeInterval time.Duration
+	PeerTimeout       time.Duration
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -57,6 +70,8 @@ func NewOptions() *Options {
 		ModelSelectionMaxBodyBytes:    DefaultModelSelectionMaxBodyBytes,
 		DecisionTraceRate:             decisiontrace.DefaultRate,
 		MetricsMaxLabelValues:         DefaultMaxLabelValues,
+		PeerProbeInterval:             replication.DefaultProbeInterval,
+		PeerTimeout:                   replication.DefaultTimeout,
 	}
 }
 
@@ -89,6 +104,23 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MetricsMaxLabelValues, "metrics-max-label-values", o.MetricsMaxLabelValues,
 		"The most distinct values each metric label that clients choose (model_name, target_model_name, fairness_id) "+
 			"keeps on /metrics; later values are counted under \"other\", so no client can grow the EPP's series without bound.")
+	fs.StringVar(&o.Peers, "peers", o.Peers,
+		"Several active EPP replicas: comma-separated host:port health addresses (--grpc-health-port) of every replica "+
+			"of the pool, this one included. The live replicas partition the endpoints; each admits on and routes to its "+
+			"own, and takes over a silent peer's within --peer-timeout. Static or Kubernetes mode.")
+	fs.StringVar(&o.PeersFile, "peers-file", o.PeersFile,
+		"Like --peers, from a file (one per line or comma-separated, '#' starts a comment), read at startup.")
+	fs.StringVar(&o.PeersService, "peers-service", o.PeersService,
+		"Kubernetes mode: the EPP's own Service; the ready addresses of its EndpointSlices, on --grpc-health-port, are "+
+			"the peers (needs list/watch on discovery.k8s.io endpointslices in the pool's namespace).")
+	fs.StringVar(&o.ReplicaID, "replica-id", o.ReplicaID,
+		"This replica's own host:port among the peers. Default: with --peers, the peer on --grpc-health-port at an "+
+			"address of this machine; with --peers-service, the pod's address and --grpc-health-port.")
+	fs.DurationVar(&o.PeerProbeInterval, "peer-probe-interval", o.PeerProbeInterval,
+		"How often each peer replica's gRPC health is probed.")
+	fs.DurationVar(&o.PeerTimeout, "peer-timeout", o.PeerTimeout,
+		"How long a peer replica that stops answering still owns its endpoints; keep it plus the metrics refresh "+
+			"interval within --metrics-staleness-threshold.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -117,6 +149,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MetricsMaxLabelValues < 1 {
 		return fmt.Errorf("--metrics-max-label-values must be at least 1, got %d", o.MetricsMaxLabelValues)
+	}
+	if err := o.validatePeers(); err != nil {
+		return err
 	}
 	if !o.StaticMode() {
 		if o.ObjectivesFile != "" {

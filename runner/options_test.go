@@ -118,6 +118,12 @@ func TestFlagsReachOptions(t *testing.T) {
 		{[]string{"--decision-trace=7"}, func(o *Options) bool { return o.DecisionTrace == 7 }},
 		{[]string{"--decision-trace-header=x-t"}, func(o *Options) bool { return o.DecisionTraceHeader == "x-t" }},
 		{[]string{"--decision-trace-rate=2.5"}, func(o *Options) bool { return o.DecisionTraceRate == 2.5 }},
+		{[]string{"--peers=a:1,b:1"}, func(o *Options) bool { return o.Peers == "a:1,b:1" }},
+		{[]string{"--peers-file=/p"}, func(o *Options) bool { return o.PeersFile == "/p" }},
+		{[]string{"--peers-service=epp"}, func(o *Options) bool { return o.PeersService == "epp" }},
+		{[]string{"--replica-id=a:1"}, func(o *Options) bool { return o.ReplicaID == "a:1" }},
+		{[]string{"--peer-probe-interval=1s"}, func(o *Options) bool { return o.PeerProbeInterval == time.Second }},
+		{[]string{"--peer-timeout=3s"}, func(o *Options) bool { return o.PeerTimeout == 3*time.Second }},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -161,6 +167,15 @@ func TestValidate(t *testing.T) {
 		{"decision trace negative rate", []string{"--pool-name=p", "--decision-trace=1", "--decision-trace-rate=-1"}, "decision trace rate"},
 		{"decision trace off, a bad rate", []string{"--pool-name=p", "--decision-trace-rate=-1"}, "decision trace rate"},
 		{"no label values", []string{"--static-endpoints=10.0.0.1:8000", "--metrics-max-label-values=0"}, "must be at least 1"},
+		{"peers", []string{"--static-endpoints=10.0.0.1:8000", "--peers=epp-0:9003,epp-1:9003", "--replica-id=epp-1:9003"}, ""},
+		{"peers service", []string{"--pool-name=p", "--peers-service=epp"}, ""},
+		{"peers not host:port", []string{"--static-endpoints=10.0.0.1:8000", "--peers=epp-0"}, `--peers: line 1: peer "epp-0" is not host:port`},
+		{"peers file missing", []string{"--static-endpoints=10.0.0.1:8000", "--peers-file=/nonexistent/peers"}, "--peers-file: open /nonexistent/peers"},
+		{"replica not a peer", []string{"--static-endpoints=10.0.0.1:8000", "--peers=a:1,b:1", "--replica-id=c:1"}, `--replica-id "c:1" is not among the peers`},
+		{"two peer sources", []string{"--pool-name=p", "--peers=a:1", "--peers-service=epp"}, "set one of --peers, --peers-file and --peers-service"},
+		{"peers service in static mode", []string{"--static-endpoints=10.0.0.1:8000", "--peers-service=epp"}, "cannot be used in static mode"},
+		{"peers and leader election", []string{"--pool-name=p", "--peers-service=epp", "--ha-enable-leader-election"}, "choose one"},
+		{"peer timeout within interval", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=100ms"}, "must exceed --peer-probe-interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

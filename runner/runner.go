@@ -304,13 +304,22 @@ func (r *Runner) setup(ctx, collect context.Context, opts *Options) (*process, e
 	if err := r.startDataLayer(ctx, opts, p, dl, eppConfig.DataConfig, ds, gknn.Namespace); err != nil {
 		return nil, err
 	}
-	req, err := r.newRequestPath(ctx, opts, *gknn, ds, featureGates, eppConfig, rcConfig, configured, scheduler, parser)
+	view, err := newReplicationView(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("EPP replicas: %w", err)
+	}
+	req, err := r.newRequestPath(ctx, opts, *gknn, ds, featureGates, eppConfig, rcConfig, configured, scheduler, parser, view)
 	if err != nil {
 		return nil, err
 	}
 	req.decisions = decisions
 	if p.mgr != nil {
 		if err := r.extendManager(p.mgr, *gknn, ds, kube); err != nil {
+			return nil, err
+		}
+	}
+	if view != nil {
+		if err := r.replicate(p, opts, *gknn, view); err != nil {
 			return nil, err
 		}
 	}

@@ -67,15 +67,22 @@ func newRunner() *runner.Runner {
 		WithModelSelector(rewrites.selector).
 		WithAdmission(func(ctx context.Context, deps runner.AdmissionDeps) (requestcontrol.AdmissionController, error) {
 			if !admission.Enabled() {
+				if deps.Replication != nil {
+					return nil, fmt.Errorf("--peers, --peers-file and --peers-service share the endpoints through Sluice admission: add --sluice-admission")
+				}
 				return runner.UpstreamAdmission(ctx, deps)
 			}
-			return admission.Start(ctx, plugins.FlowControlEnv{
+			env := plugins.FlowControlEnv{
 				Endpoints:       deps.Datastore,
 				Plugins:         deps.Plugins,
 				RefreshInterval: deps.Options.RefreshMetricsInterval,
 				Registerer:      metrics.Registry, // what the EPP's /metrics serves
 				Logger:          deps.Logger.WithName("flow-control"),
-			})
+			}
+			if deps.Replication != nil {
+				env.Ownership = deps.Replication
+			}
+			return admission.Start(ctx, env)
 		}).
 		WithResponseShapers(admission).
 		WithManagerSetup(policySetup(admission)).

@@ -17,6 +17,7 @@
 //
 // # Concurrency
 //
-// Owner, Partition and ParsePeers are safe for concurrent use. A Membership is not: its owner serialises Heard and
-// Live (one goroutine reading the peer streams, or a mutex around it).
+// Owner, Partition and ParsePeers are safe for concurrent use. A Membership is not: its owner serialises Heard,
+// SetPeers and Live. A View is a Membership behind a mutex, for the EPP: peer probes call Heard, the peer list's
+// source calls SetPeers, and admission asks Owned on every pool snapshot.
 package replication

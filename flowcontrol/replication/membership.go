@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 )
@@ -33,12 +34,24 @@ func NewMembership(self string, peers []string, timeout time.Duration) (*Members
 		return nil, err
 	}
 	m := &Membership{self: self, timeout: timeout, lastHeard: map[string]time.Time{}}
+	m.SetPeers(peers)
+	return m, nil
+}
+
+// SetPeers replaces the peer list (a peers file re-read, the EPP Service's endpoints changed). A peer kept keeps
+// when it was last heard; a peer dropped is forgotten, so if it comes back it is live only once heard again.
+func (m *Membership) SetPeers(peers []string) {
+	m.peers = m.peers[:0]
 	for _, p := range sortedUnique(peers) {
-		if p != self {
+		if p != m.self {
 			m.peers = append(m.peers, p)
 		}
 	}
-	return m, nil
+	for p := range m.lastHeard {
+		if !slices.Contains(m.peers, p) {
+			delete(m.lastHeard, p)
+		}
+	}
 }
 
 // Heard records a message from peer at now; peers outside the list are ignored (a stray or misconfigured sender

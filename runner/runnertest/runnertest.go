@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -211,10 +212,23 @@ func HealthStatus(p *Process, service string) (healthpb.HealthCheckResponse_Serv
 // StartBinary runs the EPP binary at path (any EPP that takes upstream's
 // flags) with args plus free ports, stops it when the test ends, and waits
 // until the health service waitFor is serving, or, with waitFor "", until
-// the health server answers at all.
+// the health server answers at all. A --grpc-health-port=N among args is
+// kept (replicas name each other by it before they start).
 func StartBinary(t testing.TB, path string, env []string, waitFor string, args ...string) *Process {
 	t.Helper()
-	p := &Process{GRPCPort: FreePort(t), HealthPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
+	p := &Process{GRPCPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--grpc-health-port="); ok {
+			port, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("%s: %v", a, err)
+			}
+			p.HealthPort = port
+		}
+	}
+	if p.HealthPort == 0 {
+		p.HealthPort = FreePort(t)
+	}
 	p.path, p.env = path, env
 	p.args = append(slices.Clip(args),
 		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),

@@ -109,9 +109,6 @@ type realRun struct {
 
 // Run implements Engine.
 func (e *RealTime) Run(ctx context.Context, sc *Scenario, c Contender) (res *RunResult, err error) {
-	if c.EndpointOwnership {
-		return nil, &SkippedError{Reason: "endpoint ownership among EPP replicas is a virtual-time experiment: the EPP binary has no --peers yet"}
-	}
 	if err := CheckBinaries(e.Bin); err != nil {
 		return nil, err
 	}
@@ -186,12 +183,19 @@ func (r *realRun) start(ctx context.Context) error {
 	case RouterRoundRobin:
 		dpArgs = append(dpArgs, "--round-robin", "--endpoints="+strings.Join(endpoints, ","))
 	case RouterEPP:
-		var grpcs []string
+		var grpcs, peers []string
+		for k := range replicas {
+			peers = append(peers, "127.0.0.1:"+strconv.Itoa(base+n+2+3*k))
+		}
 		for k := range replicas {
 			grpc, health, metrics := base+n+1+3*k, base+n+2+3*k, base+n+3+3*k
 			eppArgs, err := r.eppArgs(endpoints, grpc, health, metrics)
 			if err != nil {
 				return err
+			}
+			if r.c.EndpointOwnership {
+				// The replicas partition the endpoints (the EPP's --peers); each names itself by its health port.
+				eppArgs = append(eppArgs, "--peers="+strings.Join(peers, ","))
 			}
 			log := EPPBinary
 			if replicas > 1 {

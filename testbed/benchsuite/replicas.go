@@ -14,8 +14,8 @@ import (
 // request as Envoy does: one contender per count and balance policy, named
 // sluice-x<count>-<balance> (sluice-x2-round-robin), and with sharing
 // endpoint-ownership sluice-x<count>-<balance>-owned: the replicas partition
-// the fleet (replication.Partition), each scraping and routing to its own
-// servers only (virtual engine only). The report compares
+// the fleet as the EPP's --peers makes them (replication.View), each admitting
+// on and routing to its own servers only. The report compares
 // each with the sluice contender, its one-replica run in the same session,
 // and Targets hold every replicated run against it.
 //

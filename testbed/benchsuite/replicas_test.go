@@ -3,7 +3,6 @@ package benchsuite
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -42,10 +41,6 @@ func TestReplicasAddContendersAndTargets(t *testing.T) {
 	cfg, err := VirtualConfig(sc, c)
 	if err != nil || cfg.Router.Replicas != 4 || cfg.Router.Balance != "random" || !cfg.Router.Ownership || cfg.Router.Admission == nil {
 		t.Errorf("virtual config %+v, %v: want 4 owning replicas balanced at random with Sluice admission", cfg.Router, err)
-	}
-	var skipped *SkippedError
-	if _, err := (&RealTime{Bin: t.TempDir()}).Run(t.Context(), sc, c); !errors.As(err, &skipped) {
-		t.Errorf("real-time run of endpoint ownership: %v, want it skipped (the EPP binary cannot do it)", err)
 	}
 	declared := sc.Targets[:len(sc.Targets)-1]
 	if len(declared) != 16 {

@@ -160,6 +160,7 @@ func Cases() []Case {
 		},
 		eppKilled(false),
 		eppKilled(true),
+		replicaKilled(),
 		{
 			Name:      "apiserver-restart",
 			MustLeave: true,
@@ -210,6 +211,28 @@ func Cases() []Case {
 			Expect: func(r *Run, rec loadgen.Record, o Outcome) bool {
 				return o == OutcomeOK || o == OutcomeShed || o == OutcomeUnavailable && rec.Start >= r.At("fault")
 			},
+		},
+	}
+}
+
+// replicaKilled is one of two EPP replicas sharing the endpoints killed mid-load: the survivor takes its endpoints
+// over once it stops hearing it (--peer-timeout) and the data plane stops sending it streams once its connection
+// fails. Streams in flight through the dead replica are cut, and a stream the data plane opens to it before its
+// connection has failed gets the data plane's 500; nothing may hang or be lost.
+func replicaKilled() Case {
+	return Case{
+		Name:  "replica-killed",
+		Smoke: true,
+		Fault: "one of two EPP replicas sharing the endpoints (--peers) is killed (SIGKILL); the survivor takes over its endpoints",
+		Modes: []Mode{Static},
+		Stack: func(o *StackOptions) { o.EPPReplicas = 2 },
+		Inject: func(r *Run) {
+			r.Mark("kill")
+			r.Stack.KillReplica(1)
+		},
+		Expect: func(r *Run, rec loadgen.Record, o Outcome) bool {
+			kill := r.At("kill")
+			return Designed(r, rec, o) || cutAt(rec, kill) || eppUnavailable(rec) && rec.Start+rec.E2E >= kill
 		},
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,6 +121,9 @@ type StackOptions struct {
 	ServerArgs []string
 	// EPPArgs are extra EPP flags.
 	EPPArgs []string
+	// EPPReplicas runs this many EPP replicas sharing the endpoints (--peers; static mode only), the data plane
+	// balancing streams over them round-robin; 0 and 1 run one.
+	EPPReplicas int
 	// FailOpen runs the data plane with --failure-mode-allow (Envoy's
 	// failure_mode_allow); otherwise it fails closed, as GIE's default.
 	FailOpen bool
@@ -145,6 +149,8 @@ type Stack struct {
 	// EPP is the running EPP; KillEPP, TerminateEPP and RestartEPP replace
 	// it. Only the test goroutine touches it.
 	EPP *runnertest.Process
+	// Replicas are every EPP replica, EPP first (StackOptions.EPPReplicas).
+	Replicas []*runnertest.Process
 	// Target is the data plane's base URL.
 	Target string
 
@@ -218,7 +224,7 @@ func StartStack(t *testing.T, opts StackOptions) *Stack {
 	default:
 		t.Fatalf("unknown mode %q", opts.Mode)
 	}
-	s.EPP = runnertest.StartEPP(t, env, eppArgs...)
+	s.startEPPs(env, eppArgs)
 	t.Cleanup(func() { s.saveEPPLog() })
 
 	dpPort, err := procs.FreePortRange(1, "127.0.0.1")
@@ -226,7 +232,11 @@ func StartStack(t *testing.T, opts StackOptions) *Stack {
 		t.Fatal(err)
 	}
 	listen := "127.0.0.1:" + strconv.Itoa(dpPort)
-	dpArgs := []string{"--listen=" + listen, "--epp=127.0.0.1:" + strconv.Itoa(s.EPP.GRPCPort),
+	epps := make([]string, len(s.Replicas))
+	for k, p := range s.Replicas {
+		epps[k] = "127.0.0.1:" + strconv.Itoa(p.GRPCPort)
+	}
+	dpArgs := []string{"--listen=" + listen, "--epp=" + strings.Join(epps, ","),
 		"--endpoints=" + strings.Join(addrs, ","), "--log-level=warn"}
 	if opts.FailOpen {
 		dpArgs = append(dpArgs, "--failure-mode-allow")
@@ -249,10 +259,37 @@ func (s *Stack) start(name, bin string, args ...string) *procs.Process {
 	return p
 }
 
+// startEPPs starts the EPP, or its replicas, each naming the others by their health ports.
+func (s *Stack) startEPPs(env, args []string) {
+	s.t.Helper()
+	n := max(1, s.opts.EPPReplicas)
+	if n == 1 {
+		s.EPP = runnertest.StartEPP(s.t, env, args...)
+		s.Replicas = []*runnertest.Process{s.EPP}
+		return
+	}
+	if s.opts.Mode != Static {
+		s.t.Fatalf("EPP replicas run in static mode only (their peers are their health ports on loopback)")
+	}
+	health, peers := make([]int, n), make([]string, n)
+	for k := range health {
+		health[k] = runnertest.FreePort(s.t)
+		peers[k] = "127.0.0.1:" + strconv.Itoa(health[k])
+	}
+	for k := range n {
+		replicaArgs := append(slices.Clone(args), "--peers="+strings.Join(peers, ","), "--grpc-health-port="+strconv.Itoa(health[k]))
+		s.Replicas = append(s.Replicas, runnertest.StartEPP(s.t, env, replicaArgs...))
+	}
+	s.EPP = s.Replicas[0]
+}
+
 // saveEPPLog writes the EPP's output (all its incarnations) beside the
-// other logs.
+// other logs, and each further replica's.
 func (s *Stack) saveEPPLog() {
 	_ = os.WriteFile(filepath.Join(s.opts.Dir, "epp.log"), []byte(s.EPP.Output.String()), 0o644)
+	for k, p := range s.Replicas[1:] {
+		_ = os.WriteFile(filepath.Join(s.opts.Dir, fmt.Sprintf("epp-%d.log", k+1)), []byte(p.Output.String()), 0o644)
+	}
 }
 
 // deletePool removes the run's pool and pods from the shared API server.
@@ -462,6 +499,14 @@ func (s *Stack) writeEndpoints() {
 	if err := os.Rename(tmp, s.endpointsFile); err != nil {
 		s.t.Fatal(err)
 	}
+}
+
+// KillReplica ends EPP replica k (not the first, which the suite reads) with SIGKILL.
+func (s *Stack) KillReplica(k int) {
+	if k == 0 {
+		s.t.Fatal("KillReplica(0): kill a replica the suite does not read, or use KillEPP")
+	}
+	s.Replicas[k].Kill()
 }
 
 // KillEPP ends the EPP with SIGKILL.

@@ -8,6 +8,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -44,17 +45,25 @@ func newEPPReplicas(addresses []string, balance string, creds credentials.Transp
 	return r, nil
 }
 
-// pick returns the client of the next stream's replica. Safe for concurrent
-// use.
+// pick returns the client of the next stream's replica, passing over a
+// replica whose connection is failing (Envoy's health checking and outlier
+// detection eject such a host from the ext_proc cluster) unless every one
+// is. Safe for concurrent use.
 func (r *eppReplicas) pick() extprocv3.ExternalProcessorClient {
 	n := len(r.clients)
-	switch {
-	case n == 1:
+	if n == 1 {
 		return r.clients[0]
-	case r.random:
-		return r.clients[rand.IntN(n)]
 	}
-	return r.clients[(r.next.Add(1)-1)%uint64(n)]
+	first := int((r.next.Add(1) - 1) % uint64(n))
+	if r.random {
+		first = rand.IntN(n)
+	}
+	for i := range n {
+		if k := (first + i) % n; r.conns[k].GetState() != connectivity.TransientFailure {
+			return r.clients[k]
+		}
+	}
+	return r.clients[first]
 }
 
 // Close closes every replica's connection.

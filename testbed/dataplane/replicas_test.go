@@ -2,7 +2,10 @@ package dataplane
 
 import (
 	"net/http"
+	"strconv"
 	"testing"
+
+	"github.com/sluice-gw/sluice/runner/runnertest"
 )
 
 // Every request opens one ext_proc stream, and the streams go to the replicas in turn (round-robin) or spread
@@ -43,5 +46,26 @@ func TestEPPReplicasShareStreams(t *testing.T) {
 				t.Errorf("backend served %d of %d requests", n, tc.requests)
 			}
 		})
+	}
+}
+
+// A replica that is gone (nothing listens at its address) costs the requests sent to it while its connection is
+// tried; once the connection fails, streams go to the live replica only.
+func TestEPPReplicasPassOverAFailingReplica(t *testing.T) {
+	backend := startBackend(t, "b", nil)
+	live := startFakeEPP(t, eppBehaviour{decide: routeTo(backend.addr(), nil)})
+	gone := "127.0.0.1:" + strconv.Itoa(runnertest.FreePort(t))
+	proxy, _ := startProxy(t, Config{EPPAddress: live.addr, EPPReplicas: []string{gone}})
+	failed := 0
+	for range 40 {
+		if code, _, _ := post(t, proxy.URL+"/v1/completions", `{"model":"m","prompt":"hi"}`); code != http.StatusOK {
+			failed++
+		}
+	}
+	if failed > 3 {
+		t.Errorf("%d of 40 requests failed: the failing replica kept getting streams", failed)
+	}
+	if n := len(live.exchanges()); n < 37 {
+		t.Errorf("the live replica got %d of 40 streams", n)
 	}
 }

@@ -50,8 +50,9 @@ type Router struct {
 	// server, and the data plane spreads requests over them by Balance (default BalanceRoundRobin).
 	Replicas int
 	Balance  Balance
-	// Ownership partitions the servers among the replicas (replication.Partition over replica names epp-0, ...):
-	// each replica scrapes and routes to its own servers only, so its admission sees every request sent to them.
+	// Ownership runs the replicas as the EPP's --peers does: each scrapes every server, and its admission takes and
+	// routes to only the servers it owns (replication.View over replica names epp-0, ..., every replica hearing
+	// every other), so it sees every request sent to them.
 	Ownership bool
 }
 

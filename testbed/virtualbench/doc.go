@@ -39,8 +39,8 @@
 // plugins, admission and prefix index, each scraping every server in phase with the others, and the data plane
 // picking one per attempt (one ext_proc stream per request) round-robin or at random (Router.Balance), as Envoy
 // balances an ext_proc cluster. Replica 0 keeps the run's seed, so one replica is exactly the single EPP. With
-// Router.Ownership the replicas partition the servers (replication.Partition) and each scrapes and routes to its
-// own only.
+// Router.Ownership the replicas run as the EPP's --peers runs them: each hears the others every probe interval and
+// its admission takes and routes to only the servers it owns (replication.View, through plugins.EndpointOwnership).
 //
 // # What runs, and how it maps to real time
 //

@@ -64,6 +64,8 @@ type eppOptions struct {
 	Clock clock.WithTickerAndDelayedExecution
 	// Seed makes the EPP's random choices (tie-breaks among equal scores, Retry-After jitter) reproducible.
 	Seed uint64
+	// Ownership is the replica's share of the endpoints when replicas own them (nil: all), as --peers gives it.
+	Ownership plugins.EndpointOwnership
 }
 
 // eppRequest is one request as the data plane hands it to the EPP.
@@ -279,7 +281,7 @@ func (p *inProcessEPP) load(opts eppOptions, logger logr.Logger) error {
 
 	if opts.Admission != nil {
 		fc, err := plugins.NewFlowControl(opts.Admission, opts.AdmissionOptions, plugins.FlowControlDeps{
-			Endpoints: endpointList(p.endpoints), Clock: opts.Clock, SynchronousTimers: true,
+			Endpoints: endpointList(p.endpoints), Clock: opts.Clock, SynchronousTimers: true, Ownership: opts.Ownership,
 			Rand: rand.New(rand.NewPCG(opts.Seed, 0x5111ce)),
 		})
 		if err != nil {

@@ -3,6 +3,7 @@ package virtualbench
 import (
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/flowcontrol/replication"
@@ -52,39 +53,41 @@ func newReplicaSet(eps []*inProcessEPP, servers [][]int, balance Balance, seed u
 		routed: make([]int, len(eps))}
 }
 
-// replicaServers returns, for each of n replicas, the servers it knows: every one, or with ownership those
-// replication.Partition gives it over the replicas epp-0 ... epp-<n-1>. A replica left without a server is an error:
-// it could only answer 503.
-func replicaServers(pods []string, n int, ownership bool) ([][]int, error) {
-	out := make([][]int, n)
-	if !ownership {
-		all := make([]int, len(pods))
-		for i := range all {
-			all[i] = i
-		}
-		for k := range out {
-			out[k] = all
-		}
-		return out, nil
+// replicaServers returns, for each of n replicas, the servers it knows: every one, as every EPP replica scrapes the
+// whole pool (with ownership too: what a replica owns is admission's business, plugins.EndpointOwnership).
+func replicaServers(pods []string, n int) [][]int {
+	all := make([]int, len(pods))
+	for i := range all {
+		all[i] = i
 	}
+	out := make([][]int, n)
+	for k := range out {
+		out[k] = all
+	}
+	return out
+}
+
+// replicaViews returns each replica's replication.View over the replicas epp-0 ... epp-<n-1>, as the EPP's --peers
+// gives them, and the heartbeat the run calls every replication.DefaultProbeInterval: each replica hears every
+// other, as the EPP's peer probes do while all replicas serve.
+func replicaViews(n int) ([]*replication.View, func(now time.Time)) {
 	members := make([]string, n)
 	for k := range members {
 		members[k] = fmt.Sprintf("epp-%d", k)
 	}
-	index := make(map[string]int, len(pods))
-	for i, p := range pods {
-		index[p] = i
+	views := make([]*replication.View, n)
+	for k := range views {
+		views[k], _ = replication.NewView(members[k], members, replication.DefaultTimeout) // valid by construction
 	}
-	part := replication.Partition(pods, members)
-	for k, m := range members {
-		for _, p := range part[m] {
-			out[k] = append(out[k], index[p])
-		}
-		if len(out[k]) == 0 {
-			return nil, fmt.Errorf("endpoint ownership: replica %d of %d owns none of the %d servers", k, n, len(pods))
+	return views, func(now time.Time) {
+		for k, v := range views {
+			for j, m := range members {
+				if j != k {
+					v.Heard(m, now)
+				}
+			}
 		}
 	}
-	return out, nil
 }
 
 // server is the fleet index of replica k's endpoint j.

@@ -97,7 +97,6 @@ func TestReplicaConfigErrors(t *testing.T) {
 		{"too many", replicated(SluiceRouter(nil, nil), 65, ""), "replicas must be 1..64"},
 		{"unknown balance", replicated(SluiceRouter(nil, nil), 2, "least-request"), `balance "least-request" is not round-robin or random`},
 		{"ownership alone", Router{Kind: EPP, Ownership: true}, "endpoint ownership needs at least 2 replicas"},
-		{"ownership of one server", Router{Kind: EPP, Replicas: 2, Ownership: true}, "owns none of the 1 servers"},
 	} {
 		cfg := base
 		cfg.Router = tc.router
@@ -108,37 +107,37 @@ func TestReplicaConfigErrors(t *testing.T) {
 	}
 }
 
-// With ownership the replicas split the fleet: each server belongs to exactly one, and every replica has some.
-func TestReplicaServersPartitionTheFleet(t *testing.T) {
+// With ownership the replicas split the fleet while they hear each other: each server belongs to exactly one, and
+// every replica has some.
+func TestReplicaViewsPartitionTheFleet(t *testing.T) {
 	pods := make([]string, 12)
 	for i := range pods {
 		pods[i] = fmt.Sprintf("pod-%d", i)
 	}
+	now := time.Unix(0, 0)
 	for _, n := range []int{2, 3, 4} {
-		servers, err := replicaServers(pods, n, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		owner := map[int]int{}
-		for k, ss := range servers {
-			if len(ss) == 0 {
-				t.Fatalf("%d replicas: replica %d owns nothing", n, k)
+		views, heartbeat := replicaViews(n)
+		heartbeat(now)
+		owner := map[string]int{}
+		for k, v := range views {
+			owned := v.Owned(pods, now)
+			if len(owned) == 0 || len(owned) == len(pods) {
+				t.Fatalf("%d replicas: replica %d owns %d of %d servers", n, k, len(owned), len(pods))
 			}
-			for _, i := range ss {
-				if prev, dup := owner[i]; dup {
-					t.Fatalf("%d replicas: server %d owned by %d and %d", n, i, prev, k)
+			for _, p := range owned {
+				if prev, dup := owner[p]; dup {
+					t.Fatalf("%d replicas: %s owned by %d and %d", n, p, prev, k)
 				}
-				owner[i] = k
+				owner[p] = k
 			}
 		}
 		if len(owner) != len(pods) {
 			t.Fatalf("%d replicas own %d of %d servers", n, len(owner), len(pods))
 		}
 	}
-	all, _ := replicaServers(pods, 3, false)
-	for k := range all {
-		if len(all[k]) != len(pods) {
-			t.Fatalf("without ownership replica %d knows %d of %d servers", k, len(all[k]), len(pods))
+	for k, servers := range replicaServers(pods, 3) {
+		if len(servers) != len(pods) {
+			t.Fatalf("replica %d knows %d of %d servers", k, len(servers), len(pods))
 		}
 	}
 }
@@ -147,14 +146,16 @@ func TestReplicaServersPartitionTheFleet(t *testing.T) {
 func TestOwnershipRoutesToOwnServers(t *testing.T) {
 	router := replicated(SluiceRouter(nil, nil), 2, BalanceRoundRobin)
 	router.Ownership = true
-	cfg := busyConfig(t, router)
-	cfg.Fleet = "h100:2,a10g:4"
-	res, err := Run(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkNothingLost(t, res.Records)
-	if res.Summary.Overall.Succeeded == 0 {
-		t.Fatal("nothing served")
+	for _, fleet := range []string{"h100:2,a10g:4", "a10g:1"} { // with one server, a replica owns none: it shares it
+		cfg := busyConfig(t, router)
+		cfg.Fleet = fleet
+		res, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkNothingLost(t, res.Records)
+		if res.Summary.Overall.Succeeded == 0 {
+			t.Fatalf("%s: nothing served", fleet)
+		}
 	}
 }

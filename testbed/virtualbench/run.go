@@ -10,6 +10,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/testbed/eventclock"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -177,9 +178,12 @@ func (r *run) startPicker() error {
 		pods[i] = s.pod
 	}
 	rt := r.cfg.Router
-	servers, err := replicaServers(pods, rt.Replicas, rt.Ownership)
-	if err != nil {
-		return err
+	servers := replicaServers(pods, rt.Replicas)
+	var views []*replication.View
+	if rt.Ownership {
+		var heartbeat func(time.Time)
+		views, heartbeat = replicaViews(rt.Replicas)
+		r.every(0, replication.DefaultProbeInterval, func() { heartbeat(r.clk.Now()) })
 	}
 	opts := rt.AdmissionOptions
 	opts.SnapshotInterval = r.cfg.ScrapeInterval
@@ -190,10 +194,14 @@ func (r *run) startPicker() error {
 			s := r.servers[i]
 			eps[j] = eppEndpoint{Name: s.pod, Address: "127.0.0.1", Port: strings.TrimPrefix(s.name, "127.0.0.1:")}
 		}
-		p, err := newInProcessEPP(eppOptions{
+		o := eppOptions{
 			Config: rt.EndpointPickerConfig, Admission: rt.Admission, AdmissionOptions: opts, Endpoints: eps,
 			Objectives: r.cfg.Objectives, Clock: r.clk, Seed: replicaSeed(r.cfg.Seed, k),
-		})
+		}
+		if views != nil {
+			o.Ownership = views[k]
+		}
+		p, err := newInProcessEPP(o)
 		if err != nil {
 			for _, q := range pickers {
 				q.Close()

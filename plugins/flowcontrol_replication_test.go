@@ -1,0 +1,95 @@
+package plugins
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+
+	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
+)
+
+// TestFlowControlAdmitsOnOwnedEndpoints runs two replicas' admission over one pool: while they hear each other each
+// hands the scheduler only its own endpoints, the two shares covering the pool once; when one falls silent the
+// survivor, deciding alone, takes every endpoint at its first snapshot after the membership timeout.
+func TestFlowControlAdmitsOnOwnedEndpoints(t *testing.T) {
+	const timeout = 150 * time.Millisecond
+	clk := clocktesting.NewFakeClock(fcT0)
+	pool := &fakePool{}
+	var all []string
+	var eps []fwkdl.Endpoint
+	for _, addr := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"} {
+		all = append(all, addr+":8000")
+		eps = append(eps, upstreamEndpoint(addr, 0, 0, clk.Now()))
+	}
+	pool.set(eps...)
+	peers := []string{"epp-a:9003", "epp-b:9003"}
+	replica := func(self string) (*FlowControl, *replication.View) {
+		view, err := replication.NewView(self, peers, timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{
+			Endpoints: pool, Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+		return fc, view
+	}
+	a, viewA := replica("epp-a:9003")
+	b, viewB := replica("epp-b:9003")
+	admit := func(fc *FlowControl, id string) []string {
+		t.Helper()
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		if err := fc.Admit(context.Background(), requestContext(id, "t", 10, nil), 0); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		sd, _ := fc.headroom.get(id)
+		got := slices.Clone(sd.decision.Endpoints)
+		slices.Sort(got)
+		return got
+	}
+
+	if got := admit(a, "alone"); !slices.Equal(got, all) {
+		t.Fatalf("a, hearing no peer, may use %v, want the whole pool %v", got, all)
+	}
+	viewA.Heard("epp-b:9003", clk.Now())
+	viewB.Heard("epp-a:9003", clk.Now())
+	ownedA, ownedB := admit(a, "a1"), admit(b, "b1")
+	if len(ownedA) != 2 || len(ownedB) != 2 {
+		t.Fatalf("two live replicas may use %v and %v, want two endpoints each", ownedA, ownedB)
+	}
+	if both := slices.Sorted(slices.Values(append(slices.Clone(ownedA), ownedB...))); !slices.Equal(both, all) {
+		t.Fatalf("shares %v and %v do not cover the pool once", ownedA, ownedB)
+	}
+
+	// b dies: a hears it no more. Within the timeout a keeps its share; at the timeout it owns the pool.
+	clk.Step(timeout - time.Millisecond)
+	pool.set(refreshed(eps, clk.Now())...)
+	if got := admit(a, "a2"); !slices.Equal(got, ownedA) {
+		t.Fatalf("b heard %v ago: a may use %v, want its share %v", timeout-time.Millisecond, got, ownedA)
+	}
+	clk.Step(time.Millisecond)
+	pool.set(refreshed(eps, clk.Now())...)
+	if got := admit(a, "a3"); !slices.Equal(got, all) {
+		t.Fatalf("b silent for %v: a may use %v, want the whole pool", timeout, got)
+	}
+}
+
+// refreshed returns eps as scraped again, idle, at now.
+func refreshed(eps []fwkdl.Endpoint, now time.Time) []fwkdl.Endpoint {
+	out := make([]fwkdl.Endpoint, len(eps))
+	for i, ep := range eps {
+		out[i] = upstreamEndpoint(ep.GetMetadata().GetIPAddress(), 0, 0, now)
+	}
+	return out
+}
