@@ -12,10 +12,10 @@ import (
 type Config struct {
 	// Consecutive5xx is how many 5xx responses in a row eject an endpoint.
 	Consecutive5xx int
-	// LocalConsecutive5xx, when positive, is how many 5xx responses in a row eject an endpoint once another
-	// endpoint has answered successfully since the first of them: the failure is the endpoint's own, not the
-	// pool's, so fewer of them make the case. Within 2 (a success must come between the first and the last) and
-	// Consecutive5xx; 0 turns the rule off.
+	// LocalConsecutive5xx, when positive, is how many 5xx responses in a row eject an endpoint while another
+	// endpoint is healthy (its latest response, within the last healthyPeerWindow, was a success): the failure
+	// is the endpoint's own, not the pool's, so fewer of them make the case. At most Consecutive5xx; 0 turns the
+	// rule off.
 	LocalConsecutive5xx int
 	// BaseEjectionTime is the first ejection's length; the n-th ejection in a row lasts n times as long.
 	BaseEjectionTime time.Duration
@@ -26,9 +26,9 @@ type Config struct {
 }
 
 // Defaults: Envoy's consecutive_5xx (5) and max_ejection_percent of the pool scaled for a pool of a few model
-// servers (50: one of three); two 5xx in a row while the rest of the pool answers (one is a blip a healthy server
-// has; a server that fails two in a row while its peers succeed is failing, and waiting for five sends it three more
-// requests to fail, at a failing server's fast pace); a base ejection (1 s) short enough that a server that recovers
+// servers (50: one of three); two 5xx in a row while a peer is healthy (one is a blip a healthy server has; a server
+// that fails two in a row while its peers succeed is failing, and waiting for five sends it three more requests to
+// fail, at a failing server's fast pace); a base ejection (1 s) short enough that a server that recovers
 // is used again soon, a cap (30 s) that keeps probing a dead one a few times a minute.
 const (
 	DefaultConsecutive5xx      = 5
@@ -55,8 +55,8 @@ func (c Config) Validate() error {
 	if c.Consecutive5xx < 1 {
 		errs = append(errs, fmt.Errorf("consecutive5xx must be at least 1, got %d", c.Consecutive5xx))
 	}
-	if c.LocalConsecutive5xx != 0 && (c.LocalConsecutive5xx < 2 || c.LocalConsecutive5xx > c.Consecutive5xx) {
-		errs = append(errs, fmt.Errorf("localConsecutive5xx must be 0 (off) or within 2-consecutive5xx (%d), got %d", c.Consecutive5xx, c.LocalConsecutive5xx))
+	if c.LocalConsecutive5xx < 0 || c.LocalConsecutive5xx > max(c.Consecutive5xx, 0) {
+		errs = append(errs, fmt.Errorf("localConsecutive5xx must be within 0 (off) and consecutive5xx (%d), got %d", c.Consecutive5xx, c.LocalConsecutive5xx))
 	}
 	if c.BaseEjectionTime <= 0 {
 		errs = append(errs, fmt.Errorf("baseEjectionTime must be positive, got %v", c.BaseEjectionTime))
@@ -77,13 +77,18 @@ type Detector struct {
 	mu sync.Mutex
 	// endpoints holds the endpoints whose last response was a 5xx; an endpoint is absent once one succeeds.
 	endpoints map[string]*record
-	// successes counts the responses other than 5xx, from any endpoint.
-	successes uint64
+	// healthy holds, for each endpoint whose latest response was a success, when that was; pruned of entries older
+	// than healthyPeerWindow at most once per window, so churn cannot grow it.
+	healthy    map[string]time.Time
+	lastPruned time.Time
 }
+
+// healthyPeerWindow is how recent a peer's successful response must be for the local rule: long enough to span the
+// gaps between responses of a lightly loaded pool, short enough that a peer that has gone quiet since does not count.
+const healthyPeerWindow = 10 * time.Second
 
 type record struct {
 	consecutive int       // 5xx responses in a row
-	successesAt uint64    // Detector.successes at the first of them
 	ejections   int       // ejections in a row, without a success between them
 	since       time.Time // start of the current or last ejection
 	until       time.Time // end of the current or last ejection; zero if never ejected
@@ -95,7 +100,7 @@ func New(cfg Config) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Detector{cfg: cfg, endpoints: map[string]*record{}}, nil
+	return &Detector{cfg: cfg, endpoints: map[string]*record{}, healthy: map[string]time.Time{}}, nil
 }
 
 // Reason says which rule ejected an endpoint. Its values are a closed set, usable as metric labels.
@@ -106,7 +111,7 @@ const (
 	NotEjected Reason = iota
 	// Consecutive5xxReason: Consecutive5xx responses in a row failed.
 	Consecutive5xxReason
-	// Local5xxReason: LocalConsecutive5xx responses in a row failed while another endpoint answered.
+	// Local5xxReason: LocalConsecutive5xx responses in a row failed while a peer was healthy.
 	Local5xxReason
 	// RepeatReason: the first response after an ejection ended failed too.
 	RepeatReason
@@ -142,15 +147,17 @@ func (d *Detector) Observe(now time.Time, endpoint string, status int) Ejection 
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.pruneHealthyLocked(now)
 	if status < 500 {
 		delete(d.endpoints, endpoint)
-		d.successes++
+		d.healthy[endpoint] = now
 		return Ejection{}
 	}
+	delete(d.healthy, endpoint)
 	d.forgetIdleLocked(now)
 	r := d.endpoints[endpoint]
 	if r == nil {
-		r = &record{successesAt: d.successes}
+		r = &record{}
 		d.endpoints[endpoint] = r
 	}
 	r.consecutive++
@@ -164,7 +171,7 @@ func (d *Detector) Observe(now time.Time, endpoint string, status int) Ejection 
 		reason = RepeatReason
 	case r.consecutive >= d.cfg.Consecutive5xx:
 		reason = Consecutive5xxReason
-	case d.cfg.LocalConsecutive5xx > 0 && r.consecutive >= d.cfg.LocalConsecutive5xx && d.successes > r.successesAt:
+	case d.cfg.LocalConsecutive5xx > 0 && r.consecutive >= d.cfg.LocalConsecutive5xx && d.healthyPeerLocked(now):
 		reason = Local5xxReason
 	default:
 		return Ejection{}
@@ -173,6 +180,30 @@ func (d *Detector) Observe(now time.Time, endpoint string, status int) Ejection 
 	length := d.ejectionTime(r.ejections)
 	r.since, r.until = now, now.Add(length)
 	return Ejection{For: length, Reason: reason}
+}
+
+// healthyPeerLocked reports whether some endpoint's latest response was a success within healthyPeerWindow of now
+// (the endpoint observed last is not among them: its failure removed it).
+func (d *Detector) healthyPeerLocked(now time.Time) bool {
+	for _, at := range d.healthy {
+		if now.Sub(at) <= healthyPeerWindow {
+			return true
+		}
+	}
+	return false
+}
+
+// pruneHealthyLocked drops, at most once per healthyPeerWindow, the successes older than it.
+func (d *Detector) pruneHealthyLocked(now time.Time) {
+	if now.Sub(d.lastPruned) < healthyPeerWindow {
+		return
+	}
+	d.lastPruned = now
+	for e, at := range d.healthy {
+		if now.Sub(at) > healthyPeerWindow {
+			delete(d.healthy, e)
+		}
+	}
 }
 
 // Ejected counts the endpoints ejected at now, before any pick's cap (see Eject).

@@ -102,29 +102,43 @@ func TestDetector(t *testing.T) {
 			{ms: 0, endpoint: "a", status: 500},
 			{ms: 1, pick: abc, want: nil},
 		}},
-		{name: "the local rule: two 5xx in a row eject once another endpoint has answered since the first", cfg: local, steps: []step{
-			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "b", status: 200}, {ms: 2, endpoint: "a", status: 500},
-			{ms: 3, pick: abc, want: []string{"a"}},
-			{ms: 1002, pick: abc, want: nil},
+		{name: "the local rule: two 5xx in a row eject while a peer's latest answer was a success", cfg: local, steps: []step{
+			{ms: 0, endpoint: "b", status: 200}, {ms: 1, endpoint: "a", status: 500},
+			{ms: 2, pick: abc, want: nil},
+			{ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: []string{"a"}},
+			{ms: 1003, pick: abc, want: nil},
 		}},
-		{name: "the local rule: a success before the first 5xx does not count", cfg: local, steps: []step{
-			{ms: 0, endpoint: "b", status: 200}, {ms: 1, endpoint: "a", status: 500}, {ms: 2, endpoint: "a", status: 500},
-			{ms: 3, pick: abc, want: nil},
-			{ms: 4, endpoint: "c", status: 200}, {ms: 5, endpoint: "a", status: 500},
-			{ms: 6, pick: abc, want: []string{"a"}},
+		{name: "the local rule: a peer that failed since does not count", cfg: local, steps: []step{
+			{ms: 0, endpoint: "b", status: 200}, {ms: 1, endpoint: "b", status: 500},
+			{ms: 2, endpoint: "a", status: 500}, {ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: nil},
+		}},
+		{name: "the local rule: a peer's success older than the window does not count", cfg: local, steps: []step{
+			{ms: 0, endpoint: "b", status: 200},
+			{ms: 10001, endpoint: "a", status: 500}, {ms: 10002, endpoint: "a", status: 500},
+			{ms: 10003, pick: abc, want: nil},
+			{ms: 10004, endpoint: "c", status: 200}, {ms: 10005, endpoint: "a", status: 500},
+			{ms: 10006, pick: abc, want: []string{"a"}},
 		}},
 		{name: "the local rule: a pool-wide failure needs the full count", cfg: local, steps: []step{
 			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "b", status: 500}, {ms: 2, endpoint: "a", status: 500},
 			{ms: 3, endpoint: "b", status: 500}, {ms: 4, pick: abc, want: nil},
 			{ms: 5, endpoint: "a", status: 500}, {ms: 6, pick: abc, want: []string{"a"}},
 		}},
-		{name: "the local rule: a success of the endpoint itself resets its count", cfg: local, steps: []step{
+		{name: "the local rule: the endpoint's own success is no peer's, and resets its count", cfg: local, steps: []step{
 			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 200}, {ms: 2, endpoint: "a", status: 500},
-			{ms: 3, pick: abc, want: nil},
+			{ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: nil},
 		}},
 		{name: "the local rule off (0): only the full count ejects", cfg: cfg, steps: []step{
 			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "b", status: 200}, {ms: 2, endpoint: "a", status: 500},
 			{ms: 3, pick: abc, want: nil},
+		}},
+		{name: "the local rule at 1: one 5xx while a peer is healthy", cfg: Config{Consecutive5xx: 3, LocalConsecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 50}, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, pick: abc, want: nil},
+			{ms: 2, endpoint: "b", status: 200}, {ms: 1002, endpoint: "a", status: 500},
+			{ms: 1003, pick: abc, want: []string{"a"}},
 		}},
 		{name: "100 percent still leaves one", cfg: Config{Consecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 100}, steps: []step{
 			{ms: 0, endpoint: "c", status: 500}, {ms: 1, endpoint: "b", status: 500}, {ms: 2, endpoint: "a", status: 500},
@@ -178,6 +192,11 @@ func TestForgetsIdleEndpoints(t *testing.T) {
 	d.Observe(at(2002), "b", 200)
 	if len(d.endpoints) != 0 || !d.Clean() {
 		t.Errorf("a success left a record: %v", d.endpoints)
+	}
+	d.Observe(at(2003), "c", 200)
+	d.Observe(at(20003), "b", 200) // a window later: c's success is pruned
+	if len(d.healthy) != 1 {
+		t.Errorf("healthy peers recorded: %v, want b only", d.healthy)
 	}
 }
 

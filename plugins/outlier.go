@@ -30,8 +30,8 @@ var (
 type outlierAPIConfig struct {
 	// Consecutive5xx: 5xx responses in a row that eject an endpoint. Default 5.
 	Consecutive5xx *int `json:"consecutive5xx,omitempty"`
-	// LocalConsecutive5xx: 5xx responses in a row that eject an endpoint once another endpoint has answered
-	// successfully since the first of them; 0 turns the rule off. Default 2.
+	// LocalConsecutive5xx: 5xx responses in a row that eject an endpoint while another endpoint's latest response
+	// (within 10 s) was a success; 0 turns the rule off. Default 2.
 	LocalConsecutive5xx *int `json:"localConsecutive5xx,omitempty"`
 	// BaseEjectionTime: the first ejection's length; the n-th in a row lasts n times as long. Default 1s.
 	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`

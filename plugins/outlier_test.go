@@ -29,7 +29,7 @@ func TestOutlierFilterFactory(t *testing.T) {
 		{name: "defaults", params: "", want: outlier.DefaultConfig()},
 		{name: "all set", params: `{"consecutive5xx": 3, "localConsecutive5xx": 0, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34}`,
 			want: outlier.Config{Consecutive5xx: 3, BaseEjectionTime: 2 * time.Second, MaxEjectionTime: time.Minute, MaxEjectionPercent: 34}},
-		{name: "local rule above the full count", params: `{"consecutive5xx": 3, "localConsecutive5xx": 4}`, err: "localConsecutive5xx must be 0 (off) or within 2-consecutive5xx (3), got 4"},
+		{name: "local rule above the full count", params: `{"consecutive5xx": 3, "localConsecutive5xx": 4}`, err: "localConsecutive5xx must be within 0 (off) and consecutive5xx (3), got 4"},
 		{name: "unknown field", params: `{"consecutive5xxx": 3}`, err: "unknown field"},
 		{name: "invalid values", params: `{"consecutive5xx": 0, "maxEjectionPercent": 200}`, err: "consecutive5xx must be at least 1"},
 		{name: "max below base", params: `{"baseEjectionTime": "10s", "maxEjectionTime": "5s"}`, err: "maxEjectionTime (5s) must be at least baseEjectionTime (10s)"},
