@@ -106,9 +106,12 @@ type SoakResult struct {
 	LogBytesPerAttempt float64 `json:"epp_log_bytes_per_attempt"`
 	Leak               string  `json:"leak,omitempty"`
 
-	Samples []SoakSample     `json:"samples"`
-	Records []loadgen.Record `json:"-"`
-	Load    time.Duration    `json:"load_ns"`
+	Samples []SoakSample `json:"samples"`
+	// Unfinished lists every attempt of the requests whose final answer
+	// was not one of 200, 429+RA, 503+RA, for diagnosis.
+	Unfinished []loadgen.Record `json:"unfinished,omitempty"`
+	Records    []loadgen.Record `json:"-"`
+	Load       time.Duration    `json:"load_ns"`
 }
 
 // Failures lists how the soak failed its checks.
@@ -226,11 +229,19 @@ func Soak(t *testing.T, base StackOptions, o SoakOptions) SoakResult {
 	res.Records = lg.Records
 	res.Outcomes = map[Outcome]int{}
 	res.Missing = MissingFinals(lg.Records)
+	bad := map[int]bool{}
 	for _, r := range lg.Records {
 		res.Attempts++
 		if r.Final {
 			res.Requests++
-			res.Outcomes[Classify(r)]++
+			o := Classify(r)
+			res.Outcomes[o]++
+			bad[r.Seq] = o != OutcomeOK && o != OutcomeShed && o != OutcomeUnavailable
+		}
+	}
+	for _, r := range lg.Records {
+		if bad[r.Seq] {
+			res.Unfinished = append(res.Unfinished, r)
 		}
 	}
 	if res.Requests > 0 {
