@@ -188,10 +188,15 @@ func Soak(t *testing.T, base StackOptions, o SoakOptions) SoakResult {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The drain outlasts a whole retry chain: a request issued as the load ends may wait out three
+	// Retry-Afters (a minute each at most) before its last attempt. With a drain of one request timeout,
+	// the run itself cut such last attempts mid-stream and counted them hung.
+	retry := loadgen.RetryPolicy{MaxAttempts: 4, MaxWait: time.Minute}
+	const requestTimeout = 2 * time.Minute
 	cfg := loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 7, Mode: loadgen.ModeOpen,
 		Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: res.Offered}, Duration: o.Load,
-		RequestTimeout: 2 * time.Minute, Drain: 2 * time.Minute,
-		Retry: loadgen.RetryPolicy{MaxAttempts: 4, MaxWait: time.Minute}}
+		RequestTimeout: requestTimeout, Drain: time.Duration(retry.MaxAttempts-1)*retry.MaxWait + requestTimeout,
+		Retry: retry}
 	began := time.Now()
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	samples := make(chan []SoakSample, 1)
