@@ -1186,3 +1186,40 @@ func TestRetryAfterAddsBacklogToEpisode(t *testing.T) {
 		}
 	})
 }
+
+// TestEjectedEndpointsOfferNoHeadroom: an endpoint the scheduler leaves out (Endpoint.Ejected) offers no capacity:
+// requests are not dispatched on its headroom, their candidate lists leave it out, Saturations ranks it last and it
+// may not take a request beyond headroom; requests wait for headroom elsewhere, and are dispatched on it once a
+// snapshot no longer ejects it.
+func TestEjectedEndpointsOfferNoHeadroom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		ejected := func(name string, waiting int) Endpoint {
+			e := ep(name, waiting)
+			e.Ejected = true
+			return e
+		}
+		h.scrape(ejected("bad", 0), ep("good", 4))
+		d := h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+		if !slices.Equal(d.Endpoints, []string{"good"}) {
+			t.Fatalf("endpoints = %v, want [good]: the ejected endpoint has no headroom", d.Endpoints)
+		}
+		got := make([]float64, 2)
+		h.c.Saturations("", []string{"bad", "good"}, got)
+		if !math.IsInf(got[0], 1) || got[1] != 1 {
+			t.Errorf("saturations = %v, want [+Inf 1]", got)
+		}
+		if h.c.MayExceedHeadroom(Critical, "bad") {
+			t.Error("an ejected endpoint may take a request beyond headroom")
+		}
+		// good is full (4 waiting + 1 reserved): the next request waits, although bad is idle.
+		waiting := h.admit(0, "t", 1)
+		waiting.wantWaiting(t)
+		h.scrape(ejected("bad", 0), ep("good", 5))
+		waiting.wantWaiting(t)
+		h.scrape(ep("bad", 0), ep("good", 5)) // the ejection ended
+		if d := waiting.result(t); d.Outcome != Dispatched || !slices.Equal(d.Endpoints, []string{"bad"}) {
+			t.Fatalf("after the ejection: %+v, want dispatched on [bad]", d)
+		}
+	})
+}

@@ -19,6 +19,10 @@ type Endpoint struct {
 	// ScrapedAt is when these metrics were read. Older than the staleness threshold, the endpoint has no headroom;
 	// requests the EPP sent to the endpoint before ScrapedAt are counted by the scrape and no longer reserved.
 	ScrapedAt time.Time
+	// Ejected reports that the scheduler leaves the endpoint out of its picks for now (passive outlier detection
+	// saw it fail): it has no headroom, so admission dispatches nothing on capacity the scheduler will not use, and
+	// Saturations ranks it last. Its metrics still count as fresh (the pool is not down) and its reservations stay.
+	Ejected bool
 }
 
 // endpointState is an Endpoint plus what the EPP knows of it beyond its last scrape: the requests it sent there

@@ -7,9 +7,10 @@ import (
 
 // headroomLocked returns the number of endpoints with fresh metrics and the index of the least saturated one with
 // headroom for band (-1 if none): in the normal tier or, when no endpoint has headroom there, in the burst tier (then
-// burst is true). An endpoint has headroom for a band when its metrics are fresh, it has a free slot (hasSlot) and its
-// saturation is below the band's ceiling; while the Critical reserve is on, a band below Critical takes no free seat
-// of a seat-bound endpoint once those are down to their reserve of idle seats (seatReserveLocked).
+// burst is true). An endpoint has headroom for a band when its metrics are fresh, it is not ejected, it has a free
+// slot (hasSlot) and its saturation is below the band's ceiling; while the Critical reserve is on, a band below
+// Critical takes no free seat of a seat-bound endpoint once those are down to their reserve of idle seats
+// (seatReserveLocked). An ejected endpoint still counts as fresh: an ejection never makes the pool look down.
 func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, burst bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
@@ -24,7 +25,7 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 			continue
 		}
 		fresh++
-		if !c.mayTakeLocked(e, reserve, seatsFull, now) {
+		if e.Ejected || !c.mayTakeLocked(e, reserve, seatsFull, now) {
 			continue
 		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -85,7 +86,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 		if burst {
 			sat = e.satBurst
 		}
-		return e.scrapedNs >= cutoff && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
+		return e.scrapedNs >= cutoff && !e.Ejected && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {
@@ -121,10 +122,11 @@ const outageStalenessMultiple = 10
 
 // MayExceedHeadroom reports whether a request dispatched in band may still be placed on the named endpoint, which had
 // no headroom for the band, when the endpoint holds much of its prompt (the headroom filter's prefix-affinity
-// exception): the endpoint's metrics must be fresh, it must have a free slot (a request past its concurrency would
-// wait inside it, behind whatever was sent before), the band must queue when saturated (a holdback band, which
-// rejects instead, keeps to its ceiling), and while the Critical reserve is active (any Critical request within the
-// drain-rate window, whatever the thresholds) only Critical may exceed it, so the reserve keeps its places.
+// exception): the endpoint must not be ejected, its metrics must be fresh, it must have a free slot (a request past
+// its concurrency would wait inside it, behind whatever was sent before), the band must queue when saturated (a
+// holdback band, which rejects instead, keeps to its ceiling), and while the Critical reserve is active (any Critical
+// request within the drain-rate window, whatever the thresholds) only Critical may exceed it, so the reserve keeps its
+// places.
 func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 	if band >= NumBands {
 		return false
@@ -133,7 +135,7 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 	defer c.mu.Unlock()
 	now := c.clock.Now()
 	i, ok := c.endpointIndex[name]
-	if !ok || c.endpoints[i].scrapedNs < freshCutoff(now, c.cfg.Endpoint.MetricsStaleness) {
+	if !ok || c.endpoints[i].Ejected || c.endpoints[i].scrapedNs < freshCutoff(now, c.cfg.Endpoint.MetricsStaleness) {
 		return false
 	}
 	reserve := c.criticalReserveLocked(now)
@@ -150,8 +152,8 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 // pending time threshold if that is more (one pending prompt is enough to delay a new prompt's first token there;
 // among busy endpoints the one where a new prompt would start first ranks lowest; endpointState.rankAt). The
 // request being scheduled, self, does not count: the controller provisionally reserved it on an endpoint, which must
-// not make that endpoint look busier to its own scheduling. An endpoint the controller does not know, or whose
-// metrics are stale, reads as +Inf: never preferred.
+// not make that endpoint look busier to its own scheduling. An endpoint the controller does not know, whose
+// metrics are stale, or that is ejected, reads as +Inf: never preferred.
 func (c *Controller) Saturations(self string, names []string, out []float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -163,7 +165,7 @@ func (c *Controller) Saturations(self string, names []string, out []float64) {
 	for i, name := range names {
 		out[i] = math.Inf(1)
 		j, ok := c.endpointIndex[name]
-		if !ok || c.endpoints[j].scrapedNs < cutoff {
+		if !ok || c.endpoints[j].Ejected || c.endpoints[j].scrapedNs < cutoff {
 			continue
 		}
 		if hasOwn && own.endpoint == name {

@@ -3,8 +3,11 @@
 //
 // A model server that answers every request with a 5xx answers at once, so it always looks the least loaded and
 // every load scorer prefers it; its metrics stay healthy. Only the responses tell. The Detector counts each
-// endpoint's consecutive 5xx responses; at the threshold it ejects the endpoint for the base ejection time times the
-// number of times it was ejected in a row (capped). Once the ejection ends the endpoint is picked again, and the first
+// endpoint's consecutive 5xx responses and ejects the endpoint at either of two thresholds: Consecutive5xx (Envoy's
+// rule), or the lower LocalConsecutive5xx while a peer is healthy, its latest response (within 10 s) a success (the
+// failure is the endpoint's own: it is ejected a few failed requests sooner; once every endpoint fails, the full count
+// applies again, and MaxEjectionPercent bounds what the local rule ejected at the start of a pool-wide failure). An ejection lasts the base ejection time times the number of times the endpoint was
+// ejected in a row (capped). Once the ejection ends the endpoint is picked again, and the first
 // response decides: another 5xx ejects it again at once, for longer; any other status clears its record.
 //
 // Eject applies the cap on the pool: of the candidates of one pick, at most MaxEjectionPercent of them (at least one

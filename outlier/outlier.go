@@ -12,6 +12,11 @@ import (
 type Config struct {
 	// Consecutive5xx is how many 5xx responses in a row eject an endpoint.
 	Consecutive5xx int
+	// LocalConsecutive5xx, when positive, is how many 5xx responses in a row eject an endpoint while another
+	// endpoint is healthy (its latest response, within the last healthyPeerWindow, was a success): the failure
+	// is the endpoint's own, not the pool's, so fewer of them make the case. At most Consecutive5xx; 0 turns the
+	// rule off.
+	LocalConsecutive5xx int
 	// BaseEjectionTime is the first ejection's length; the n-th ejection in a row lasts n times as long.
 	BaseEjectionTime time.Duration
 	// MaxEjectionTime caps an ejection's length.
@@ -21,22 +26,26 @@ type Config struct {
 }
 
 // Defaults: Envoy's consecutive_5xx (5) and max_ejection_percent of the pool scaled for a pool of a few model
-// servers (50: one of three); a base ejection (1 s) short enough that a server that recovers is used again soon, a cap
-// (30 s) that keeps probing a dead one a few times a minute.
+// servers (50: one of three); two 5xx in a row while a peer is healthy (one is a blip a healthy server has; a server
+// that fails two in a row while its peers succeed is failing, and waiting for five sends it three more requests to
+// fail, at a failing server's fast pace); a base ejection (1 s) short enough that a server that recovers
+// is used again soon, a cap (30 s) that keeps probing a dead one a few times a minute.
 const (
-	DefaultConsecutive5xx     = 5
-	DefaultBaseEjectionTime   = time.Second
-	DefaultMaxEjectionTime    = 30 * time.Second
-	DefaultMaxEjectionPercent = 50
+	DefaultConsecutive5xx      = 5
+	DefaultLocalConsecutive5xx = 2
+	DefaultBaseEjectionTime    = time.Second
+	DefaultMaxEjectionTime     = 30 * time.Second
+	DefaultMaxEjectionPercent  = 50
 )
 
 // DefaultConfig returns the default policy.
 func DefaultConfig() Config {
 	return Config{
-		Consecutive5xx:     DefaultConsecutive5xx,
-		BaseEjectionTime:   DefaultBaseEjectionTime,
-		MaxEjectionTime:    DefaultMaxEjectionTime,
-		MaxEjectionPercent: DefaultMaxEjectionPercent,
+		Consecutive5xx:      DefaultConsecutive5xx,
+		LocalConsecutive5xx: DefaultLocalConsecutive5xx,
+		BaseEjectionTime:    DefaultBaseEjectionTime,
+		MaxEjectionTime:     DefaultMaxEjectionTime,
+		MaxEjectionPercent:  DefaultMaxEjectionPercent,
 	}
 }
 
@@ -45,6 +54,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Consecutive5xx < 1 {
 		errs = append(errs, fmt.Errorf("consecutive5xx must be at least 1, got %d", c.Consecutive5xx))
+	}
+	if c.LocalConsecutive5xx < 0 || c.LocalConsecutive5xx > max(c.Consecutive5xx, 0) {
+		errs = append(errs, fmt.Errorf("localConsecutive5xx must be within 0 (off) and consecutive5xx (%d), got %d", c.Consecutive5xx, c.LocalConsecutive5xx))
 	}
 	if c.BaseEjectionTime <= 0 {
 		errs = append(errs, fmt.Errorf("baseEjectionTime must be positive, got %v", c.BaseEjectionTime))
@@ -65,7 +77,15 @@ type Detector struct {
 	mu sync.Mutex
 	// endpoints holds the endpoints whose last response was a 5xx; an endpoint is absent once one succeeds.
 	endpoints map[string]*record
+	// healthy holds, for each endpoint whose latest response was a success, when that was; pruned of entries older
+	// than healthyPeerWindow at most once per window, so churn cannot grow it.
+	healthy    map[string]time.Time
+	lastPruned time.Time
 }
+
+// healthyPeerWindow is how recent a peer's successful response must be for the local rule: long enough to span the
+// gaps between responses of a lightly loaded pool, short enough that a peer that has gone quiet since does not count.
+const healthyPeerWindow = 10 * time.Second
 
 type record struct {
 	consecutive int       // 5xx responses in a row
@@ -80,22 +100,60 @@ func New(cfg Config) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Detector{cfg: cfg, endpoints: map[string]*record{}}, nil
+	return &Detector{cfg: cfg, endpoints: map[string]*record{}, healthy: map[string]time.Time{}}, nil
+}
+
+// Reason says which rule ejected an endpoint. Its values are a closed set, usable as metric labels.
+type Reason uint8
+
+const (
+	// NotEjected: the response ejected nothing.
+	NotEjected Reason = iota
+	// Consecutive5xxReason: Consecutive5xx responses in a row failed.
+	Consecutive5xxReason
+	// Local5xxReason: LocalConsecutive5xx responses in a row failed while a peer was healthy.
+	Local5xxReason
+	// RepeatReason: the first response after an ejection ended failed too.
+	RepeatReason
+)
+
+// Reasons lists the reasons an endpoint is ejected for.
+var Reasons = []Reason{Consecutive5xxReason, Local5xxReason, RepeatReason}
+
+func (r Reason) String() string {
+	switch r {
+	case Consecutive5xxReason:
+		return "consecutive_5xx"
+	case Local5xxReason:
+		return "local_5xx"
+	case RepeatReason:
+		return "repeat"
+	}
+	return "none"
+}
+
+// Ejection is what one observed response started: an ejection of For, for Reason; the zero Ejection when none.
+type Ejection struct {
+	For    time.Duration
+	Reason Reason
 }
 
 // Observe records the HTTP status of a response endpoint sent at now. A 5xx counts as a failure, any other status
 // clears the endpoint's record. Statuses outside 100-599 and an empty endpoint are ignored. When the response ejects
-// the endpoint, Observe returns the ejection's length; else 0.
-func (d *Detector) Observe(now time.Time, endpoint string, status int) time.Duration {
+// the endpoint, Observe returns the ejection; else the zero Ejection.
+func (d *Detector) Observe(now time.Time, endpoint string, status int) Ejection {
 	if endpoint == "" || status < 100 || status > 599 {
-		return 0
+		return Ejection{}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.pruneHealthyLocked(now)
 	if status < 500 {
 		delete(d.endpoints, endpoint)
-		return 0
+		d.healthy[endpoint] = now
+		return Ejection{}
 	}
+	delete(d.healthy, endpoint)
 	d.forgetIdleLocked(now)
 	r := d.endpoints[endpoint]
 	if r == nil {
@@ -104,13 +162,61 @@ func (d *Detector) Observe(now time.Time, endpoint string, status int) time.Dura
 	}
 	r.consecutive++
 	r.last = now
-	if r.consecutive < d.cfg.Consecutive5xx || now.Before(r.until) {
-		return 0 // below the threshold, or a response of a request sent before the ejection
+	if now.Before(r.until) {
+		return Ejection{} // a response of a request sent before the ejection
+	}
+	var reason Reason
+	switch {
+	case r.ejections > 0:
+		reason = RepeatReason
+	case r.consecutive >= d.cfg.Consecutive5xx:
+		reason = Consecutive5xxReason
+	case d.cfg.LocalConsecutive5xx > 0 && r.consecutive >= d.cfg.LocalConsecutive5xx && d.healthyPeerLocked(now):
+		reason = Local5xxReason
+	default:
+		return Ejection{}
 	}
 	r.ejections++
 	length := d.ejectionTime(r.ejections)
 	r.since, r.until = now, now.Add(length)
-	return length
+	return Ejection{For: length, Reason: reason}
+}
+
+// healthyPeerLocked reports whether some endpoint's latest response was a success within healthyPeerWindow of now
+// (the endpoint observed last is not among them: its failure removed it).
+func (d *Detector) healthyPeerLocked(now time.Time) bool {
+	for _, at := range d.healthy {
+		if now.Sub(at) <= healthyPeerWindow {
+			return true
+		}
+	}
+	return false
+}
+
+// pruneHealthyLocked drops, at most once per healthyPeerWindow, the successes older than it.
+func (d *Detector) pruneHealthyLocked(now time.Time) {
+	if now.Sub(d.lastPruned) < healthyPeerWindow {
+		return
+	}
+	d.lastPruned = now
+	for e, at := range d.healthy {
+		if now.Sub(at) > healthyPeerWindow {
+			delete(d.healthy, e)
+		}
+	}
+}
+
+// Ejected counts the endpoints ejected at now, before any pick's cap (see Eject).
+func (d *Detector) Ejected(now time.Time) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, r := range d.endpoints {
+		if now.Before(r.until) {
+			n++
+		}
+	}
+	return n
 }
 
 // ejectionTime is the length of the n-th ejection in a row.

@@ -23,6 +23,8 @@ type step struct {
 
 func TestDetector(t *testing.T) {
 	cfg := Config{Consecutive5xx: 3, BaseEjectionTime: time.Second, MaxEjectionTime: 3 * time.Second, MaxEjectionPercent: 50}
+	local := cfg
+	local.LocalConsecutive5xx = 2
 	abc := []string{"a", "b", "c"}
 	tests := []struct {
 		name  string
@@ -100,6 +102,44 @@ func TestDetector(t *testing.T) {
 			{ms: 0, endpoint: "a", status: 500},
 			{ms: 1, pick: abc, want: nil},
 		}},
+		{name: "the local rule: two 5xx in a row eject while a peer's latest answer was a success", cfg: local, steps: []step{
+			{ms: 0, endpoint: "b", status: 200}, {ms: 1, endpoint: "a", status: 500},
+			{ms: 2, pick: abc, want: nil},
+			{ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: []string{"a"}},
+			{ms: 1003, pick: abc, want: nil},
+		}},
+		{name: "the local rule: a peer that failed since does not count", cfg: local, steps: []step{
+			{ms: 0, endpoint: "b", status: 200}, {ms: 1, endpoint: "b", status: 500},
+			{ms: 2, endpoint: "a", status: 500}, {ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: nil},
+		}},
+		{name: "the local rule: a peer's success older than the window does not count", cfg: local, steps: []step{
+			{ms: 0, endpoint: "b", status: 200},
+			{ms: 10001, endpoint: "a", status: 500}, {ms: 10002, endpoint: "a", status: 500},
+			{ms: 10003, pick: abc, want: nil},
+			{ms: 10004, endpoint: "c", status: 200}, {ms: 10005, endpoint: "a", status: 500},
+			{ms: 10006, pick: abc, want: []string{"a"}},
+		}},
+		{name: "the local rule: a pool-wide failure needs the full count", cfg: local, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "b", status: 500}, {ms: 2, endpoint: "a", status: 500},
+			{ms: 3, endpoint: "b", status: 500}, {ms: 4, pick: abc, want: nil},
+			{ms: 5, endpoint: "a", status: 500}, {ms: 6, pick: abc, want: []string{"a"}},
+		}},
+		{name: "the local rule: the endpoint's own success is no peer's, and resets its count", cfg: local, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "a", status: 200}, {ms: 2, endpoint: "a", status: 500},
+			{ms: 3, endpoint: "a", status: 500},
+			{ms: 4, pick: abc, want: nil},
+		}},
+		{name: "the local rule off (0): only the full count ejects", cfg: cfg, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, endpoint: "b", status: 200}, {ms: 2, endpoint: "a", status: 500},
+			{ms: 3, pick: abc, want: nil},
+		}},
+		{name: "the local rule at 1: one 5xx while a peer is healthy", cfg: Config{Consecutive5xx: 3, LocalConsecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 50}, steps: []step{
+			{ms: 0, endpoint: "a", status: 500}, {ms: 1, pick: abc, want: nil},
+			{ms: 2, endpoint: "b", status: 200}, {ms: 1002, endpoint: "a", status: 500},
+			{ms: 1003, pick: abc, want: []string{"a"}},
+		}},
 		{name: "100 percent still leaves one", cfg: Config{Consecutive5xx: 1, BaseEjectionTime: time.Second, MaxEjectionTime: time.Second, MaxEjectionPercent: 100}, steps: []step{
 			{ms: 0, endpoint: "c", status: 500}, {ms: 1, endpoint: "b", status: 500}, {ms: 2, endpoint: "a", status: 500},
 			{ms: 3, pick: abc, want: []string{"b", "c"}},
@@ -153,18 +193,23 @@ func TestForgetsIdleEndpoints(t *testing.T) {
 	if len(d.endpoints) != 0 || !d.Clean() {
 		t.Errorf("a success left a record: %v", d.endpoints)
 	}
+	d.Observe(at(2003), "c", 200)
+	d.Observe(at(20003), "b", 200) // a window later: c's success is pruned
+	if len(d.healthy) != 1 {
+		t.Errorf("healthy peers recorded: %v, want b only", d.healthy)
+	}
 }
 
 func TestConfigValidate(t *testing.T) {
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("default: %v", err)
 	}
-	bad := Config{Consecutive5xx: 0, BaseEjectionTime: 0, MaxEjectionTime: -1, MaxEjectionPercent: 101}
+	bad := Config{Consecutive5xx: 0, LocalConsecutive5xx: 2, BaseEjectionTime: 0, MaxEjectionTime: -1, MaxEjectionPercent: 101}
 	err := bad.Validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, field := range []string{"consecutive5xx", "baseEjectionTime", "maxEjectionTime", "maxEjectionPercent"} {
+	for _, field := range []string{"consecutive5xx", "localConsecutive5xx", "baseEjectionTime", "maxEjectionTime", "maxEjectionPercent"} {
 		if !strings.Contains(err.Error(), field) {
 			t.Errorf("error %q does not name %s", err, field)
 		}
@@ -177,26 +222,36 @@ func TestConfigValidate(t *testing.T) {
 // TestObserveReportsEjections: Observe returns the length of the ejection a response starts, and 0 for every other
 // response, so an ejection is reported once.
 func TestObserveReportsEjections(t *testing.T) {
-	d, err := New(Config{Consecutive5xx: 2, BaseEjectionTime: time.Second, MaxEjectionTime: 2 * time.Second, MaxEjectionPercent: 50})
+	d, err := New(Config{Consecutive5xx: 3, LocalConsecutive5xx: 2, BaseEjectionTime: time.Second, MaxEjectionTime: 2 * time.Second, MaxEjectionPercent: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {
-		ms     int
-		status int
-		want   time.Duration
+		ms       int
+		endpoint string
+		status   int
+		want     Ejection
 	}{
-		{0, 500, 0},
-		{1, 500, time.Second},
-		{2, 500, 0}, // already ejected
-		{1001, 500, 2 * time.Second},
-		{3001, 500, 2 * time.Second}, // the cap
-		{5001, 200, 0},
-		{5002, 500, 0},
+		{0, "a", 500, Ejection{}},
+		{1, "a", 500, Ejection{}},
+		{2, "a", 500, Ejection{time.Second, Consecutive5xxReason}},
+		{3, "a", 500, Ejection{}}, // already ejected
+		{1002, "a", 500, Ejection{2 * time.Second, RepeatReason}},
+		{3002, "a", 500, Ejection{2 * time.Second, RepeatReason}}, // the cap
+		{5002, "a", 200, Ejection{}},
+		{5003, "a", 500, Ejection{}},
+		{5004, "b", 200, Ejection{}},
+		{5005, "a", 500, Ejection{time.Second, Local5xxReason}},
 	}
 	for i, s := range steps {
-		if got := d.Observe(at(s.ms), "a", s.status); got != s.want {
-			t.Errorf("step %d (%d at %d ms): ejected for %v, want %v", i, s.status, s.ms, got, s.want)
+		if got := d.Observe(at(s.ms), s.endpoint, s.status); got != s.want {
+			t.Errorf("step %d (%s %d at %d ms): %+v, want %+v", i, s.endpoint, s.status, s.ms, got, s.want)
 		}
+	}
+	if got := d.Ejected(at(5005)); got != 1 {
+		t.Errorf("Ejected: %d, want 1", got)
+	}
+	if got := d.Ejected(at(6005)); got != 0 {
+		t.Errorf("Ejected once the ejection ended: %d, want 0", got)
 	}
 }

@@ -187,7 +187,7 @@ type EndpointOwnership interface {
 //   - Run feeds the controller a snapshot of endpoint metrics every SnapshotInterval and, when its context ends,
 //     shuts the controller down so that waiting requests get an answer.
 //   - Attached HeadroomFilters restrict scheduling to the endpoints that had headroom when the request was
-//     dispatched.
+//     dispatched; the endpoints attached OutlierFilters eject offer no headroom.
 //   - NarrowCandidates wraps the Director's candidate source: a dispatched request is scheduled among the
 //     MaxCandidates endpoints admission ranks least loaded, not the whole pool (candidates.go).
 //
@@ -216,6 +216,8 @@ type FlowControl struct {
 	awaitingFirstChunk sync.Map
 	// tenantHeader is the configuration's TenantHeader, read for every request without the controller's lock.
 	tenantHeader atomic.Pointer[string]
+	// outliers are the attached OutlierFilters, whose ejections each snapshot carries (flowcontrol.Endpoint.Ejected).
+	outliers atomic.Pointer[[]*OutlierFilter]
 
 	// warm is closed once a snapshot holds an endpoint that has been scraped, or Run stops; until then, and at most
 	// until warmUntil, Admit holds arrivals (FlowControlOptions.WarmUp).
@@ -285,14 +287,18 @@ func (f *FlowControl) TypedName() fwkplugin.TypedName {
 func (f *FlowControl) Controller() *flowcontrol.Controller { return f.ctrl }
 
 // Attach connects every HeadroomFilter and SaturationScorer among plugins (the EPP configuration's plugins, by name) to
-// this adapter and returns how many headroom filters it found. Dispatched decisions are kept for the filters only when
+// this adapter and returns how many headroom filters it found. The endpoints every OutlierFilter among plugins ejects
+// are marked ejected in the controller's snapshots: admission counts no capacity the scheduler will not use. Dispatched decisions are kept for the filters only when
 // at least one is attached. If plugins hold exactly one PrefixCache, the filters keep prefix affinity with it (see
 // HeadroomFilter).
 func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 	var filters []*HeadroomFilter
 	var prefix []*PrefixCache
+	var outliers []*OutlierFilter
 	for _, p := range plugins {
 		switch pl := p.(type) {
+		case *OutlierFilter:
+			outliers = append(outliers, pl)
 		case *HeadroomFilter:
 			pl.source.Store(f)
 			filters = append(filters, pl)
@@ -312,6 +318,7 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 	if len(filters) > 0 {
 		f.filtering.Store(true)
 	}
+	f.outliers.Store(&outliers)
 	return len(filters)
 }
 

@@ -55,9 +55,36 @@ func (f *FlowControl) nameOf(md *fwkdl.EndpointMetadata) string {
 	return EndpointName(md)
 }
 
+// markEjected sets Ejected on the endpoints of eps that an attached outlier filter leaves out of a pick among them all.
+func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint) {
+	outliers := f.outliers.Load()
+	if outliers == nil || len(*outliers) == 0 {
+		return
+	}
+	now := f.clock.Now()
+	var names []string
+	var ejected []bool
+	for _, o := range *outliers {
+		if o.detector.Clean() {
+			continue
+		}
+		if names == nil {
+			names, ejected = make([]string, len(eps)), make([]bool, len(eps))
+			for i := range eps {
+				names[i] = eps[i].Name
+			}
+		}
+		o.detector.Eject(now, names, ejected)
+		for i := range eps {
+			eps[i].Ejected = eps[i].Ejected || ejected[i]
+		}
+	}
+}
+
 // SyncEndpoints hands the controller a snapshot of the latest metrics of every endpoint this replica owns (every
-// endpoint without replication), which dispatches waiting requests onto any endpoint that now has headroom. The
-// error lists endpoints the controller left out.
+// endpoint without replication), and of which endpoints attached outlier filters eject from a pick among the whole
+// pool, which dispatches waiting requests onto any endpoint that now has headroom. The error lists endpoints the
+// controller left out.
 func (f *FlowControl) SyncEndpoints() error {
 	pool := f.endpoints.PodList(allEndpoints)
 	eps := make([]flowcontrol.Endpoint, len(pool))
@@ -71,6 +98,7 @@ func (f *FlowControl) SyncEndpoints() error {
 		}
 	}
 	f.names.Store(&names)
+	f.markEjected(eps)
 	eps = f.ownedOnly(eps)
 	err := f.ctrl.UpdateEndpoints(eps)
 	if scraped {

@@ -30,6 +30,9 @@ var (
 type outlierAPIConfig struct {
 	// Consecutive5xx: 5xx responses in a row that eject an endpoint. Default 5.
 	Consecutive5xx *int `json:"consecutive5xx,omitempty"`
+	// LocalConsecutive5xx: 5xx responses in a row that eject an endpoint while another endpoint's latest response
+	// (within 10 s) was a success; 0 turns the rule off. Default 2.
+	LocalConsecutive5xx *int `json:"localConsecutive5xx,omitempty"`
 	// BaseEjectionTime: the first ejection's length; the n-th in a row lasts n times as long. Default 1s.
 	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
 	// MaxEjectionTime caps an ejection. Default 30s.
@@ -43,6 +46,9 @@ func (c outlierAPIConfig) config() outlier.Config {
 	cfg := outlier.DefaultConfig()
 	if c.Consecutive5xx != nil {
 		cfg.Consecutive5xx = *c.Consecutive5xx
+	}
+	if c.LocalConsecutive5xx != nil {
+		cfg.LocalConsecutive5xx = *c.LocalConsecutive5xx
 	}
 	if c.BaseEjectionTime != nil {
 		cfg.BaseEjectionTime = c.BaseEjectionTime.Duration
@@ -68,28 +74,39 @@ func (c outlierAPIConfig) config() outlier.Config {
 type OutlierFilter struct {
 	typedName fwkplugin.TypedName
 	detector  *outlier.Detector
+	recorder  outlier.Recorder
 	clock     clock.PassiveClock
 }
 
-// OutlierFilterFactory builds an OutlierFilter from its parameters (see outlierAPIConfig), on the handle's clock (see
-// ClockHandle) or the wall clock.
+// OutlierFilterFactory builds an OutlierFilter without metrics (see NewOutlierFilterFactory).
 func OutlierFilterFactory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
-	var api outlierAPIConfig
-	if err := decodeParams(raw, &api); err != nil {
-		return nil, fmt.Errorf("parsing %s parameters: %w", OutlierFilterType, err)
+	return NewOutlierFilterFactory(outlier.NopRecorder{})(name, raw, handle)
+}
+
+// NewOutlierFilterFactory returns a factory of OutlierFilters that report their ejections to rec, built from their
+// parameters (see outlierAPIConfig) on the handle's clock (see ClockHandle) or the wall clock.
+func NewOutlierFilterFactory(rec outlier.Recorder) fwkplugin.FactoryFunc {
+	return func(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplugin.Plugin, error) {
+		var api outlierAPIConfig
+		if err := decodeParams(raw, &api); err != nil {
+			return nil, fmt.Errorf("parsing %s parameters: %w", OutlierFilterType, err)
+		}
+		if name == "" {
+			name = OutlierFilterType
+		}
+		d, err := outlier.New(api.config())
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w", OutlierFilterType, name, err)
+		}
+		f := &OutlierFilter{
+			typedName: fwkplugin.TypedName{Type: OutlierFilterType, Name: name},
+			detector:  d,
+			recorder:  rec,
+			clock:     clockOf(handle, clock.RealClock{}),
+		}
+		rec.Watch(func() int { return d.Ejected(f.clock.Now()) })
+		return f, nil
 	}
-	if name == "" {
-		name = OutlierFilterType
-	}
-	d, err := outlier.New(api.config())
-	if err != nil {
-		return nil, fmt.Errorf("%s %q: %w", OutlierFilterType, name, err)
-	}
-	return &OutlierFilter{
-		typedName: fwkplugin.TypedName{Type: OutlierFilterType, Name: name},
-		detector:  d,
-		clock:     clockOf(handle, clock.RealClock{}),
-	}, nil
 }
 
 // TypedName implements fwkplugin.Plugin.
@@ -128,9 +145,10 @@ func (f *OutlierFilter) ResponseHeader(ctx context.Context, _ *fwksched.LLMReque
 		return
 	}
 	endpoint := EndpointName(target)
-	if length := f.detector.Observe(f.clock.Now(), endpoint, status); length > 0 {
+	if e := f.detector.Observe(f.clock.Now(), endpoint, status); e.Reason != outlier.NotEjected {
+		f.recorder.Ejected(e.Reason)
 		log.FromContext(ctx).Info("Endpoint ejected after consecutive 5xx responses", "endpoint", endpoint,
-			"status", status, "ejectedFor", length.String(), "plugin", f.typedName.Name)
+			"status", status, "reason", e.Reason.String(), "ejectedFor", e.For.String(), "plugin", f.typedName.Name)
 	}
 }
 

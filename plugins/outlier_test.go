@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
@@ -25,8 +27,9 @@ func TestOutlierFilterFactory(t *testing.T) {
 		err          string
 	}{
 		{name: "defaults", params: "", want: outlier.DefaultConfig()},
-		{name: "all set", params: `{"consecutive5xx": 3, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34}`,
+		{name: "all set", params: `{"consecutive5xx": 3, "localConsecutive5xx": 0, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34}`,
 			want: outlier.Config{Consecutive5xx: 3, BaseEjectionTime: 2 * time.Second, MaxEjectionTime: time.Minute, MaxEjectionPercent: 34}},
+		{name: "local rule above the full count", params: `{"consecutive5xx": 3, "localConsecutive5xx": 4}`, err: "localConsecutive5xx must be within 0 (off) and consecutive5xx (3), got 4"},
 		{name: "unknown field", params: `{"consecutive5xxx": 3}`, err: "unknown field"},
 		{name: "invalid values", params: `{"consecutive5xx": 0, "maxEjectionPercent": 200}`, err: "consecutive5xx must be at least 1"},
 		{name: "max below base", params: `{"baseEjectionTime": "10s", "maxEjectionTime": "5s"}`, err: "maxEjectionTime (5s) must be at least baseEjectionTime (10s)"},
@@ -138,5 +141,48 @@ func TestDefaultProfileLeavesAFailingServer(t *testing.T) {
 		if got == "10.0.0.1:8000" {
 			t.Fatalf("request %d after the ejection went to the failing server", i)
 		}
+	}
+}
+
+// TestFlowControlCountsNoHeadroomOnEjected: once the outlier filter attached to Sluice admission ejects an endpoint,
+// the next snapshot marks it ejected, so admission counts no headroom there (ranked +Inf); when the ejection ends, the
+// endpoint counts again.
+func TestFlowControlCountsNoHeadroomOnEjected(t *testing.T) {
+	pool := &fakePool{}
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, fcT0), upstreamEndpoint("10.0.0.2", 0, 0, fcT0))
+	fc, clk := newTestFlowControl(t, nil, pool)
+	p, err := OutlierFilterFactory("", nil, clockHandle{clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.(*OutlierFilter)
+	fc.Attach(map[string]fwkplugin.Plugin{"outlier": f})
+	names := []string{"10.0.0.1:8000", "10.0.0.2:8000"}
+	ranks := func() []float64 {
+		t.Helper()
+		pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float64, len(names))
+		fc.Controller().Saturations("", names, out)
+		return out
+	}
+	if r := ranks(); math.IsInf(r[0], 1) || math.IsInf(r[1], 1) {
+		t.Fatalf("before any failure: %v, want both finite", r)
+	}
+	var eps []fwksched.Endpoint
+	for _, ep := range pool.PodList(allEndpoints) {
+		eps = append(eps, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes()))
+	}
+	respond(f, eps[0], "500")
+	respond(f, eps[1], "200")
+	respond(f, eps[0], "500") // the local rule: ejected
+	if r := ranks(); !math.IsInf(r[0], 1) || math.IsInf(r[1], 1) {
+		t.Fatalf("with 10.0.0.1 ejected: %v, want [+Inf, finite]", r)
+	}
+	clk.Step(outlier.DefaultBaseEjectionTime)
+	if r := ranks(); math.IsInf(r[0], 1) {
+		t.Fatalf("after the ejection: %v, want 10.0.0.1 finite", r)
 	}
 }

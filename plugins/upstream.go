@@ -40,6 +40,7 @@ import (
 	testfilter "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/scheduling/test/filter"
 
 	"github.com/sluice-gw/sluice/lora"
+	"github.com/sluice-gw/sluice/outlier"
 	"github.com/sluice-gw/sluice/prefixcache"
 )
 
@@ -107,7 +108,8 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 func Default() (*Registry, error) { return DefaultWithMetrics(nil) }
 
 // DefaultWithMetrics is Default whose Sluice prefix-cache and LoRA-affinity
-// scorers report to reg (sluice_prefixcache_*, sluice_lora_*): the EPP passes
+// scorers and outlier filter report to reg (sluice_prefixcache_*,
+// sluice_lora_*, sluice_outlier_*): the EPP passes
 // the registry its /metrics serves. A nil reg means no metrics.
 func DefaultWithMetrics(reg prometheus.Registerer) (*Registry, error) {
 	sluice := maps.Clone(sluicePlugins)
@@ -120,7 +122,12 @@ func DefaultWithMetrics(reg prometheus.Registerer) (*Registry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("registering prefix cache metrics: %w", err)
 		}
+		outlierRec, err := outlier.NewPrometheusRecorder(reg)
+		if err != nil {
+			return nil, fmt.Errorf("registering outlier detection metrics: %w", err)
+		}
 		sluice[LoRAAffinityType] = NewLoRAAffinityFactory(loraRec, clock.RealClock{})
+		sluice[OutlierFilterType] = NewOutlierFilterFactory(outlierRec)
 		sluice[PrefixCacheType] = NewPrefixCacheFactory(prefixRec, clock.RealClock{})
 	}
 	r := NewRegistry()

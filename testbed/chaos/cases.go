@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-gw/sluice/outlier"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator"
 )
@@ -43,9 +44,12 @@ type Case struct {
 	// not asserted).
 	MustLeave bool
 	// MustLeaveOnFull is MustLeave on the full timeline only, for a fault the EPP learns of from the faulty
-	// endpoint's own answers (sluice-outlier-filter ejects a server after 5 consecutive 5xx): the short timeline's
-	// fault window (1.5 s at 6 requests/s) holds fewer requests than that, the full one's (10 s) many more.
+	// endpoint's own answers (sluice-outlier-filter ejects a server after 2-5 consecutive 5xx): the short
+	// timeline's fault window (1.5 s at 6 requests/s) may hold too few of them, the full one's (10 s) many more.
 	MustLeaveOnFull bool
+	// ProbeGap, when set, tells probes apart in the time-to-leave (Leave.Probes): an attempt at least this long
+	// after the previous one to the faulty endpoint, as an outlier detector lets one through when an ejection ends.
+	ProbeGap time.Duration
 	// Check makes the case's own checks once the load is over.
 	Check func(r *Run) error
 }
@@ -84,9 +88,12 @@ func Cases() []Case {
 			Name:  "server-500s",
 			Fault: "server 0 answers every inference request 500; its metrics stay healthy",
 			Modes: both,
-			// The outlier filter ejects it after its 5th 500 in a row, then lets one request through when each
-			// ejection ends (1 s, 2 s, 3 s, ...): on the full timeline the last of those comes before the window's last second.
+			// The outlier filter ejects it after its 2nd 500 in a row (the other servers answer meanwhile), then
+			// lets one request through when each ejection ends (1 s, 2 s, 3 s, ...): on the full timeline the last
+			// of those comes before the window's last second. Those probes are told apart by the shortest
+			// ejection's gap.
 			MustLeaveOnFull: true,
+			ProbeGap:        outlier.DefaultBaseEjectionTime,
 			Inject:          func(r *Run) { r.Faulty(0); r.Stack.SetFaults(0, simulator.Faults{ErrorRate: 1}) },
 			Clear:           func(r *Run) { r.Stack.SetFaults(0, simulator.Faults{}) },
 			Expect:          routedToFaulty,

@@ -113,19 +113,29 @@ type Leave struct {
 	// period of the window (a third of it, at most a second).
 	Left bool
 	// After is the time from the fault to the last attempt that reached the
-	// endpoint (0 when none did).
+	// endpoint before traffic left it (0 when none did): the last of all,
+	// or, when probes are told apart, the last before the first probe.
 	After time.Duration
+	// First is the time from the fault to the first attempt that reached the
+	// endpoint: a detector that learns of the fault from the endpoint's
+	// answers can know nothing before it.
+	First time.Duration
+	// Probes counts the attempts that reached the endpoint after the first
+	// gap of at least the probe gap between two of its attempts: an outlier
+	// detector letting one request through as each ejection ends.
+	Probes int
 	// Share is the fraction of the window's attempts that went there.
 	Share float64
 }
 
 // TrafficLeft measures how traffic left endpoint after from (relative to
-// the load's start), within the window [from, to).
-func TrafficLeft(recs []loadgen.Record, endpoint string, from, to time.Duration) Leave {
+// the load's start), within the window [from, to). A positive probeGap tells
+// probes apart (see Leave.Probes).
+func TrafficLeft(recs []loadgen.Record, endpoint string, from, to, probeGap time.Duration) Leave {
 	quiet := min(time.Second, (to-from)/3)
 	var l Leave
-	var last time.Duration = -1
-	n, there := 0, 0
+	var there []time.Duration
+	n := 0
 	for _, r := range recs {
 		at := reachedAt(r)
 		if at < from || at >= to {
@@ -133,17 +143,30 @@ func TrafficLeft(recs []loadgen.Record, endpoint string, from, to time.Duration)
 		}
 		n++
 		if RoutedTo(r, endpoint) {
-			there++
-			last = max(last, at)
+			there = append(there, at)
 		}
 	}
 	if n > 0 {
-		l.Share = float64(there) / float64(n)
+		l.Share = float64(len(there)) / float64(n)
 	}
-	if last >= 0 {
-		l.After = last - from
+	l.Left = true
+	if len(there) == 0 {
+		return l
 	}
+	slices.Sort(there)
+	last := there[len(there)-1]
 	l.Left = last < to-quiet
+	l.First = there[0] - from
+	left := len(there)
+	if probeGap > 0 {
+		for i := 1; i < len(there); i++ {
+			if there[i]-there[i-1] >= probeGap {
+				left = i
+				break
+			}
+		}
+	}
+	l.After, l.Probes = there[left-1]-from, len(there)-left
 	return l
 }
 

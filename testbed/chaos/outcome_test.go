@@ -52,7 +52,9 @@ func TestErrorCode(t *testing.T) {
 
 // TestTrafficLeft: an attempt counts for the endpoint it reached (served
 // by it, or its 502), at its first byte back; traffic has left when none
-// reached it in the window's last third (a second at most).
+// reached it in the window's last third (a second at most); with a probe
+// gap, attempts after the first such gap between two of its attempts are
+// probes, which After leaves out.
 func TestTrafficLeft(t *testing.T) {
 	const bad, good = "10.0.0.1:8000", "10.0.0.2:8000"
 	served := func(start, ttft time.Duration, ep string) loadgen.Record {
@@ -62,23 +64,29 @@ func TestTrafficLeft(t *testing.T) {
 		return loadgen.Record{Start: start, E2E: time.Millisecond, Status: http.StatusBadGateway, Error: "HTTP 502: upstream " + bad + " refused"}
 	}
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	probes := []loadgen.Record{served(ms(1000), ms(100), bad), served(ms(1150), ms(50), bad), served(ms(1500), ms(50), good),
+		served(ms(1900), ms(100), bad), served(ms(1950), ms(50), good)}
 	tests := []struct {
 		name string
 		recs []loadgen.Record
+		gap  time.Duration
 		want Leave
 	}{
-		{"none reached it", []loadgen.Record{served(ms(1100), ms(50), good)}, Leave{Left: true, Share: 0}},
+		{"none reached it", []loadgen.Record{served(ms(1100), ms(50), good)}, 0, Leave{Left: true, Share: 0}},
 		{"left after 300 ms", []loadgen.Record{served(ms(1200), ms(100), bad), served(ms(1500), ms(50), good), served(ms(2000), ms(50), good)},
-			Leave{Left: true, After: ms(300), Share: 1.0 / 3}},
+			0, Leave{Left: true, After: ms(300), First: ms(300), Share: 1.0 / 3}},
 		{"a 502 naming it counts", []loadgen.Record{refused(ms(1400)), served(ms(1500), ms(50), good)},
-			Leave{Left: true, After: ms(401), Share: 0.5}},
+			0, Leave{Left: true, After: ms(401), First: ms(401), Share: 0.5}},
 		{"still there at the end", []loadgen.Record{served(ms(1500), ms(50), good), served(ms(2800), ms(50), bad)},
-			Leave{Left: false, After: ms(1850), Share: 0.5}},
-		{"before the window", []loadgen.Record{served(ms(500), ms(100), bad), served(ms(1500), ms(50), good)}, Leave{Left: true, Share: 0}},
+			0, Leave{Left: false, After: ms(1850), First: ms(1850), Share: 0.5}},
+		{"before the window", []loadgen.Record{served(ms(500), ms(100), bad), served(ms(1500), ms(50), good)}, 0, Leave{Left: true, Share: 0}},
+		{"without a probe gap a probe is traffic", probes, 0, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
+		{"a probe after the gap", probes, 500 * time.Millisecond, Leave{Left: true, After: ms(200), First: ms(100), Probes: 1, Share: 0.6}},
+		{"gaps shorter than the probe gap", probes, time.Second, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := TrafficLeft(tt.recs, bad, time.Second, 3*time.Second); got != tt.want {
+			if got := TrafficLeft(tt.recs, bad, time.Second, 3*time.Second, tt.gap); got != tt.want {
 				t.Errorf("TrafficLeft = %+v, want %+v", got, tt.want)
 			}
 		})

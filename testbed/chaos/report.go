@@ -91,7 +91,10 @@ const legend = `## Reading the table
   makes unavoidable, and any other answer fails it.
 - Traffic left: the time from the fault to the last request that reached the faulty endpoint (its first byte back,
   an upper bound of when it was routed there), or "no" with the share of requests it still got when requests were
-  still reaching it at the end of the fault's window. The target is one metrics staleness window of Sluice
+  still reaching it at the end of the fault's window. For server-500s, requests that reached it alone after a gap of
+  at least the outlier filter's base ejection time (1 s) are probes (one let through as each ejection ends), counted
+  apart and not in the time; "first request there" is when the first request reached it after the fault, before
+  which a detector that learns from the server's answers cannot know. The target is one metrics staleness window of Sluice
   admission (an endpoint whose scrapes stop gets nothing after it); a fault the metrics do not show (500s, a slow
   server) is not one admission can see.
 - EPP after: once the load is over, no request waits in the EPP and no reservation is left
@@ -99,16 +102,21 @@ const legend = `## Reading the table
 `
 
 func leaveText(r Result) string {
+	var text string
 	switch {
 	case r.Leave == nil:
 		return "n/a"
 	case r.Leave.Left && r.Leave.After <= stalenessWindow:
-		return ms(r.Leave.After) + " (met)"
+		text = ms(r.Leave.After) + " (met)"
 	case r.Leave.Left:
-		return ms(r.Leave.After) + " (not met)"
+		text = ms(r.Leave.After) + " (not met)"
 	default:
-		return fmt.Sprintf("no (%.0f%% of requests)", 100*r.Leave.Share)
+		text = fmt.Sprintf("no (%.0f%% of requests)", 100*r.Leave.Share)
 	}
+	if r.Leave.Probes > 0 {
+		text += fmt.Sprintf("; first request there at %s, %d probes after", ms(r.Leave.First), r.Leave.Probes)
+	}
+	return text
 }
 
 func critical(p99 time.Duration, n int) string {

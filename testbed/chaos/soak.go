@@ -3,13 +3,18 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluice-gw/sluice/runner"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
@@ -29,12 +34,21 @@ type SoakOptions struct {
 	// the cardinality probe (one request with a tenant and a model no one
 	// sent before).
 	SampleEvery, ProbeEvery time.Duration
+	// LabelWarmUp is how many requests, each with a tenant and a model no
+	// one sent before, the warm-up sends (at WarmUpRate per second) before
+	// the baseline: enough to fill the EPP's bounded label spaces
+	// (--metrics-max-label-values), which the probe fills during the load
+	// anyway. A baseline taken before them measures an EPP that has not
+	// yet made room for the series it keeps by design.
+	LabelWarmUp int
+	WarmUpRate  float64
 }
 
 // DefaultSoakOptions is `make soak`'s soak of the given length.
 func DefaultSoakOptions(load time.Duration) SoakOptions {
 	return SoakOptions{Load: load, Factor: 3, Calibrate: 30 * time.Second, CoolDown: 2 * time.Minute,
-		SampleEvery: 2 * time.Second, ProbeEvery: 200 * time.Millisecond}
+		SampleEvery: 2 * time.Second, ProbeEvery: 200 * time.Millisecond,
+		LabelWarmUp: runner.DefaultMaxLabelValues + 44, WarmUpRate: 20}
 }
 
 // Soak thresholds, fixed before any soak ran: after the cool-down the EPP's
@@ -53,6 +67,7 @@ const (
 type SoakSample struct {
 	At         time.Duration `json:"at_ns"` // from the start of the load
 	RSS        float64       `json:"rss_bytes"`
+	HeapInuse  float64       `json:"heap_inuse_bytes"`
 	Goroutines float64       `json:"goroutines"`
 	Series     int           `json:"series"`
 	Queued     float64       `json:"queued"`
@@ -72,9 +87,13 @@ type SoakResult struct {
 	// Probes counts the cardinality probe's requests and their answers by
 	// status ("hung" for none).
 	Probes       int            `json:"probes"`
+	WarmUpProbes int            `json:"warmup_probes"`
 	ProbeAnswers map[string]int `json:"probe_answers"`
-	// Baseline is the idle EPP before the load, Peak the largest figures
-	// during it and the cool-down, After the idle EPP after the cool-down.
+	// Cold is the idle EPP after the capacity run, before the label
+	// warm-up; Baseline the idle EPP after it, just before the load; Peak
+	// the largest figures during the load and the cool-down, After the idle
+	// EPP after the cool-down.
+	Cold     SoakSample `json:"cold"`
 	Baseline SoakSample `json:"baseline"`
 	Peak     SoakSample `json:"peak"`
 	After    SoakSample `json:"after"`
@@ -87,9 +106,12 @@ type SoakResult struct {
 	LogBytesPerAttempt float64 `json:"epp_log_bytes_per_attempt"`
 	Leak               string  `json:"leak,omitempty"`
 
-	Samples []SoakSample     `json:"samples"`
-	Records []loadgen.Record `json:"-"`
-	Load    time.Duration    `json:"load_ns"`
+	Samples []SoakSample `json:"samples"`
+	// Unfinished lists every attempt of the requests whose final answer
+	// was not one of 200, 429+RA, 503+RA, for diagnosis.
+	Unfinished []loadgen.Record `json:"unfinished,omitempty"`
+	Records    []loadgen.Record `json:"-"`
+	Load       time.Duration    `json:"load_ns"`
 }
 
 // Failures lists how the soak failed its checks.
@@ -138,23 +160,43 @@ func Soak(t *testing.T, base StackOptions, o SoakOptions) SoakResult {
 	}
 	capacity := s.calibrate(t, o.Calibrate)
 	t.Logf("measured capacity: %.1f requests/s", capacity)
-	if err := loadgen.Sleep(ctx, 10*time.Second); err != nil { // idle: the baseline
-		t.Fatal(err)
-	}
 	res := SoakResult{Capacity: capacity, Offered: o.Factor * capacity, Load: o.Load, ProbeAnswers: map[string]int{}}
-	var err error
-	if res.Baseline, err = s.sample(ctx, 0); err != nil {
-		t.Fatal(err)
+	idle := func(what string) SoakSample {
+		t.Helper()
+		if err := loadgen.Sleep(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		smp, err := s.sample(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.saveHeapProfile(ctx, what); err != nil {
+			t.Logf("no heap profile %s: %v", what, err)
+		}
+		return smp
 	}
+	res.Cold = idle("cold")
+	warmCtx, stopWarmUp := context.WithTimeout(ctx, time.Duration(float64(o.LabelWarmUp)/o.WarmUpRate*float64(time.Second)))
+	for _, n := range s.probe(warmCtx, "warmup", time.Duration(float64(time.Second)/o.WarmUpRate)) {
+		res.WarmUpProbes += n
+	}
+	stopWarmUp()
+	res.Baseline = idle("baseline")
+	var err error
 
 	mix, err := loadgen.ParseMix([]byte(mixYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The drain outlasts a whole retry chain: a request issued as the load ends may wait out three
+	// Retry-Afters (a minute each at most) before its last attempt. With a drain of one request timeout,
+	// the run itself cut such last attempts mid-stream and counted them hung.
+	retry := loadgen.RetryPolicy{MaxAttempts: 4, MaxWait: time.Minute}
+	const requestTimeout = 2 * time.Minute
 	cfg := loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 7, Mode: loadgen.ModeOpen,
 		Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: res.Offered}, Duration: o.Load,
-		RequestTimeout: 2 * time.Minute, Drain: 2 * time.Minute,
-		Retry: loadgen.RetryPolicy{MaxAttempts: 4, MaxWait: time.Minute}}
+		RequestTimeout: requestTimeout, Drain: time.Duration(retry.MaxAttempts-1)*retry.MaxWait + requestTimeout,
+		Retry: retry}
 	began := time.Now()
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	samples := make(chan []SoakSample, 1)
@@ -162,7 +204,7 @@ func Soak(t *testing.T, base StackOptions, o SoakOptions) SoakResult {
 	probeCtx, stopProbes := context.WithTimeout(ctx, o.Load)
 	defer stopProbes()
 	probes := make(chan map[string]int, 1)
-	go func() { probes <- s.probe(probeCtx, o.ProbeEvery) }()
+	go func() { probes <- s.probe(probeCtx, "probe", o.ProbeEvery) }()
 	logBefore := len(s.EPP.Output.String())
 	lg, err := loadgen.Run(ctx, cfg)
 	if err != nil {
@@ -184,16 +226,27 @@ func Soak(t *testing.T, base StackOptions, o SoakOptions) SoakResult {
 	if res.After, err = s.sample(ctx, time.Since(began)); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.saveHeapProfile(ctx, "after"); err != nil {
+		t.Logf("no heap profile after: %v", err)
+	}
 	res.Samples = append(res.Samples, res.After)
 
 	res.Records = lg.Records
 	res.Outcomes = map[Outcome]int{}
 	res.Missing = MissingFinals(lg.Records)
+	bad := map[int]bool{}
 	for _, r := range lg.Records {
 		res.Attempts++
 		if r.Final {
 			res.Requests++
-			res.Outcomes[Classify(r)]++
+			o := Classify(r)
+			res.Outcomes[o]++
+			bad[r.Seq] = o != OutcomeOK && o != OutcomeShed && o != OutcomeUnavailable
+		}
+	}
+	for _, r := range lg.Records {
+		if bad[r.Seq] {
+			res.Unfinished = append(res.Unfinished, r)
 		}
 	}
 	if res.Requests > 0 {
@@ -236,8 +289,9 @@ func (s *Stack) sample(ctx context.Context, at time.Duration) (SoakSample, error
 	if err != nil {
 		return SoakSample{}, err
 	}
-	smp := SoakSample{At: at, RSS: page.Sum("process_resident_memory_bytes"), Goroutines: page.Sum("go_goroutines"),
-		Queued: page.Sum("sluice_flowcontrol_queue_length"), families: map[string]int{}}
+	smp := SoakSample{At: at, RSS: page.Sum("process_resident_memory_bytes"), HeapInuse: page.Sum("go_memstats_heap_inuse_bytes"),
+		Goroutines: page.Sum("go_goroutines"),
+		Queued:     page.Sum("sluice_flowcontrol_queue_length"), families: map[string]int{}}
 	for name, fam := range page {
 		smp.families[name] = len(fam.GetMetric())
 		smp.Series += len(fam.GetMetric())
@@ -264,10 +318,10 @@ func (s *Stack) sampleEvery(ctx context.Context, began time.Time, period time.Du
 }
 
 // probe sends, every period until ctx ends, one request with a tenant and a
-// model no one sent before, as a buggy or hostile client would, and counts
-// the answers by status: if a metric label took either, its series would
-// grow without bound.
-func (s *Stack) probe(ctx context.Context, period time.Duration) map[string]int {
+// model no one sent before (named after prefix and a count), as a buggy or
+// hostile client would, and counts the answers by status: if a metric label
+// took either, its series would grow without bound.
+func (s *Stack) probe(ctx context.Context, prefix string, period time.Duration) map[string]int {
 	client := loadgen.NewLoopbackClient()
 	defer client.CloseIdleConnections()
 	var mu sync.Mutex
@@ -283,7 +337,7 @@ func (s *Stack) probe(ctx context.Context, period time.Duration) map[string]int 
 		case <-tick.C:
 		}
 		wg.Go(func() {
-			status := probeOnce(client, s.Target, n)
+			status := probeOnce(client, s.Target, prefix, n)
 			mu.Lock()
 			answers[status]++
 			mu.Unlock()
@@ -291,16 +345,16 @@ func (s *Stack) probe(ctx context.Context, period time.Duration) map[string]int 
 	}
 }
 
-func probeOnce(client *http.Client, target string, n int) string {
+func probeOnce(client *http.Client, target, prefix string, n int) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	body := fmt.Sprintf(`{"model":"probe-model-%d","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, n)
+	body := fmt.Sprintf(`{"model":"%s-model-%d","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, prefix, n)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/v1/chat/completions", bytes.NewBufferString(body))
 	if err != nil {
 		return "lost"
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-gateway-inference-fairness-id", "probe-tenant-"+strconv.Itoa(n))
+	req.Header.Set("x-gateway-inference-fairness-id", prefix+"-tenant-"+strconv.Itoa(n))
 	resp, err := client.Do(req)
 	switch {
 	case ctx.Err() != nil:
@@ -310,6 +364,30 @@ func probeOnce(client *http.Client, target string, n int) string {
 	}
 	_ = resp.Body.Close()
 	return strconv.Itoa(resp.StatusCode)
+}
+
+// saveHeapProfile writes the EPP's heap profile (pprof, on its metrics port)
+// into the run's log folder as heap-<what>.pb.gz, for `go tool pprof
+// -diff_base` between two instants.
+func (s *Stack) saveHeapProfile(ctx context.Context, what string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", s.EPP.MetricsPort), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	f, err := os.Create(filepath.Join(s.opts.Dir, "heap-"+what+".pb.gz"))
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, resp.Body)
+	return errors.Join(err, f.Close())
 }
 
 // peakAndGrowth returns the largest figures of the samples and, per metric

@@ -52,7 +52,8 @@ func SoakSummary(r SoakResult) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Soak\n\n%v at %.1f requests/s offered (%.1fx the measured capacity of %.1f requests/s), "+
 		"20%% Critical, 50%% Standard, 30%% Sheddable, clients retrying after Retry-After (4 attempts at most); "+
-		"a probe sent a request with a new tenant and model every 200 ms.\n\n", r.Load, r.Offered, r.Offered/r.Capacity, r.Capacity)
+		"a probe sent a request with a new tenant and model every 200 ms; before the baseline, a warm-up sent %d requests "+
+		"with a new tenant and model each, at light load, to fill the EPP's bounded label spaces.\n\n", r.Load, r.Offered, r.Offered/r.Capacity, r.Capacity, r.WarmUpProbes)
 	fmt.Fprintf(&b, "- Requests: %d (%d attempts); final answers: ", r.Requests, r.Attempts)
 	var parts []string
 	for _, o := range Outcomes {
@@ -62,10 +63,12 @@ func SoakSummary(r SoakResult) string {
 	}
 	fmt.Fprintf(&b, "%s; without exactly one final answer: %d.\n", strings.Join(parts, ", "), r.Missing)
 	fmt.Fprintf(&b, "- Probe: %d requests, answers %v.\n", r.Probes, r.ProbeAnswers)
-	fmt.Fprintf(&b, "- EPP RSS: %.1f MiB idle before, %.1f MiB peak, %.1f MiB after the cool-down.\n", mib(r.Baseline.RSS), mib(r.Peak.RSS), mib(r.After.RSS))
+	fmt.Fprintf(&b, "- EPP RSS: %.1f MiB idle after the capacity run, %.1f MiB idle after the label warm-up (the baseline), "+
+		"%.1f MiB peak, %.1f MiB after the cool-down; Go heap in use %.1f, %.1f, %.1f MiB (cold, baseline, after).\n",
+		mib(r.Cold.RSS), mib(r.Baseline.RSS), mib(r.Peak.RSS), mib(r.After.RSS), mib(r.Cold.HeapInuse), mib(r.Baseline.HeapInuse), mib(r.After.HeapInuse))
 	fmt.Fprintf(&b, "- EPP goroutines: %.0f before, %.0f peak, %.0f after.\n", r.Baseline.Goroutines, r.Peak.Goroutines, r.After.Goroutines)
-	fmt.Fprintf(&b, "- EPP /metrics series: %d before, %d peak, %d after; families that grew in the second half of the load: %v.\n",
-		r.Baseline.Series, r.Peak.Series, r.After.Series, r.SeriesGrowth)
+	fmt.Fprintf(&b, "- EPP /metrics series: %d cold, %d before, %d peak, %d after; families that grew in the second half of the load: %v.\n",
+		r.Cold.Series, r.Baseline.Series, r.Peak.Series, r.After.Series, r.SeriesGrowth)
 	fmt.Fprintf(&b, "- EPP log: %.0f bytes per request (%.0f per attempt).\n", r.LogBytesPerRequest, r.LogBytesPerAttempt)
 	if f := r.Failures(); len(f) > 0 {
 		fmt.Fprintf(&b, "\n**Failed**: %s\n", strings.Join(f, "; "))
