@@ -13,7 +13,10 @@
 // to read it from (a header an authenticating gateway sets, when tenants' caps must hold against their clients). An endpoint's saturation is the largest of its waiting queue plus the requests the EPP sent
 // it since its last scrape over the queue-depth threshold, its KV-cache use over the KV threshold, optionally its
 // running count over a running threshold, and the time of its pending prompts over the pending time threshold. An
-// endpoint has headroom for a band when its metrics are fresh and its saturation is below the band's ceiling.
+// endpoint has headroom for a band when its metrics are fresh, no outlier filter ejects it (Endpoint.Ejected: an
+// ejected endpoint offers no headroom, idle seat or rank, yet counts as fresh so an ejection never makes the pool look
+// down), it has a free slot (see Seats and "Foreign load does not close an endpoint" below) and its saturation is below
+// the band's ceiling; while the Critical reserve is on, lower bands also leave the reserved idle seats alone.
 //
 // Pending prompts are the streamed requests the EPP sent an endpoint that have not had their first response chunk
 // (Request.Streamed, Started); each costs the endpoint's learned first-chunk time, so a slow endpoint fills with

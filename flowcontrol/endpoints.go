@@ -74,6 +74,13 @@ type endpointState struct {
 	scrapedNs                                        int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
 
+// usable reports whether requests may be placed on e: its metrics are no older than cutoff (freshCutoff) and no
+// outlier filter ejects it. An ejected endpoint still counts as fresh, so that an ejection never makes the pool look
+// down, but its seats, headroom and rank are nobody's.
+func (e *endpointState) usable(cutoff int64) bool {
+	return e.scrapedNs >= cutoff && !e.Ejected
+}
+
 func newEndpointState(e Endpoint) endpointState {
 	s := endpointState{Endpoint: e, scrapedNs: math.MinInt64}
 	if !e.ScrapedAt.IsZero() {

@@ -86,7 +86,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 		if burst {
 			sat = e.satBurst
 		}
-		return e.scrapedNs >= cutoff && !e.Ejected && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {
@@ -135,7 +135,7 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 	defer c.mu.Unlock()
 	now := c.clock.Now()
 	i, ok := c.endpointIndex[name]
-	if !ok || c.endpoints[i].Ejected || c.endpoints[i].scrapedNs < freshCutoff(now, c.cfg.Endpoint.MetricsStaleness) {
+	if !ok || !c.endpoints[i].usable(freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)) {
 		return false
 	}
 	reserve := c.criticalReserveLocked(now)
@@ -165,7 +165,7 @@ func (c *Controller) Saturations(self string, names []string, out []float64) {
 	for i, name := range names {
 		out[i] = math.Inf(1)
 		j, ok := c.endpointIndex[name]
-		if !ok || c.endpoints[j].Ejected || c.endpoints[j].scrapedNs < cutoff {
+		if !ok || !c.endpoints[j].usable(cutoff) {
 			continue
 		}
 		if hasOwn && own.endpoint == name {

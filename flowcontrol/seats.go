@@ -59,7 +59,7 @@ func (c *Controller) seatReserveLocked(now time.Time) (reserve, idle int) {
 	seats := 0
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
-		if e.scrapedNs < cutoff || !c.seatBoundLocked(e, now) {
+		if !e.usable(cutoff) || !c.seatBoundLocked(e, now) {
 			continue
 		}
 		seats += e.seats

@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -371,4 +372,43 @@ func TestForeignLoadDoesNotStarve(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestEjectedSeatsReserveNothing: the idle seats of an ejected endpoint are nobody's, so they do not count towards
+// the Critical reserve: once the usable seat-bound endpoints are down to their reserve, a waiting Standard request
+// keeps waiting although the ejected endpoint stands idle.
+func TestEjectedSeatsReserveNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.Concurrency = 2
+			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
+		}))
+		h.scrape(ep("b", 0))
+		onB := []*call{h.admit(1, "t", 1), h.admit(0, "t", 1)}
+		for _, cl := range onB {
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+		}
+		h.scrape(ep("a", 0), ep("b", 0))
+		onA := []*call{h.admit(0, "t", 1), h.admit(0, "t", 1)}
+		for _, cl := range onA {
+			if d := cl.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"a"}) {
+				t.Fatalf("dispatched on %v, want [a]: b is full", d.Endpoints)
+			}
+		}
+		waiting := h.admit(0, "t", 1)
+		waiting.wantWaiting(t)
+
+		h.step(time.Second)
+		b := ep("b", 0)
+		b.Ejected = true
+		h.scrape(ep("a", 0), b)
+		for _, cl := range onB {
+			h.c.Release(cl.req.ID)
+		}
+		synctest.Wait()
+		waiting.wantWaiting(t) // b is idle but ejected
+		h.c.Release(onA[0].req.ID)
+		synctest.Wait()
+		waiting.wantWaiting(t) // a's freed seat is Critical's reserve; b's idle seats are not
+	})
 }

@@ -10,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/flowcontrol/replication"
@@ -92,4 +93,63 @@ func refreshed(eps []fwkdl.Endpoint, now time.Time) []fwkdl.Endpoint {
 		out[i] = upstreamEndpoint(ep.GetMetadata().GetIPAddress(), 0, 0, now)
 	}
 	return out
+}
+
+// TestFlowControlOwnedShareEjected: a replica whose every owned endpoint is ejected admits on the whole pool, so its
+// requests go to its peer's healthy endpoint rather than wait for an ejection to end.
+func TestFlowControlOwnedShareEjected(t *testing.T) {
+	clk := clocktesting.NewFakeClock(fcT0)
+	pool := &fakePool{}
+	endpoints := func() []fwkdl.Endpoint {
+		return []fwkdl.Endpoint{upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now())}
+	}
+	pool.set(endpoints()...)
+	view, err := replication.NewView("epp-a:9003", []string{"epp-a:9003", "epp-b:9003"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	view.Heard("epp-b:9003", clk.Now())
+	fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{
+		Endpoints: pool, Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := OutlierFilterFactory("", nil, clockHandle{clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outliers := p.(*OutlierFilter)
+	fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t), "outlier": outliers})
+	admit := func(id string, band int) []string {
+		t.Helper()
+		pool.set(endpoints()...)
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		if err := fc.Admit(context.Background(), requestContext(id, "t", 10, nil), band); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		sd, _ := fc.headroom.get(id)
+		return slices.Clone(sd.decision.Endpoints)
+	}
+	owned := admit("before", 0)
+	if len(owned) != 1 {
+		t.Fatalf("a may use %v, want its one endpoint of two", owned)
+	}
+	var mine, peers fwksched.Endpoint
+	for _, ep := range pool.PodList(allEndpoints) {
+		e := fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes())
+		if EndpointName(ep.GetMetadata()) == owned[0] {
+			mine = e
+		} else {
+			peers = e
+		}
+	}
+	respond(outliers, mine, "500")
+	respond(outliers, peers, "200")
+	respond(outliers, mine, "500") // the local rule ejects a's only endpoint
+	got := admit("after", -1)      // Sheddable: shed at once, not kept waiting, where no endpoint has headroom
+	if want := []string{EndpointName(peers.GetMetadata())}; !slices.Equal(got, want) {
+		t.Fatalf("with its share ejected a may use %v, want its peer's healthy endpoint %v", got, want)
+	}
 }

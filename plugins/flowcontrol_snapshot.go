@@ -108,7 +108,9 @@ func (f *FlowControl) SyncEndpoints() error {
 }
 
 // ownedOnly keeps, in order, the endpoints of eps this replica owns. Ownership is recomputed on every snapshot, so
-// when a peer falls silent its endpoints join this replica's snapshot at the next one.
+// when a peer falls silent its endpoints join this replica's snapshot at the next one. When every endpoint it owns is
+// ejected it keeps the whole pool: the outlier filters never eject the whole pool, and a replica whose share is
+// failing routes to its peers' endpoints rather than turn its requests away.
 func (f *FlowControl) ownedOnly(eps []flowcontrol.Endpoint) []flowcontrol.Endpoint {
 	if f.ownership == nil {
 		return eps
@@ -124,6 +126,9 @@ func (f *FlowControl) ownedOnly(eps []flowcontrol.Endpoint) []flowcontrol.Endpoi
 	mine := make(map[string]bool, len(owned))
 	for _, n := range owned {
 		mine[n] = true
+	}
+	if !slices.ContainsFunc(eps, func(e flowcontrol.Endpoint) bool { return mine[e.Name] && !e.Ejected }) {
+		return eps
 	}
 	return slices.DeleteFunc(eps, func(e flowcontrol.Endpoint) bool { return !mine[e.Name] })
 }

@@ -14,6 +14,8 @@
 //   - Owner: removing a member moves only the keys it owned; adding one moves only keys to it. Partition trades a
 //     little of that for balance: no member owns more than its even share rounded up.
 //   - A replica always counts itself live: with every peer gone it owns every endpoint and decides alone.
+//   - View.Owned returns every endpoint when this replica's share is empty (more replicas than endpoints), so no
+//     replica is left with nothing to route to; those endpoints are then shared, not partitioned.
 //
 // # Concurrency
 //
