@@ -175,7 +175,8 @@ func TestValidate(t *testing.T) {
 		{"two peer sources", []string{"--pool-name=p", "--peers=a:1", "--peers-service=epp"}, "set one of --peers, --peers-file and --peers-service"},
 		{"peers service in static mode", []string{"--static-endpoints=10.0.0.1:8000", "--peers-service=epp"}, "cannot be used in static mode"},
 		{"peers and leader election", []string{"--pool-name=p", "--peers-service=epp", "--ha-enable-leader-election"}, "choose one"},
-		{"peer timeout within interval", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=100ms"}, "must exceed --peer-probe-interval"},
+		{"peer timeout within interval", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=100ms"}, "at least twice --peer-probe-interval"},
+		{"peer timeout under two intervals", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=150ms"}, "at least twice --peer-probe-interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

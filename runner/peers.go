@@ -93,9 +93,9 @@ func (o *Options) validatePeers() error {
 	if o.PeerProbeInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--peer-probe-interval must be positive, got %s", o.PeerProbeInterval))
 	}
-	if o.PeerTimeout <= o.PeerProbeInterval {
-		errs = append(errs, fmt.Errorf("--peer-timeout (%s) must exceed --peer-probe-interval (%s): a live peer is heard once per interval",
-			o.PeerTimeout, o.PeerProbeInterval))
+	if o.PeerTimeout < 2*o.PeerProbeInterval {
+		errs = append(errs, fmt.Errorf("--peer-timeout (%s) must be at least twice --peer-probe-interval (%s): a probe may take up to "+
+			"an interval, so a live peer may go that long and one interval more between answers", o.PeerTimeout, o.PeerProbeInterval))
 	}
 	if o.Peers != "" || o.PeersFile != "" {
 		peers, err := o.loadPeers()
