@@ -314,7 +314,7 @@ func (s *peerSlices) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		client.MatchingLabels{discoveryv1.LabelServiceName: s.service}); err != nil {
 		return reconcile.Result{}, err
 	}
-	peers := slicePeers(list.Items, s.port)
+	peers := slicePeers(list.Items, s.port, s.view.Self())
 	if before := s.view.Peers(); !slices.Equal(before, slices.DeleteFunc(slices.Clone(peers), func(p string) bool { return p == s.view.Self() })) {
 		s.logger.Info("Peer replicas changed", "service", s.service, "peers", peers, "self", s.view.Self())
 	}
@@ -324,9 +324,15 @@ func (s *peerSlices) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 
 // slicePeers returns the ready endpoints' addresses of slices with port, sorted without duplicates. A terminating
 // replica is not ready, so its endpoints move as soon as it starts to shut down; a missing condition means ready.
-func slicePeers(items []discoveryv1.EndpointSlice, port string) []string {
+// Only slices of self's address family count: a dual-stack Service lists every pod once per family, and a replica
+// that counted its own other address as a peer would leave that address's share of the endpoints to nobody.
+func slicePeers(items []discoveryv1.EndpointSlice, port, self string) []string {
+	family := addressFamily(self)
 	var out []string
 	for _, sl := range items {
+		if family != "" && sl.AddressType != "" && sl.AddressType != family {
+			continue
+		}
 		for _, ep := range sl.Endpoints {
 			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 				continue
@@ -338,6 +344,23 @@ func slicePeers(items []discoveryv1.EndpointSlice, port string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// addressFamily returns the EndpointSlice address type of hostPort's host, or "" when it is no IP address.
+func addressFamily(hostPort string) discoveryv1.AddressType {
+	host, _, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		host = hostPort
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case ip == nil:
+		return ""
+	case ip.To4() != nil:
+		return discoveryv1.AddressTypeIPv4
+	default:
+		return discoveryv1.AddressTypeIPv6
+	}
 }
 
 // replicate runs the peer probes with the process and, with --peers-service, the watch of the Service's

@@ -115,8 +115,23 @@ func TestSlicePeers(t *testing.T) {
 		}},
 		{Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.2"}}}}, // in two slices: once
 	}
-	if got, want := strings.Join(slicePeers(items, "9003"), ","), "10.0.0.2:9003,[fd00::1]:9003"; got != want {
+	if got, want := strings.Join(slicePeers(items, "9003", "epp-a"), ","), "10.0.0.2:9003,[fd00::1]:9003"; got != want {
 		t.Fatalf("peers %s, want %s", got, want)
+	}
+
+	// A dual-stack Service: one slice per family, each pod in both.
+	dual := []discoveryv1.EndpointSlice{
+		{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.2"}}, {Addresses: []string{"10.0.0.4"}}}},
+		{AddressType: discoveryv1.AddressTypeIPv6, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"fd00::2"}}, {Addresses: []string{"fd00::4"}}}},
+	}
+	for _, tc := range []struct{ self, want string }{
+		{"10.0.0.2:9003", "10.0.0.2:9003,10.0.0.4:9003"},
+		{"[fd00::2]:9003", "[fd00::2]:9003,[fd00::4]:9003"},
+		{"epp-a", "10.0.0.2:9003,10.0.0.4:9003,[fd00::2]:9003,[fd00::4]:9003"}, // not an address: no family to keep
+	} {
+		if got := strings.Join(slicePeers(dual, "9003", tc.self), ","); got != tc.want {
+			t.Errorf("self %s: peers %s, want %s", tc.self, got, tc.want)
+		}
 	}
 }
 
