@@ -55,24 +55,21 @@ func (f *FlowControl) nameOf(md *fwkdl.EndpointMetadata) string {
 	return EndpointName(md)
 }
 
-// markEjected sets Ejected on the endpoints of eps that an attached outlier filter leaves out of a pick among them all.
-func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint) {
+// markEjected sets Ejected on the endpoints of eps (named names) that an attached outlier filter leaves out of a pick
+// among them all.
+func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint, names []string) {
 	outliers := f.outliers.Load()
 	if outliers == nil || len(*outliers) == 0 {
 		return
 	}
 	now := f.clock.Now()
-	var names []string
 	var ejected []bool
 	for _, o := range *outliers {
 		if o.detector.Clean() {
 			continue
 		}
-		if names == nil {
-			names, ejected = make([]string, len(eps)), make([]bool, len(eps))
-			for i := range eps {
-				names[i] = eps[i].Name
-			}
+		if ejected == nil {
+			ejected = make([]bool, len(eps))
 		}
 		o.detector.Eject(now, names, ejected)
 		for i := range eps {
@@ -88,18 +85,20 @@ func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint) {
 func (f *FlowControl) SyncEndpoints() error {
 	pool := f.endpoints.PodList(allEndpoints)
 	eps := make([]flowcontrol.Endpoint, len(pool))
-	names := make(map[*fwkdl.EndpointMetadata]string, len(pool))
+	names := make([]string, len(pool))
+	byMetadata := make(map[*fwkdl.EndpointMetadata]string, len(pool))
 	scraped := false
 	for i, ep := range pool {
 		eps[i] = EndpointSnapshot(ep)
+		names[i] = eps[i].Name
 		scraped = scraped || !eps[i].ScrapedAt.IsZero()
 		if md := ep.GetMetadata(); md != nil {
-			names[md] = eps[i].Name
+			byMetadata[md] = eps[i].Name
 		}
 	}
-	f.names.Store(&names)
-	f.markEjected(eps)
-	eps = f.ownedOnly(eps)
+	f.names.Store(&byMetadata)
+	f.markEjected(eps, names)
+	eps = f.ownedOnly(eps, names)
 	err := f.ctrl.UpdateEndpoints(eps)
 	if scraped {
 		f.markWarm("endpoint metrics arrived")
@@ -110,14 +109,10 @@ func (f *FlowControl) SyncEndpoints() error {
 // ownedOnly keeps, in order, the endpoints of eps this replica owns. Ownership is recomputed on every snapshot, so
 // when a peer falls silent its endpoints join this replica's snapshot at the next one. When every endpoint it owns is
 // ejected it keeps the whole pool: the outlier filters never eject the whole pool, and a replica whose share is
-// failing routes to its peers' endpoints rather than turn its requests away.
-func (f *FlowControl) ownedOnly(eps []flowcontrol.Endpoint) []flowcontrol.Endpoint {
+// failing routes to its peers' endpoints rather than turn its requests away. names are eps' names, in order.
+func (f *FlowControl) ownedOnly(eps []flowcontrol.Endpoint, names []string) []flowcontrol.Endpoint {
 	if f.ownership == nil {
 		return eps
-	}
-	names := make([]string, len(eps))
-	for i := range eps {
-		names[i] = eps[i].Name
 	}
 	owned := f.ownership.Owned(names, f.clock.Now())
 	if len(owned) == len(eps) {
