@@ -51,8 +51,9 @@ type endpointState struct {
 	// there for sure, fresher than a scrape.
 	running int
 	// fullNs is when the occupancy last reached the seats, in Unix nanoseconds (0 never): an endpoint full recently
-	// is seat-bound (Controller.seatBoundLocked). Like the learner it outlives scrapes.
-	fullNs int64
+	// is seat-bound (Controller.seatBoundLocked). endedNs is when one of the EPP's requests there last ended (a probe
+	// that starts after it may have taken its slot). Like the learner they outlive scrapes.
+	fullNs, endedNs int64
 	// learner, recon, firstChunk and pendingDoneNs outlive scrapes and are forgotten with the endpoint.
 	learner concurrencyLearner
 	recon   occupancyRecon
@@ -183,6 +184,21 @@ func (e *endpointState) hasSlot(seats bool) bool {
 	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
 }
 
+// probe reports whether a request sent to the endpoint now goes beyond its learned slot limit, which its first chunk
+// then confirms or disproves (concurrencyLearner.probeStarted). The one request the foreign-load floor always lets
+// in (hasSlot) is none: what it waits for is not the EPP's to see end.
+func (e *endpointState) probe() bool {
+	return e.learner.slots > 0 && !e.learner.confirmed && e.inflight > 0 && e.occupancy() >= e.learner.slots
+}
+
+// probeStarted folds in the first chunk, at now, of r, a probe: it confirms the learned limit if one of the EPP's
+// requests there ended since r was sent and r waited longer than a prompt takes there (twice the learned time: it
+// waited for a slot, not for a step), and disproves it if none ended. The caller refreshes.
+func (e *endpointState) probeStarted(r reservation, now time.Time, th EndpointThresholds) {
+	ended := e.endedNs >= r.at.UnixNano()
+	e.learner.probeStarted(ended, now.Sub(r.at) > 2*e.promptTime(th))
+}
+
 // freeSeats is how many of its seats the endpoint has free.
 func (e *endpointState) freeSeats() int { return max(0, e.seats-e.occupancy()) }
 
@@ -268,6 +284,9 @@ type reservation struct {
 	unscraped bool
 	pending   bool
 	started   bool
+	// probe reports that the request was sent beyond the endpoint's learned slot limit (concurrencyLearner.probing):
+	// its first chunk confirms or disproves the limit.
+	probe bool
 	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.add).
 	promptTime time.Duration
 }
