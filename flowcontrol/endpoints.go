@@ -184,17 +184,31 @@ func (e *endpointState) hasSlot(seats bool) bool {
 	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
 }
 
-// probe reports whether a request sent to the endpoint now goes beyond its learned slot limit, which its first chunk
-// then confirms or disproves (concurrencyLearner.probeStarted). The one request the foreign-load floor always lets
-// in (hasSlot) is none: what it waits for is not the EPP's to see end.
+// probe reports whether a request sent to the endpoint now goes beyond its learned slot limit (a probe), which its
+// first chunk then confirms or disproves (probeStarted).
 func (e *endpointState) probe() bool {
-	return e.learner.slots > 0 && !e.learner.confirmed && e.inflight > 0 && e.occupancy() >= e.learner.slots
+	return e.learner.slots > 0 && !e.learner.confirmed && e.occupied() >= e.learner.slots
 }
 
-// probeStarted folds in the first chunk, at now, of r, a probe: it confirms the learned limit if one of the EPP's
-// requests there ended since r was sent and r waited longer than a prompt takes there (twice the learned time: it
-// waited for a slot, not for a step), and disproves it if none ended. The caller refreshes.
+// occupied is the occupancy a request sent now finds, as far as it tells of the endpoint's slot limit: 0 while the
+// EPP has nothing there, since the one request the foreign-load floor always lets in (hasSlot) waits for what is not
+// the EPP's to see end.
+func (e *endpointState) occupied() int {
+	if e.inflight == 0 {
+		return 0
+	}
+	return e.occupancy()
+}
+
+// probeStarted folds in the first chunk, at now, of r if it was sent beyond the learned slot limit not yet confirmed:
+// a probe, or a request sent before the limit was learned that waited there while it was (the first queue a small
+// endpoint shows is one). It confirms the limit if one of the EPP's requests there ended since r was sent and r
+// waited longer than a prompt takes there (twice the learned time: it waited for a slot, not for a step), and
+// disproves it if none ended. The caller refreshes.
 func (e *endpointState) probeStarted(r reservation, now time.Time, th EndpointThresholds) {
+	if l := &e.learner; l.slots == 0 || l.confirmed || r.occupied < l.slots {
+		return
+	}
 	ended := e.endedNs >= r.at.UnixNano()
 	e.learner.probeStarted(ended, now.Sub(r.at) > 2*e.promptTime(th))
 }
@@ -284,9 +298,9 @@ type reservation struct {
 	unscraped bool
 	pending   bool
 	started   bool
-	// probe reports that the request was sent beyond the endpoint's learned slot limit (concurrencyLearner.probing):
-	// its first chunk confirms or disproves the limit.
-	probe bool
+	// occupied is the endpoint's occupancy when the request was sent (endpointState.occupied): at or beyond its
+	// learned slot limit, its first chunk confirms or disproves the limit (probeStarted).
+	occupied int
 	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.add).
 	promptTime time.Duration
 }

@@ -25,7 +25,7 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, band, reserve, seatsFull, now) {
+		if e.Ejected || !c.mayTakeLocked(e, reserve, seatsFull, now) {
 			continue
 		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -41,13 +41,12 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 	return fresh, best, false
 }
 
-// mayTakeLocked reports whether one more request of band may go to e as far as seats go: it has a slot (hasSlot), a
-// Critical request is no probe beyond a learned slot limit (it would wait there for a slot, behind what was sent
-// before it, where in the EPP it goes first to the next seat that frees), and it takes a free seat of a seat-bound
-// endpoint only if the seats are not down to their reserve (seatsFull, for bands below Critical under the Critical
-// reserve). A request beyond the seats, where the capacity allows it, takes no seat Critical could have.
-func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, seatsFull bool, now time.Time) bool {
-	if !e.hasSlot(reserve) || (band == Critical && e.probe()) {
+// mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot), and it
+// takes a free seat of a seat-bound endpoint only if the seats are not down to their reserve (seatsFull, for bands
+// below Critical under the Critical reserve). A request beyond the seats, where the capacity allows it, takes no seat
+// Critical could have.
+func (c *Controller) mayTakeLocked(e *endpointState, reserve, seatsFull bool, now time.Time) bool {
+	if !e.hasSlot(reserve) {
 		return false
 	}
 	return e.freeSeats() == 0 || !seatsFull || !c.seatBoundLocked(e, now)
@@ -87,7 +86,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, seatsFull, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {

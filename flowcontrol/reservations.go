@@ -11,7 +11,7 @@ import (
 // until a scrape covers it and, if streamed, pending until it has started.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
 	e := &c.endpoints[i]
-	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed, probe: e.probe()}
+	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed, occupied: e.occupied()}
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)
 	c.reservations[id] = r
@@ -115,9 +115,9 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	now := c.clock.Now()
 	c.drain.advance(now)
 	c.unreserveLocked(r)
-	r.endpoint, r.at, r.ahead, r.unscraped, r.probe = endpoint, now, 0, true, false
+	r.endpoint, r.at, r.ahead, r.unscraped, r.occupied = endpoint, now, 0, true, 0
 	if i, ok := c.endpointIndex[endpoint]; ok {
-		r.ahead, r.probe = c.endpoints[i].pending, c.endpoints[i].probe()
+		r.ahead, r.occupied = c.endpoints[i].pending, c.endpoints[i].occupied()
 		c.endpoints[i].add(&r, c.cfg.Endpoint)
 	}
 	c.reservations[id] = r
@@ -141,9 +141,7 @@ func (c *Controller) Started(id string) bool {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
 		e.tally(r, -1)
-		if r.probe {
-			e.probeStarted(r, now, c.cfg.Endpoint)
-		}
+		e.probeStarted(r, now, c.cfg.Endpoint)
 		e.tally(started, +1)
 		e.learnFirstChunk(now.Sub(r.at) / time.Duration(r.ahead+1))
 		e.refresh(c.cfg.Endpoint)

@@ -300,27 +300,33 @@ func TestConcurrencyExactlyOneOutcome(t *testing.T) {
 	}
 }
 
-// TestLearnedSlotLimit: two scrapes showing requests waiting at the running count make a small endpoint's limit, so
-// the next request waits in the EPP rather than in the server; once nothing waits there one more may go (the probe).
-// A probe that waits for one of the EPP's requests to end confirms the limit, which is then strict; one that starts
-// with nothing ended forgets it; one that starts at once just after an end says nothing, and the endpoint probes
-// again.
+// TestLearnedSlotLimit: two scrapes showing a request waiting at the running count make a small endpoint's limit, so
+// the next request waits in the EPP rather than in the server. The request that waited there tells whether the limit
+// is real: starting after one of the EPP's requests there ended, long after it was sent, it confirms the limit, which
+// is then strict; starting with nothing ended, it disproves it. Without such evidence the endpoint may run one more
+// once nothing waits there (the probe), whose first chunk tells the same.
 func TestLearnedSlotLimit(t *testing.T) {
 	const prompt = 20 * time.Millisecond
 	tests := []struct {
 		name string
-		// endAfter is when, after the probe was sent, one of the EPP's requests there ends (0: none); startAfter when
-		// the probe has its first chunk.
-		endAfter, startAfter time.Duration
-		// running is what the next scrape shows; nextWaits, whether the request after it waits in the EPP.
+		// waiter is what becomes of the request that waited in the server: "slot" (starts after an end), "at once"
+		// (starts with nothing ended) or "failed" (ends without a first chunk).
+		waiter string
+		// probe: after a failed waiter, whether one more goes beyond the limit and then waits for a slot.
+		probe bool
+		// running is what the last scrape shows; nextWaits, whether the request after it, of priority next, waits in
+		// the EPP.
 		running   int
+		next      int
 		nextWaits bool
 	}{
-		{name: "probe waits for a slot: strict", endAfter: 300 * time.Millisecond, startAfter: 320 * time.Millisecond,
-			running: 4, nextWaits: true},
-		{name: "probe starts with nothing ended: forgotten", startAfter: prompt, running: 5},
-		{name: "probe starts at once after an end: probes again", endAfter: 5 * time.Millisecond, startAfter: prompt,
-			running: 4},
+		{name: "it waited for a slot: strict", waiter: "slot", running: 4, nextWaits: true},
+		{name: "it started with nothing ended: forgotten", waiter: "at once", running: 5},
+		{name: "no evidence: one more may go", waiter: "failed", running: 4},
+		// A Critical request is never the probe: it turns the Critical reserve on, under which a learned limit is
+		// strict (in the EPP it goes first to the next seat that frees).
+		{name: "no evidence: Critical is no probe", waiter: "failed", running: 4, next: 1, nextWaits: true},
+		{name: "the probe waited for a slot: strict", waiter: "failed", probe: true, running: 4, nextWaits: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,13 +334,14 @@ func TestLearnedSlotLimit(t *testing.T) {
 				// Neither the queue depth nor the pending prompts bound the endpoint: only its slots do.
 				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0 }))
 				h.scrape(ep("a", 0))
-				streamed := func() *call {
+				streamed := func(priority int) *call {
 					h.seq++
-					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100,
+						Streamed: true})
 				}
 				var sent []*call
 				for range 5 { // nothing is known yet: all five go, and the fifth waits in the server
-					cl := streamed()
+					cl := streamed(0)
 					cl.wantOutcome(t, Dispatched, ReasonNone)
 					sent = append(sent, cl)
 				}
@@ -346,29 +353,35 @@ func TestLearnedSlotLimit(t *testing.T) {
 					h.step(50 * time.Millisecond)
 					h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
 				}
-				probe := streamed()
-				probe.wantWaiting(t) // five in flight, four slots learned, one waiting there
-				h.c.Release(sent[0].req.ID)
+				held := streamed(tt.next)
+				held.wantWaiting(t) // five in flight, four slots learned, one waiting there
 				h.step(prompt)
-				h.c.Started(sent[4].req.ID)
-				probe.wantWaiting(t) // the latest scrape still shows one waiting there
-				h.step(50 * time.Millisecond)
-				h.scrape(Endpoint{Name: "a", Running: 4})
-				probe.wantOutcome(t, Dispatched, ReasonNone) // nothing waits there: one more may go
-
-				if tt.endAfter > 0 {
-					h.step(tt.endAfter)
-					h.c.Release(sent[1].req.ID)
+				switch tt.waiter {
+				case "slot":
+					h.c.Release(sent[0].req.ID)
+					h.step(prompt)
+					h.c.Started(sent[4].req.ID)
+				case "at once":
+					h.c.Started(sent[4].req.ID)
+				case "failed":
+					h.c.Release(sent[4].req.ID)
 				}
-				h.step(tt.startAfter - tt.endAfter)
-				h.c.Started(probe.req.ID)
 				h.step(50 * time.Millisecond)
 				h.scrape(Endpoint{Name: "a", Running: tt.running})
-				next := streamed()
+				if tt.probe {
+					held.wantOutcome(t, Dispatched, ReasonNone) // nothing waits there: one more may go
+					h.step(300 * time.Millisecond)
+					h.c.Release(sent[0].req.ID)
+					h.step(prompt)
+					h.c.Started(held.req.ID)
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: tt.running})
+					held = streamed(tt.next)
+				}
 				if tt.nextWaits {
-					next.wantWaiting(t)
+					held.wantWaiting(t)
 				} else {
-					next.wantOutcome(t, Dispatched, ReasonNone)
+					held.wantOutcome(t, Dispatched, ReasonNone)
 				}
 			})
 		})
