@@ -19,7 +19,9 @@ import (
 //     decode. A server that reports no KV use has none.
 //
 // A small endpoint (running fewer than largeBatchRunning) learns its slot limit fast: from the second consecutive
-// scrape that shows requests waiting there at the most it has run, without waiting for requests to end, so that
+// scrape that shows requests waiting there at the most it has run while all it runs are the EPP's requests that have
+// had their first chunk (decoding: a server still computing a long prompt holds its running count with a queue while
+// no step ends, and has slots to spare), without waiting for requests to end, so that
 // admission stops filling its queue within two scrape intervals of the first sign of one. A limit learned that fast
 // can be the EPP's own doing (a request sent just before a step waits for it), so until it is confirmed an endpoint
 // may run one more (the probe): the probe starting only after one of the EPP's requests there ended, and after
@@ -68,8 +70,9 @@ const (
 	perKVWeight = 0.1
 )
 
-// observe folds one new scrape into what is learned.
-func (l *concurrencyLearner) observe(e Endpoint) {
+// observe folds one new scrape into what is learned; decoding is how many of the EPP's requests there have had their
+// first response chunk.
+func (l *concurrencyLearner) observe(e Endpoint, decoding int) {
 	if e.Running > l.maxRunning {
 		l.maxRunning = e.Running
 	}
@@ -91,7 +94,7 @@ func (l *concurrencyLearner) observe(e Endpoint) {
 		l.plateauRunning, l.plateauScrapes, l.plateauReleases = 0, 0, 0
 	}
 	l.releases = 0
-	fast := !l.disproved && e.WaitingQueue > 0 && e.KVCacheUsage < kvQueueUsage &&
+	fast := !l.disproved && e.WaitingQueue > 0 && e.KVCacheUsage < kvQueueUsage && decoding >= l.plateauRunning &&
 		l.plateauRunning < largeBatchRunning && l.plateauScrapes >= fastPlateauScrapes
 	slow := l.plateauScrapes >= slotPlateauScrapes && l.plateauReleases >= slotPlateauReleases
 	if (fast || slow) && l.plateauRunning >= l.maxRunning && l.plateauRunning != l.slots {

@@ -82,7 +82,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		e := &states[i]
 		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
 		if newScrape[i] {
-			e.learner.observe(e.Endpoint)
+			e.learner.observe(e.Endpoint, e.running)
 			var drop int
 			e.foreign, drop = e.recon.observe(e.scrapedNs, e.Running+e.WaitingQueue, sentBefore[i])
 			if drop > 0 {
