@@ -21,12 +21,13 @@ import (
 // A small endpoint (running fewer than largeBatchRunning) learns its slot limit fast: from the second consecutive
 // scrape that shows requests waiting there at the most it has run while all it runs are the EPP's requests that have
 // had their first chunk (decoding: a server still computing a long prompt holds its running count with a queue while
-// no step ends, and has slots to spare), without waiting for requests to end, so that
-// admission stops filling its queue within two scrape intervals of the first sign of one. A limit learned that fast
-// can be the EPP's own doing (a request sent just before a step waits for it), so until it is confirmed an endpoint
-// may run one more (the probe): the probe starting only after one of the EPP's requests there ended, and after
-// waiting longer than a prompt takes, confirms the limit, which from then on is strict; the probe starting with
-// nothing ended there disproves it, and the endpoint learns only from the slower plateau rule from then on.
+// no step ends, and has slots to spare), so that admission stops filling its queue within two scrape intervals of the
+// first sign of one. A limit can be the EPP's own doing (a request sent just before a step waits for it), so a
+// request sent at or beyond it tells whether it is real (probeStarted): starting only after one of the EPP's
+// requests there ended, and after waiting longer than a prompt takes, it confirms the limit, which from then on is
+// strict; starting with nothing ended there, it disproves it, and the endpoint learns only from the slower plateau
+// rule from then on. The request that waited there when the limit was learned is usually such a request; until one
+// has told, the endpoint may run one more while nothing waits there (the probe).
 //
 // A scrape showing more running than the learned slot limit forgets it: the endpoint was restarted with another
 // configuration, or something else is sending it requests.

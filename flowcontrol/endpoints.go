@@ -184,12 +184,6 @@ func (e *endpointState) hasSlot(seats bool) bool {
 	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
 }
 
-// probe reports whether a request sent to the endpoint now goes beyond its learned slot limit (a probe), which its
-// first chunk then confirms or disproves (probeStarted).
-func (e *endpointState) probe() bool {
-	return e.learner.slots > 0 && !e.learner.confirmed && e.occupied() >= e.learner.slots
-}
-
 // occupied is the occupancy a request sent now finds, as far as it tells of the endpoint's slot limit: 0 while the
 // EPP has nothing there, since the one request the foreign-load floor always lets in (hasSlot) waits for what is not
 // the EPP's to see end.
