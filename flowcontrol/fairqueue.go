@@ -80,8 +80,8 @@ const minSweepAt = 64
 // that a tenant coming back from idle takes no more than a few starts from the others.
 const idleCreditItems = 4
 
-// startTag is the start tag of tq's head it when it becomes head: its previous finish tag, or credit behind virtual
-// time if that is later.
+// startTag is the start tag of it when it becomes tq's head: tq's previous finish tag, or idleCreditItems of its
+// items behind virtual time if that is later.
 func (q *bandQueue) startTag(tq *tenantQueue, it *item) float64 {
 	return max(q.vtime-idleCreditItems*it.cost/tq.weight, tq.lastFinish)
 }

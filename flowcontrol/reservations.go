@@ -11,7 +11,8 @@ import (
 // until a scrape covers it and, if streamed, pending until it has started.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
 	e := &c.endpoints[i]
-	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed, occupied: e.occupied()}
+	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed,
+		occupied: e.occupied()}
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)
 	c.reservations[id] = r
@@ -56,7 +57,8 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		if j, ok := c.endpointIndex[s.Name]; ok {
 			old := &c.endpoints[j]
 			s.learner, s.recon, s.foreign = old.learner, old.recon, old.foreign
-			s.firstChunk, s.pendingDoneNs, s.fullNs, s.endedNs = old.firstChunk, old.pendingDoneNs, old.fullNs, old.endedNs
+			s.firstChunk, s.pendingDoneNs = old.firstChunk, old.pendingDoneNs
+			s.fullNs, s.endedNs = old.fullNs, old.endedNs
 			newScrape[i] = s.scrapedNs > old.scrapedNs
 		}
 	}

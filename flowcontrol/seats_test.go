@@ -13,8 +13,6 @@ import (
 type scrapeStep struct {
 	running, waiting, ends int
 	kv                     float64
-	// prefilling is how many of the running requests have not had their first chunk.
-	prefilling int
 }
 
 // probeOutcome is how a probe beyond a learned slot limit started: after one of the EPP's requests there ended or
@@ -27,14 +25,15 @@ type probeOutcome struct{ ended, waited bool }
 // comes and goes, a count that moves, one below the most ever run, or a queue on a full KV cache is no limit.
 // Tentative seats exist only for a small endpoint that has queued.
 func TestConcurrencyLearner(t *testing.T) {
-	plateau := []scrapeStep{{4, 1, 0, 0.1, 0}, {4, 2, 1, 0.1, 0}, {4, 1, 0, 0.1, 0}, {4, 1, 1, 0.1, 0}}
-	twoQueued := []scrapeStep{{4, 1, 0, 0.1, 0}, {4, 1, 0, 0.1, 0}}
-	disproved := append(append([]scrapeStep{}, twoQueued...), scrapeStep{5, 0, 0, 0.1, 0})
-	large := []scrapeStep{{20, 2, 0, 0.3, 0}, {20, 2, 1, 0.3, 0}, {20, 1, 0, 0.3, 0}, {20, 1, 1, 0.3, 0}}
+	plateau := []scrapeStep{{4, 1, 0, 0.1}, {4, 2, 1, 0.1}, {4, 1, 0, 0.1}, {4, 1, 1, 0.1}}
+	twoQueued := []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}}
+	disproved := append(append([]scrapeStep{}, twoQueued...), scrapeStep{5, 0, 0, 0.1})
+	large := []scrapeStep{{20, 2, 0, 0.3}, {20, 2, 1, 0.3}, {20, 1, 0, 0.3}, {20, 1, 1, 0.3}}
 	tests := []struct {
 		name            string
 		stated          int
 		steps           []scrapeStep
+		prefilling      int // of the running requests, how many have not had their first chunk
 		probe           *probeOutcome
 		waiting         bool
 		slots           int
@@ -60,27 +59,27 @@ func TestConcurrencyLearner(t *testing.T) {
 			seats: 4, capacity: 5, source: concurrencyRunning},
 		{name: "queue in one scrape", steps: twoQueued[:1], seats: 4, capacity: 5, source: concurrencyRunning},
 		// A long prompt holds the running count with a queue while no step ends: no limit until the prompts start.
-		{name: "queue behind prompts not started", steps: []scrapeStep{{2, 3, 0, 0.1, 1}, {2, 3, 0, 0.1, 1}}, seats: 2,
-			capacity: 3, source: concurrencyRunning},
-		{name: "queue gone each scrape", steps: []scrapeStep{{4, 1, 1, 0.1, 0}, {4, 0, 1, 0.1, 0}, {4, 1, 1, 0.1, 0}, {4, 0, 1, 0.1, 0}},
+		{name: "queue behind prompts not started", steps: []scrapeStep{{2, 3, 0, 0.1}, {2, 3, 0, 0.1}}, prefilling: 1,
+			seats: 2, capacity: 3, source: concurrencyRunning},
+		{name: "queue gone each scrape", steps: []scrapeStep{{4, 1, 1, 0.1}, {4, 0, 1, 0.1}, {4, 1, 1, 0.1}, {4, 0, 1, 0.1}},
 			seats: 4, capacity: 5, source: concurrencyRunning},
-		{name: "count moves", steps: []scrapeStep{{3, 1, 1, 0.1, 0}, {4, 1, 1, 0.1, 0}, {5, 1, 1, 0.1, 0}, {6, 1, 1, 0.1, 0}},
+		{name: "count moves", steps: []scrapeStep{{3, 1, 1, 0.1}, {4, 1, 1, 0.1}, {5, 1, 1, 0.1}, {6, 1, 1, 0.1}},
 			seats: 6, capacity: 7, source: concurrencyRunning},
-		{name: "below the most run", steps: append([]scrapeStep{{6, 0, 0, 0.1, 0}}, plateau...), seats: 6, capacity: 7,
+		{name: "below the most run", steps: append([]scrapeStep{{6, 0, 0, 0.1}}, plateau...), seats: 6, capacity: 7,
 			source: concurrencyRunning},
-		{name: "more running forgets", steps: append(append([]scrapeStep{}, plateau...), scrapeStep{6, 0, 0, 0.1, 0}),
+		{name: "more running forgets", steps: append(append([]scrapeStep{}, plateau...), scrapeStep{6, 0, 0, 0.1}),
 			seats: 6, capacity: 7, source: concurrencyRunning},
 		// Once disproved, two scrapes with a queue are not enough; the slow rule (ends across four scrapes) still is.
-		{name: "disproved, queue in two scrapes", steps: append(append([]scrapeStep{}, disproved...), scrapeStep{5, 1, 0, 0.1, 0},
-			scrapeStep{5, 1, 0, 0.1, 0}), seats: 5, capacity: 6, source: concurrencyRunning},
-		{name: "disproved, plateau with ends", steps: append(append([]scrapeStep{}, disproved...), scrapeStep{5, 1, 0, 0.1, 0},
-			scrapeStep{5, 1, 1, 0.1, 0}, scrapeStep{5, 1, 0, 0.1, 0}, scrapeStep{5, 1, 1, 0.1, 0}), slots: 5, seats: 5,
-			capacity: 5, source: concurrencySlots, known: 6},
+		{name: "disproved, queue in two scrapes", steps: slices.Concat(disproved, []scrapeStep{{5, 1, 0, 0.1},
+			{5, 1, 0, 0.1}}), seats: 5, capacity: 6, source: concurrencyRunning},
+		{name: "disproved, plateau with ends", steps: slices.Concat(disproved, []scrapeStep{{5, 1, 0, 0.1},
+			{5, 1, 1, 0.1}, {5, 1, 0, 0.1}, {5, 1, 1, 0.1}}), slots: 5, seats: 5, capacity: 5, source: concurrencySlots,
+			known: 6},
 		// Requests waiting on a full KV cache wait for blocks, not slots.
-		{name: "queue on a full KV cache", steps: []scrapeStep{{10, 1, 0, 0.85, 0}, {10, 1, 0, 0.85, 0}}, seats: 10,
+		{name: "queue on a full KV cache", steps: []scrapeStep{{10, 1, 0, 0.85}, {10, 1, 0, 0.85}}, seats: 10,
 			capacity: 12, source: concurrencyRunning},
 		{name: "latest scrape waiting", steps: plateau[:1], waiting: true, seats: 4, capacity: 4, source: concurrencyRunning},
-		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1, 0}, {4, 0, 1, 0.1, 0}}, source: concurrencyUnknown},
+		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1}, {4, 0, 1, 0.1}}, source: concurrencyUnknown},
 		{name: "large batch, queue in two scrapes", steps: large[:2], source: concurrencyUnknown},
 		{name: "large batch, plateau with ends", steps: large, slots: 20, seats: 20, capacity: 20,
 			source: concurrencySlots, known: 21},
@@ -90,7 +89,7 @@ func TestConcurrencyLearner(t *testing.T) {
 		{name: "stated under learned", stated: 4, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencyStated,
 			known: 4},
 		// Four running use 80% of KV: five fill it, and the default threshold (0.8) keeps four.
-		{name: "KV bounds the slots", stated: 8, steps: []scrapeStep{{4, 0, 0, 0.8, 0}}, seats: 4, capacity: 4,
+		{name: "KV bounds the slots", stated: 8, steps: []scrapeStep{{4, 0, 0, 0.8}}, seats: 4, capacity: 4,
 			source: concurrencyKV, known: 8},
 	}
 	for _, tt := range tests {
@@ -100,7 +99,7 @@ func TestConcurrencyLearner(t *testing.T) {
 			var l concurrencyLearner
 			for _, s := range tt.steps {
 				l.releases += s.ends
-				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv}, s.running-s.prefilling)
+				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv}, s.running-tt.prefilling)
 			}
 			if p := tt.probe; p != nil {
 				l.probeStarted(p.ended, p.waited)
@@ -337,7 +336,9 @@ func TestLearnedSlotLimit(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				// Neither the queue depth nor the pending prompts bound the endpoint: only its slots do.
-				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0 }))
+				h := newHarness(t, testConfig(t, func(c *Config) {
+					c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
+				}))
 				h.scrape(ep("a", 0))
 				streamed := func(priority int) *call {
 					h.seq++
