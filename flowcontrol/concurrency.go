@@ -18,6 +18,17 @@ import (
 //     KV blocks in use (smoothed), times the KV threshold, which leaves the running requests room to grow as they
 //     decode. A server that reports no KV use has none.
 //
+// A small endpoint (running fewer than largeBatchRunning) learns its slot limit fast: from the second consecutive
+// scrape that shows requests waiting there at the most it has run while all it runs are the EPP's requests that have
+// had their first chunk (decoding: a server still computing a long prompt holds its running count with a queue while
+// no step ends, and has slots to spare), so that admission stops filling its queue within two scrape intervals of the
+// first sign of one. A limit can be the EPP's own doing (a request sent just before a step waits for it), so a
+// request sent at or beyond it tells whether it is real (probeStarted): starting only after one of the EPP's
+// requests there ended, and after waiting longer than a prompt takes, it confirms the limit, which from then on is
+// strict; starting with nothing ended there, it disproves it, and the endpoint learns only from the slower plateau
+// rule from then on. The request that waited there when the limit was learned is usually such a request; until one
+// has told, the endpoint may run one more while nothing waits there (the probe).
+//
 // A scrape showing more running than the learned slot limit forgets it: the endpoint was restarted with another
 // configuration, or something else is sending it requests.
 type concurrencyLearner struct {
@@ -29,8 +40,11 @@ type concurrencyLearner struct {
 	plateauRunning, plateauScrapes, plateauReleases int
 	releases                                        int
 	queued                                          bool
-	// slots is the learned slot limit, 0 while unknown.
-	slots int
+	// slots is the learned slot limit, 0 while unknown. confirmed reports that a probe confirmed it (it is strict);
+	// disproved, that a probe or a scrape once showed the endpoint running more than a learned limit, so that it
+	// learns only from the slow plateau rule.
+	slots                int
+	confirmed, disproved bool
 	// perKV is the smoothed running count over KV use: how many requests of the current mix fill the KV cache; 0
 	// while unknown.
 	perKV float64
@@ -44,14 +58,22 @@ const (
 	// while no step ends, nothing ends either, and at the next step its count moves with what that step admitted.
 	slotPlateauScrapes  = 4
 	slotPlateauReleases = 1
+	// fastPlateauScrapes is how long a small endpoint's plateau must last for its running count to be its tentative
+	// slot limit: two scrapes, the first that shows a queue and the next, so that a queue that comes and goes within a
+	// step (a request sent just before the step waits for it) rarely counts.
+	fastPlateauScrapes = 2
+	// kvQueueUsage is the KV cache use at or above which requests waiting there wait for KV blocks, not for a slot: a
+	// KV-bound server runs fewer or more requests as their lengths vary, so its running count is no slot limit.
+	kvQueueUsage = 0.8
 	// perKVWeight is the weight of each scrape in the smoothed requests per KV cache: about the last ten scrapes
 	// (half a second at the default interval) count, so one scrape in a step that admitted a batch of prompts moves
 	// it little.
 	perKVWeight = 0.1
 )
 
-// observe folds one new scrape into what is learned.
-func (l *concurrencyLearner) observe(e Endpoint) {
+// observe folds one new scrape into what is learned; decoding is how many of the EPP's requests there have had their
+// first response chunk.
+func (l *concurrencyLearner) observe(e Endpoint, decoding int) {
 	if e.Running > l.maxRunning {
 		l.maxRunning = e.Running
 	}
@@ -59,7 +81,7 @@ func (l *concurrencyLearner) observe(e Endpoint) {
 		l.queued = true
 	}
 	if l.slots > 0 && e.Running > l.slots {
-		l.slots = 0
+		l.forget()
 	}
 	// A plateau goes on while the running count holds; the scrape that finds the queue gone still counts when the
 	// count held, since what ended meanwhile let the waiting requests in, one for one.
@@ -73,9 +95,11 @@ func (l *concurrencyLearner) observe(e Endpoint) {
 		l.plateauRunning, l.plateauScrapes, l.plateauReleases = 0, 0, 0
 	}
 	l.releases = 0
-	if l.plateauScrapes >= slotPlateauScrapes && l.plateauReleases >= slotPlateauReleases &&
-		l.plateauRunning >= l.maxRunning {
-		l.slots = l.plateauRunning
+	fast := !l.disproved && e.WaitingQueue > 0 && e.KVCacheUsage < kvQueueUsage && decoding >= l.plateauRunning &&
+		l.plateauRunning < largeBatchRunning && l.plateauScrapes >= fastPlateauScrapes
+	slow := l.plateauScrapes >= slotPlateauScrapes && l.plateauReleases >= slotPlateauReleases
+	if (fast || slow) && l.plateauRunning >= l.maxRunning && l.plateauRunning != l.slots {
+		l.slots, l.confirmed = l.plateauRunning, false
 	}
 	if e.WaitingQueue == 0 {
 		l.plateauRunning, l.plateauScrapes, l.plateauReleases = 0, 0, 0
@@ -129,13 +153,13 @@ func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats,
 const largeBatchRunning = 16
 
 // known is the limit outside the Critical reserve: the stated concurrency or the learned slot limit, the smaller if
-// both; 0 while neither is known. A learned limit is one more while the latest scrape showed nothing waiting there:
-// a plateau can be the EPP's own doing (a large server fed one request per request that ends, each waiting for the
-// next step) and a limit that is never exceeded would never be disproved, so the endpoint may run one more, which
-// forgets the limit if it starts; on a server that is truly full it waits there until the next scrape shows it.
+// both; 0 while neither is known. A learned limit not yet confirmed is one more while the latest scrape showed
+// nothing waiting there: a plateau can be the EPP's own doing (a large server fed one request per request that ends,
+// each waiting for the next step) and a limit that is never exceeded would never be disproved, so the endpoint may
+// run one more (the probe), which forgets the limit if it starts at once and confirms it if it waits for a slot.
 func (l *concurrencyLearner) known(th EndpointThresholds, waiting bool) int {
 	slots := l.slots
-	if slots > 0 && !waiting {
+	if l.probing(waiting) {
 		slots++
 	}
 	switch {
@@ -148,9 +172,39 @@ func (l *concurrencyLearner) known(th EndpointThresholds, waiting bool) int {
 	}
 }
 
-// observeRunning notes that n requests the EPP sent have started there and not ended: the endpoint runs at least n.
+// probing reports whether the endpoint may run one request beyond its learned slot limit: the limit is not yet
+// confirmed and the latest scrape showed nothing waiting there.
+func (l *concurrencyLearner) probing(waiting bool) bool {
+	return l.slots > 0 && !l.confirmed && !waiting
+}
+
+// observeRunning notes that n requests the EPP sent have started there and not ended: the endpoint runs at least n,
+// which forgets a smaller learned limit.
 func (l *concurrencyLearner) observeRunning(n int) {
 	l.maxRunning = max(l.maxRunning, n)
+	if l.slots > 0 && n > l.slots {
+		l.forget()
+	}
+}
+
+// probeStarted folds in the first chunk of a request sent beyond the learned slot limit (a probe): it started after
+// one of the EPP's requests there ended and after waiting longer than a prompt takes there (waitedForSlot), which
+// confirms the limit; or it started with none ended (endedSince false), which disproves it. Anything else says
+// nothing: a request ended just as the probe was sent, and it started at once.
+func (l *concurrencyLearner) probeStarted(endedSince, waitedForSlot bool) {
+	switch {
+	case l.slots == 0:
+	case !endedSince:
+		l.forget()
+	case waitedForSlot:
+		l.confirmed = true
+	}
+}
+
+// forget drops a learned slot limit the endpoint has been seen to exceed; from then on it learns one only from the
+// slow plateau rule.
+func (l *concurrencyLearner) forget() {
+	l.slots, l.confirmed, l.disproved = 0, false, true
 }
 
 // concurrencySource says where an endpoint's concurrency comes from. It is a closed enum.

@@ -41,8 +41,14 @@
 // fresher than any scrape), learns each endpoint's concurrency (concurrencyLearner: the running count it plateaus at
 // while requests wait there, across ends of requests; EndpointThresholds.Concurrency may state it; the KV cache may
 // hold fewer, and the smaller applies) and sends an endpoint no more than that, so requests wait in the EPP and the
-// next one leaves the moment one ends. Under the Critical reserve, an endpoint that has queued while running only a
-// few requests gets tentative seats (the most it has run) until its plateau is learned, and lower bands leave idle a
+// next one leaves the moment one ends. An endpoint running only a few requests (fewer than 16) learns its limit from
+// two consecutive scrapes showing requests waiting at the most it has run (not on a full KV cache, where they wait
+// for blocks); a request that waited there beyond the limit confirms it (it started only after one of the EPP's
+// requests there ended) or disproves it (it started with none ended), and until then the endpoint may run one more
+// while nothing waits there (a probe, never under the Critical reserve), so a plateau of the EPP's own making is
+// found out. A confirmed limit is strict; a disproved one is learned again only from the slow plateau rule. Under the
+// Critical reserve, an endpoint that has queued while running only a few requests gets tentative seats (the most it
+// has run) until its plateau is learned, and lower bands leave idle a
 // reserve of seats on the endpoints that have been full recently, sized from the observed Critical arrival rate and
 // the rate seats free, as Kubernetes API Priority and Fairness keeps seats for a priority level (seats.go): a Critical
 // arrival finds one free rather than waiting for a running request to end. Large-batch servers, whose requests
@@ -75,7 +81,9 @@
 //
 // Waiting requests leave in order whenever an event creates headroom (a scrape, a Release, a Bind, a Started, the end
 // of the Critical reserve): bands strictly by priority, and within a band by start-time fair queuing across tenants,
-// weighted by policy and charged by estimated cost (tokens), FIFO per tenant. Dispatch is per endpoint: one idle
+// weighted by policy and charged by estimated cost (tokens), FIFO per tenant; a tenant below its share may start up
+// to a few requests ahead of the band's virtual time, so requests it sends together start before a backlogged
+// tenant's rather than alternating with them (fairqueue.go). Dispatch is per endpoint: one idle
 // endpoint is enough for the head of the highest non-empty band to go, whatever the pool's average saturation.
 //
 // A dispatched request is reserved on the least saturated endpoint with headroom until the scheduler's choice moves it

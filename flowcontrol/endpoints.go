@@ -51,8 +51,9 @@ type endpointState struct {
 	// there for sure, fresher than a scrape.
 	running int
 	// fullNs is when the occupancy last reached the seats, in Unix nanoseconds (0 never): an endpoint full recently
-	// is seat-bound (Controller.seatBoundLocked). Like the learner it outlives scrapes.
-	fullNs int64
+	// is seat-bound (Controller.seatBoundLocked). endedNs is when one of the EPP's requests there last ended (a probe
+	// that starts after it may have taken its slot). Like the learner they outlive scrapes.
+	fullNs, endedNs int64
 	// learner, recon, firstChunk and pendingDoneNs outlive scrapes and are forgotten with the endpoint.
 	learner concurrencyLearner
 	recon   occupancyRecon
@@ -183,6 +184,29 @@ func (e *endpointState) hasSlot(seats bool) bool {
 	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
 }
 
+// occupied is the occupancy a request sent now finds, as far as it tells of the endpoint's slot limit: 0 while the
+// EPP has nothing there, since the one request the foreign-load floor always lets in (hasSlot) waits for what is not
+// the EPP's to see end.
+func (e *endpointState) occupied() int {
+	if e.inflight == 0 {
+		return 0
+	}
+	return e.occupancy()
+}
+
+// probeStarted folds in the first chunk, at now, of r if it was sent beyond the learned slot limit not yet confirmed:
+// a probe, or a request sent before the limit was learned that waited there while it was (the first queue a small
+// endpoint shows is one). It confirms the limit if one of the EPP's requests there ended since r was sent and r
+// waited longer than a prompt takes there (twice the learned time: it waited for a slot, not for a step), and
+// disproves it if none ended. The caller refreshes.
+func (e *endpointState) probeStarted(r reservation, now time.Time, th EndpointThresholds) {
+	if l := &e.learner; l.slots == 0 || l.confirmed || r.occupied < l.slots {
+		return
+	}
+	ended := e.endedNs >= r.at.UnixNano()
+	e.learner.probeStarted(ended, now.Sub(r.at) > 2*e.promptTime(th))
+}
+
 // freeSeats is how many of its seats the endpoint has free.
 func (e *endpointState) freeSeats() int { return max(0, e.seats-e.occupancy()) }
 
@@ -268,6 +292,9 @@ type reservation struct {
 	unscraped bool
 	pending   bool
 	started   bool
+	// occupied is the endpoint's occupancy when the request was sent (endpointState.occupied): at or beyond its
+	// learned slot limit, its first chunk confirms or disproves the limit (probeStarted).
+	occupied int
 	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.add).
 	promptTime time.Duration
 }

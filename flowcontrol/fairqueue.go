@@ -50,9 +50,12 @@ type tenantQueue struct {
 }
 
 // bandQueue holds one band's waiting requests and dispatches them by start-time fair queuing (SFQ) across tenants:
-// an item's start tag is S = max(V, F_prev), its finish tag F = S + cost/weight, the item with the smallest start tag
-// goes first, and the band's virtual time V becomes that tag. A tenant that stays backlogged receives cost in
-// proportion to its weight; an idle tenant re-enters at V, so it can neither hoard credit nor starve.
+// an item's start tag is S = max(V - credit, F_prev), its finish tag F = S + cost/weight, the item with the smallest
+// start tag goes first, and the band's virtual time V becomes that tag if larger. A tenant that stays backlogged
+// receives cost in proportion to its weight. A tenant below its share falls behind V, and may start up to credit
+// (idleCreditItems of its items) behind it: its requests, arriving at random, go ahead of a backlogged tenant's
+// until it has caught up, so it gets its share of starts when it asks for it, not only over the long run; it can
+// hoard no more than that, and it cannot starve.
 type bandQueue struct {
 	tenants map[string]*tenantQueue
 	// active holds the tenants with queued items; active[0] is served next.
@@ -66,11 +69,22 @@ type bandQueue struct {
 	cost           float64
 
 	// sweepAt is the tenant-map size that triggers pruning idle tenants whose lastFinish <= vtime (those would
-	// re-enter at vtime anyway, so forgetting them is lossless).
+	// re-enter at most their idle credit behind vtime anyway, so forgetting one gives it at most that credit).
 	sweepAt int
 }
 
 const minSweepAt = 64
+
+// idleCreditItems is how many of its items a tenant below its fair share may start ahead of virtual time: enough that
+// a few requests arriving together from a tenant within its share start before a backlogged tenant's, little enough
+// that a tenant coming back from idle takes no more than a few starts from the others.
+const idleCreditItems = 4
+
+// startTag is the start tag of it when it becomes tq's head: tq's previous finish tag, or idleCreditItems of its
+// items behind virtual time if that is later.
+func (q *bandQueue) startTag(tq *tenantQueue, it *item) float64 {
+	return max(q.vtime-idleCreditItems*it.cost/tq.weight, tq.lastFinish)
+}
 
 func newBandQueue() *bandQueue {
 	return &bandQueue{tenants: make(map[string]*tenantQueue), sweepAt: minSweepAt}
@@ -99,7 +113,7 @@ func (q *bandQueue) push(it *item, weight float64) {
 	tq.n++
 	tq.cost += it.cost
 	if tq.n == 1 {
-		tq.headStart = max(q.vtime, tq.lastFinish)
+		tq.headStart = q.startTag(tq, it)
 		heap.Push(&q.active, tq)
 		q.activeWeight += tq.weight
 	}
@@ -121,7 +135,7 @@ func (q *bandQueue) push(it *item, weight float64) {
 func (q *bandQueue) pop() *item {
 	tq := q.active[0]
 	it := tq.head
-	q.vtime = tq.headStart
+	q.vtime = max(q.vtime, tq.headStart)
 	tq.lastFinish = tq.headStart + it.cost/tq.weight
 	q.unlink(it)
 	return it
@@ -152,7 +166,7 @@ func (q *bandQueue) unlink(it *item) {
 		heap.Remove(&q.active, tq.heapIdx)
 		q.activeWeight -= tq.weight
 	case wasHead:
-		tq.headStart = max(q.vtime, tq.lastFinish)
+		tq.headStart = q.startTag(tq, tq.head)
 		heap.Fix(&q.active, tq.heapIdx)
 	}
 
@@ -202,7 +216,7 @@ func (q *bandQueue) costAhead(tenant string, weight float64) float64 {
 			start = max(q.vtime, tq.lastFinish)
 		}
 	}
-	return min(q.cost, (start-q.vtime)*q.activeWeight)
+	return min(q.cost, max(0, start-q.vtime)*q.activeWeight)
 }
 
 // activeTenants is a min-heap (container/heap) of the tenants with queued items, keyed by (headStart, head.seq): a

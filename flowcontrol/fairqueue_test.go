@@ -80,6 +80,47 @@ func TestNoStarvation(t *testing.T) {
 	}
 }
 
+// TestIdleCredit: a tenant that has been below its share (here: idle while another was served) starts a few
+// requests arriving together ahead of a backlogged tenant's, at most idleCreditItems of them ahead of virtual time,
+// then shares the starts evenly again.
+func TestIdleCredit(t *testing.T) {
+	tests := []struct {
+		name  string
+		light int
+		// want is the order of the pops after the light tenant's requests arrive: l for light, h for hog.
+		want string
+	}{
+		{name: "a few together all start first", light: 3, want: "lllhh"},
+		{name: "a burst starts its credit first, then alternates", light: 8, want: "lllllhlhlhlh"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := newBandQueue()
+			var seq uint64
+			push := func(tenant string) {
+				seq++
+				q.push(newItem(seq, tenant, 50), 1)
+			}
+			for range 100 {
+				push("hog")
+			}
+			for range 20 {
+				q.pop()
+			}
+			for range tt.light {
+				push("light")
+			}
+			var got []byte
+			for range len(tt.want) {
+				got = append(got, q.pop().tenant[0])
+			}
+			if string(got) != tt.want {
+				t.Errorf("pops %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
 // TestRemoveDoesNotPenalise checks that withdrawing a tenant's head (cancel, timeout, displacement) does not push the
 // tenant's next request back as if the withdrawn one had been served.
 func TestRemoveDoesNotPenalise(t *testing.T) {

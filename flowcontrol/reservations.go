@@ -10,8 +10,9 @@ import (
 // reserveLocked counts a dispatched request against endpoint i until it is released: in flight, unscraped
 // until a scrape covers it and, if streamed, pending until it has started.
 func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
-	r := reservation{endpoint: c.endpoints[i].Name, at: now, ahead: c.endpoints[i].pending, unscraped: true, pending: streamed}
 	e := &c.endpoints[i]
+	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed,
+		occupied: e.occupied()}
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)
 	c.reservations[id] = r
@@ -56,7 +57,8 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		if j, ok := c.endpointIndex[s.Name]; ok {
 			old := &c.endpoints[j]
 			s.learner, s.recon, s.foreign = old.learner, old.recon, old.foreign
-			s.firstChunk, s.pendingDoneNs, s.fullNs = old.firstChunk, old.pendingDoneNs, old.fullNs
+			s.firstChunk, s.pendingDoneNs = old.firstChunk, old.pendingDoneNs
+			s.fullNs, s.endedNs = old.fullNs, old.endedNs
 			newScrape[i] = s.scrapedNs > old.scrapedNs
 		}
 	}
@@ -82,7 +84,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		e := &states[i]
 		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
 		if newScrape[i] {
-			e.learner.observe(e.Endpoint)
+			e.learner.observe(e.Endpoint, e.running)
 			var drop int
 			e.foreign, drop = e.recon.observe(e.scrapedNs, e.Running+e.WaitingQueue, sentBefore[i])
 			if drop > 0 {
@@ -115,9 +117,9 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	now := c.clock.Now()
 	c.drain.advance(now)
 	c.unreserveLocked(r)
-	r.endpoint, r.at, r.ahead, r.unscraped = endpoint, now, 0, true
+	r.endpoint, r.at, r.ahead, r.unscraped, r.occupied = endpoint, now, 0, true, 0
 	if i, ok := c.endpointIndex[endpoint]; ok {
-		r.ahead = c.endpoints[i].pending
+		r.ahead, r.occupied = c.endpoints[i].pending, c.endpoints[i].occupied()
 		c.endpoints[i].add(&r, c.cfg.Endpoint)
 	}
 	c.reservations[id] = r
@@ -141,6 +143,7 @@ func (c *Controller) Started(id string) bool {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
 		e.tally(r, -1)
+		e.probeStarted(r, now, c.cfg.Endpoint)
 		e.tally(started, +1)
 		e.learnFirstChunk(now.Sub(r.at) / time.Duration(r.ahead+1))
 		e.refresh(c.cfg.Endpoint)
@@ -168,6 +171,7 @@ func (c *Controller) Release(id string) bool {
 		e := &c.endpoints[i]
 		e.recon.release(r.at, now)
 		e.learner.releases++
+		e.endedNs = now.UnixNano()
 		if c.seatBoundLocked(e, now) {
 			c.learnHoldTimeLocked(now.Sub(r.at))
 		}

@@ -15,15 +15,26 @@ type scrapeStep struct {
 	kv                     float64
 }
 
+// probeOutcome is how a probe beyond a learned slot limit started: after one of the EPP's requests there ended or
+// not, and after waiting for a slot (longer than a prompt takes) or not.
+type probeOutcome struct{ ended, waited bool }
+
 // TestConcurrencyLearner: a running count that holds at its most while requests wait, across ends of requests, is
-// the slot limit; a queue that comes and goes, a count that moves, or one below the most ever run is not; a scrape
-// running more forgets it. Tentative seats exist only for a small endpoint that has queued.
+// the slot limit; on a small endpoint two scrapes showing a queue at that count are enough, a limit a probe confirms
+// is strict, and one a probe or a scrape disproves is forgotten and learned again only by the slow rule. A queue that
+// comes and goes, a count that moves, one below the most ever run, or a queue on a full KV cache is no limit.
+// Tentative seats exist only for a small endpoint that has queued.
 func TestConcurrencyLearner(t *testing.T) {
 	plateau := []scrapeStep{{4, 1, 0, 0.1}, {4, 2, 1, 0.1}, {4, 1, 0, 0.1}, {4, 1, 1, 0.1}}
+	twoQueued := []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}}
+	disproved := append(append([]scrapeStep{}, twoQueued...), scrapeStep{5, 0, 0, 0.1})
+	large := []scrapeStep{{20, 2, 0, 0.3}, {20, 2, 1, 0.3}, {20, 1, 0, 0.3}, {20, 1, 1, 0.3}}
 	tests := []struct {
 		name            string
 		stated          int
 		steps           []scrapeStep
+		prefilling      int // of the running requests, how many have not had their first chunk
+		probe           *probeOutcome
 		waiting         bool
 		slots           int
 		seats, capacity int
@@ -31,14 +42,25 @@ func TestConcurrencyLearner(t *testing.T) {
 		known           int
 	}{
 		{name: "nothing seen", source: concurrencyUnknown},
-		// Outside the reserve a learned limit may be exceeded by one while nothing waits there, so a plateau of the
-		// EPP's own making can be disproved.
+		// Outside the reserve a learned limit not yet confirmed may be exceeded by one while nothing waits there (the
+		// probe), so a plateau of the EPP's own making can be disproved.
 		{name: "plateau with ends", steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots, known: 5},
 		{name: "plateau, latest scrape waiting", steps: plateau, waiting: true, slots: 4, seats: 4, capacity: 4,
 			source: concurrencySlots, known: 4},
-		{name: "plateau without ends", steps: []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}, {4, 1, 0, 0.1}},
+		{name: "small endpoint, queue in two scrapes", steps: twoQueued, slots: 4, seats: 4, capacity: 4,
+			source: concurrencySlots, known: 5},
+		{name: "small endpoint, latest scrape waiting", steps: twoQueued, waiting: true, slots: 4, seats: 4, capacity: 4,
+			source: concurrencySlots, known: 4},
+		{name: "probe waited for a slot: strict", steps: twoQueued, probe: &probeOutcome{ended: true, waited: true},
+			slots: 4, seats: 4, capacity: 4, source: concurrencySlots, known: 4},
+		{name: "probe started after an end, at once: says nothing", steps: twoQueued,
+			probe: &probeOutcome{ended: true}, slots: 4, seats: 4, capacity: 4, source: concurrencySlots, known: 5},
+		{name: "probe started with nothing ended: forgotten", steps: twoQueued, probe: &probeOutcome{},
 			seats: 4, capacity: 5, source: concurrencyRunning},
-		{name: "plateau too short", steps: plateau[:3], seats: 4, capacity: 5, source: concurrencyRunning},
+		{name: "queue in one scrape", steps: twoQueued[:1], seats: 4, capacity: 5, source: concurrencyRunning},
+		// A long prompt holds the running count with a queue while no step ends: no limit until the prompts start.
+		{name: "queue behind prompts not started", steps: []scrapeStep{{2, 3, 0, 0.1}, {2, 3, 0, 0.1}}, prefilling: 1,
+			seats: 2, capacity: 3, source: concurrencyRunning},
 		{name: "queue gone each scrape", steps: []scrapeStep{{4, 1, 1, 0.1}, {4, 0, 1, 0.1}, {4, 1, 1, 0.1}, {4, 0, 1, 0.1}},
 			seats: 4, capacity: 5, source: concurrencyRunning},
 		{name: "count moves", steps: []scrapeStep{{3, 1, 1, 0.1}, {4, 1, 1, 0.1}, {5, 1, 1, 0.1}, {6, 1, 1, 0.1}},
@@ -47,9 +69,20 @@ func TestConcurrencyLearner(t *testing.T) {
 			source: concurrencyRunning},
 		{name: "more running forgets", steps: append(append([]scrapeStep{}, plateau...), scrapeStep{6, 0, 0, 0.1}),
 			seats: 6, capacity: 7, source: concurrencyRunning},
-		{name: "latest scrape waiting", steps: plateau[:2], waiting: true, seats: 4, capacity: 4, source: concurrencyRunning},
+		// Once disproved, two scrapes with a queue are not enough; the slow rule (ends across four scrapes) still is.
+		{name: "disproved, queue in two scrapes", steps: slices.Concat(disproved, []scrapeStep{{5, 1, 0, 0.1},
+			{5, 1, 0, 0.1}}), seats: 5, capacity: 6, source: concurrencyRunning},
+		{name: "disproved, plateau with ends", steps: slices.Concat(disproved, []scrapeStep{{5, 1, 0, 0.1},
+			{5, 1, 1, 0.1}, {5, 1, 0, 0.1}, {5, 1, 1, 0.1}}), slots: 5, seats: 5, capacity: 5, source: concurrencySlots,
+			known: 6},
+		// Requests waiting on a full KV cache wait for blocks, not slots.
+		{name: "queue on a full KV cache", steps: []scrapeStep{{10, 1, 0, 0.85}, {10, 1, 0, 0.85}}, seats: 10,
+			capacity: 12, source: concurrencyRunning},
+		{name: "latest scrape waiting", steps: plateau[:1], waiting: true, seats: 4, capacity: 4, source: concurrencyRunning},
 		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1}, {4, 0, 1, 0.1}}, source: concurrencyUnknown},
-		{name: "large batch", steps: []scrapeStep{{40, 3, 1, 0.5}, {40, 2, 1, 0.5}}, source: concurrencyUnknown},
+		{name: "large batch, queue in two scrapes", steps: large[:2], source: concurrencyUnknown},
+		{name: "large batch, plateau with ends", steps: large, slots: 20, seats: 20, capacity: 20,
+			source: concurrencySlots, known: 21},
 		{name: "stated", stated: 3, source: concurrencyStated, seats: 3, capacity: 3, known: 3},
 		{name: "stated over learned", stated: 8, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots,
 			known: 5},
@@ -66,7 +99,10 @@ func TestConcurrencyLearner(t *testing.T) {
 			var l concurrencyLearner
 			for _, s := range tt.steps {
 				l.releases += s.ends
-				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv})
+				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv}, s.running-tt.prefilling)
+			}
+			if p := tt.probe; p != nil {
+				l.probeStarted(p.ended, p.waited)
 			}
 			if l.slots != tt.slots {
 				t.Errorf("slots = %d, want %d", l.slots, tt.slots)
@@ -268,39 +304,94 @@ func TestConcurrencyExactlyOneOutcome(t *testing.T) {
 	}
 }
 
-// TestLearnedSlotLimit: a running count that plateaus while requests wait there becomes the endpoint's limit, so the
-// next request waits in the EPP rather than in the server; once nothing waits there the endpoint may run one more,
-// and a scrape showing it running more forgets the limit (a plateau of the EPP's own making is disproved).
+// TestLearnedSlotLimit: two scrapes showing a request waiting at the running count make a small endpoint's limit, so
+// the next request waits in the EPP rather than in the server. The request that waited there tells whether the limit
+// is real: starting after one of the EPP's requests there ended, long after it was sent, it confirms the limit, which
+// is then strict; starting with nothing ended, it disproves it. Without such evidence the endpoint may run one more
+// once nothing waits there (the probe), whose first chunk tells the same.
 func TestLearnedSlotLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.QueueDepth = 100 }))
-		h.scrape(ep("a", 0))
-		var inflight []*call
-		for range 4 {
-			cl := h.admit(0, "t", 1)
-			cl.wantOutcome(t, Dispatched, ReasonNone)
-			inflight = append(inflight, cl)
-		}
-		for range slotPlateauScrapes {
-			h.step(50 * time.Millisecond)
-			h.c.Release(inflight[0].req.ID)
-			inflight = inflight[1:]
-			cl := h.admit(0, "t", 1)
-			cl.wantOutcome(t, Dispatched, ReasonNone)
-			inflight = append(inflight, cl)
-			h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
-		}
-		next := h.admit(0, "t", 1)
-		next.wantWaiting(t) // four in flight, four slots learned, one waiting there
-		h.step(50 * time.Millisecond)
-		h.scrape(Endpoint{Name: "a", Running: 4})
-		next.wantOutcome(t, Dispatched, ReasonNone) // nothing waits there: one more may go
-		after := h.admit(0, "t", 1)
-		after.wantWaiting(t)
-		h.step(50 * time.Millisecond)
-		h.scrape(Endpoint{Name: "a", Running: 5})
-		after.wantOutcome(t, Dispatched, ReasonNone) // it ran five: the limit is forgotten
-	})
+	const prompt = 20 * time.Millisecond
+	tests := []struct {
+		name string
+		// waiter is what becomes of the request that waited in the server: "slot" (starts after an end), "at once"
+		// (starts with nothing ended) or "failed" (ends without a first chunk).
+		waiter string
+		// probe: after a failed waiter, whether one more goes beyond the limit and then waits for a slot.
+		probe bool
+		// running is what the last scrape shows; nextWaits, whether the request after it, of priority next, waits in
+		// the EPP.
+		running   int
+		next      int
+		nextWaits bool
+	}{
+		{name: "it waited for a slot: strict", waiter: "slot", running: 4, nextWaits: true},
+		{name: "it started with nothing ended: forgotten", waiter: "at once", running: 5},
+		{name: "no evidence: one more may go", waiter: "failed", running: 4},
+		// A Critical request is never the probe: it turns the Critical reserve on, under which a learned limit is
+		// strict (in the EPP it goes first to the next seat that frees).
+		{name: "no evidence: Critical is no probe", waiter: "failed", running: 4, next: 1, nextWaits: true},
+		{name: "the probe waited for a slot: strict", waiter: "failed", probe: true, running: 4, nextWaits: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// Neither the queue depth nor the pending prompts bound the endpoint: only its slots do.
+				h := newHarness(t, testConfig(t, func(c *Config) {
+					c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
+				}))
+				h.scrape(ep("a", 0))
+				streamed := func(priority int) *call {
+					h.seq++
+					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100,
+						Streamed: true})
+				}
+				var sent []*call
+				for range 5 { // nothing is known yet: all five go, and the fifth waits in the server
+					cl := streamed(0)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					sent = append(sent, cl)
+				}
+				h.step(prompt)
+				for _, cl := range sent[:4] {
+					h.c.Started(cl.req.ID)
+				}
+				for range fastPlateauScrapes {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
+				}
+				held := streamed(tt.next)
+				held.wantWaiting(t) // five in flight, four slots learned, one waiting there
+				h.step(prompt)
+				switch tt.waiter {
+				case "slot":
+					h.c.Release(sent[0].req.ID)
+					h.step(prompt)
+					h.c.Started(sent[4].req.ID)
+				case "at once":
+					h.c.Started(sent[4].req.ID)
+				case "failed":
+					h.c.Release(sent[4].req.ID)
+				}
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: tt.running})
+				if tt.probe {
+					held.wantOutcome(t, Dispatched, ReasonNone) // nothing waits there: one more may go
+					h.step(300 * time.Millisecond)
+					h.c.Release(sent[0].req.ID)
+					h.step(prompt)
+					h.c.Started(held.req.ID)
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: tt.running})
+					held = streamed(tt.next)
+				}
+				if tt.nextWaits {
+					held.wantWaiting(t)
+				} else {
+					held.wantOutcome(t, Dispatched, ReasonNone)
+				}
+			})
+		})
+	}
 }
 
 // TestForeignLoadDoesNotStarve: an endpoint whose scrapes keep showing requests the EPP did not send (another
