@@ -24,7 +24,12 @@ import (
 //   - when some of them serve the request's target model as their base model (the served-model filter's rule, from
 //     the sluice-lora-residency-extractor's attribute), only those are ranked;
 //   - of those, the MaxCandidates with the lowest admission rank, ties broken in rotation (so equally idle endpoints
-//     take turns, as round-robin's would); endpoints whose metrics are stale rank last.
+//     take turns, as round-robin's would); endpoints whose metrics are stale rank last;
+//   - when none of those had headroom for the request's band at dispatch (flowcontrol.Decision.Endpoints), the
+//     endpoints that had it rank first. Rank and headroom mostly agree, but not always: under the Critical seat
+//     reserve a lightly loaded seat-bound endpoint may keep its last idle seats for Critical, and the headroom filter
+//     restricts nothing when no candidate had headroom, so a narrowed set without one would let a lower band take
+//     the seats kept for Critical.
 //
 // It narrows nothing for a request Sluice admission did not dispatch (no stored decision: expired, or another
 // admission controller), nor when the located endpoints are no more than MaxCandidates. What it gives up: an endpoint
@@ -50,6 +55,7 @@ type narrowBuffers struct {
 	names    []string
 	ranks    []float64
 	top      []int // indices into eligible, ascending by rank
+	set      map[string]struct{}
 }
 
 // NarrowCandidates returns inner's candidates narrowed for the requests this adapter dispatched (see above), or inner
@@ -77,12 +83,16 @@ func (n *narrowedCandidates) Locate(ctx context.Context, requestMetadata map[str
 	if !ok {
 		return all
 	}
-	return n.narrow(id, sd.model, all)
+	return n.narrow(id, sd.model, sd.decision.Endpoints, all)
 }
 
+// outsideHeadroom is added to the rank of an endpoint that had no headroom for the request, when it must rank after
+// every endpoint that had (ranks are saturations, a few units at most, or +Inf for unusable endpoints).
+const outsideHeadroom = 1e9
+
 // narrow returns the at most n.max endpoints of all, in all's order, that admission ranks least loaded among those
-// serving model (all of them when none does).
-func (n *narrowedCandidates) narrow(id, model string, all []fwkdl.Endpoint) []fwkdl.Endpoint {
+// serving model (all of them when none does), with at least one of the endpoints in headroom when any is eligible.
+func (n *narrowedCandidates) narrow(id, model string, headroom []string, all []fwkdl.Endpoint) []fwkdl.Endpoint {
 	buf, _ := n.buffers.Get().(*narrowBuffers)
 	if buf == nil {
 		buf = &narrowBuffers{}
@@ -114,29 +124,72 @@ func (n *narrowedCandidates) narrow(id, model string, all []fwkdl.Endpoint) []fw
 	}
 	buf.ranks = grow(buf.ranks, len(buf.names))
 	n.fc.ctrl.Saturations(id, buf.names, buf.ranks)
-	clear(buf.names) // keep no endpoint names alive from the pool
+	defer clear(buf.names) // keep no endpoint names alive from the pool
 
-	// The n.max lowest ranks, by insertion into a sorted prefix: the scan order (rotated) breaks ties.
-	top := buf.top[:0]
-	for j, r := range buf.ranks[:len(buf.eligible)] {
-		if len(top) == n.max && r >= buf.ranks[top[len(top)-1]] {
+	buf.lowest(n.max)
+	if len(headroom) > 0 && !buf.topHolds(headroom) {
+		buf.rankOutsideLast(headroom)
+		buf.lowest(n.max)
+	}
+	for k, j := range buf.top {
+		buf.top[k] = buf.eligible[j]
+	}
+	return pick(all, buf.top)
+}
+
+// lowest sets b.top to the indices into b.eligible of the at most max lowest ranks, ascending, by insertion into a
+// sorted prefix: the scan order (rotated) breaks ties.
+func (b *narrowBuffers) lowest(max int) {
+	top := b.top[:0]
+	for j, r := range b.ranks[:len(b.eligible)] {
+		if len(top) == max && r >= b.ranks[top[len(top)-1]] {
 			continue
 		}
 		at := len(top)
-		for at > 0 && r < buf.ranks[top[at-1]] {
+		for at > 0 && r < b.ranks[top[at-1]] {
 			at--
 		}
-		if len(top) < n.max {
+		if len(top) < max {
 			top = append(top, 0)
 		}
 		copy(top[at+1:], top[at:len(top)-1])
 		top[at] = j
 	}
-	buf.top = top
-	for k, j := range top {
-		top[k] = buf.eligible[j]
+	b.top = top
+}
+
+// topHolds reports whether one of the endpoints b.top names is among headroom. The names of b.top are indexed, not
+// headroom's: headroom may list the whole pool.
+func (b *narrowBuffers) topHolds(headroom []string) bool {
+	if b.set == nil {
+		b.set = make(map[string]struct{}, len(b.top))
 	}
-	return pick(all, top)
+	defer clear(b.set)
+	for _, j := range b.top {
+		b.set[b.names[j]] = struct{}{}
+	}
+	for _, name := range headroom {
+		if _, ok := b.set[name]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// rankOutsideLast moves every eligible endpoint not among headroom behind those that are, keeping their order.
+func (b *narrowBuffers) rankOutsideLast(headroom []string) {
+	if b.set == nil {
+		b.set = make(map[string]struct{}, len(headroom))
+	}
+	defer clear(b.set)
+	for _, name := range headroom {
+		b.set[name] = struct{}{}
+	}
+	for j, name := range b.names {
+		if _, ok := b.set[name]; !ok {
+			b.ranks[j] += outsideHeadroom
+		}
+	}
 }
 
 // pick returns all[i] for the indices idx, in all's order; it sorts idx.

@@ -186,3 +186,46 @@ func TestFlowControlNameOf(t *testing.T) {
 		t.Fatalf("nameOf(replaced metadata) = %q, want 10.0.9.9:8001", got)
 	}
 }
+
+// TestNarrowCandidatesKeepsHeadroom: when none of the least loaded endpoints had headroom for the request at dispatch
+// (under the Critical seat reserve a lightly loaded seat-bound endpoint keeps its idle seats for Critical), the
+// endpoints that had it must be among the candidates, or the headroom filter, finding none, restricts nothing.
+func TestNarrowCandidatesKeepsHeadroom(t *testing.T) {
+	max := DefaultMaxCandidates
+	loaded := make([]int, max+8) // the first 8 endpoints are busy, the rest idle
+	for i := range 8 {
+		loaded[i] = 50 + i
+	}
+	tests := []struct {
+		name     string
+		headroom []string
+		want     []string // must be among the candidates
+		wantN    int
+	}{
+		{"one busy endpoint had headroom", []string{"10.0.0.3:8000"}, []string{"10.0.0.3:8000"}, max},
+		{"two busy ones had", []string{"10.0.0.1:8000", "10.0.0.6:8000"}, []string{"10.0.0.1:8000", "10.0.0.6:8000"}, max},
+		{"an idle one had: ranking alone decides", []string{"10.0.0.20:8000"}, []string{"10.0.0.20:8000"}, max},
+		{"no list: ranking alone decides", nil, []string{"10.0.0.8:8000", "10.0.0.39:8000"}, max},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fc, cands, _ := narrowingPool(t, max+8, loaded, nil)
+			ctx := admitted(t, fc, "r1", "")
+			sd, ok := fc.headroom.get("r1")
+			if !ok {
+				t.Fatal("r1's decision is not stored")
+			}
+			sd.decision.Endpoints = tt.headroom
+			fc.headroom.put("r1", sd)
+			got := locatedNames(cands.Locate(ctx, nil))
+			if len(got) != tt.wantN {
+				t.Fatalf("%d candidates, want %d", len(got), tt.wantN)
+			}
+			for _, w := range tt.want {
+				if !slices.Contains(got, w) {
+					t.Fatalf("candidates %v miss %s", got, w)
+				}
+			}
+		})
+	}
+}
