@@ -40,7 +40,7 @@ func (r *bandRecovery) observe(now time.Time, blocked bool, backlog float64, win
 func (r *bandRecovery) observeBacklog(now time.Time, backlog float64, window time.Duration) {
 	switch {
 	case backlog <= 0:
-		if !r.backlogSince.IsZero() && now.Sub(r.backlogSince) >= window/builtBacklogShare && r.trend.slope < 0 {
+		if r.built(now, window) && r.trend.slope < 0 {
 			// A backlog that built up has drained: the overload that built it is over. A band still blocked now
 			// (by saturation alone) starts a new episode.
 			r.overloadSince = time.Time{}
@@ -75,6 +75,22 @@ func (r *bandRecovery) capacityReturn(now time.Time, backlog, drainRate float64)
 		return secondsToDuration(min(overload, backlog/min(-slope, drainRate)))
 	}
 	return secondsToDuration(overload)
+}
+
+// returnBudget is the cost per second of returning clients the band can expect to admit once its capacity returns:
+// while a backlog that built up shrinks, the rate it shrinks at (what the pool drains beyond the arrivals that keep
+// joining it, and so what is left for the band once it has drained); otherwise the drain rate.
+func (r *bandRecovery) returnBudget(now time.Time, drainRate float64, window time.Duration) float64 {
+	if shrink := -r.trend.slope; shrink > 0 && r.built(now, window) {
+		return min(drainRate, shrink)
+	}
+	return drainRate
+}
+
+// built reports whether the backlog at and above the band has stood long enough to count as built up by an
+// overload, rather than one that forms and drains within moments near capacity.
+func (r *bandRecovery) built(now time.Time, window time.Duration) bool {
+	return !r.backlogSince.IsZero() && now.Sub(r.backlogSince) >= window/builtBacklogShare
 }
 
 // backlogTrend is the backlog's rate of change (cost per second; negative while it shrinks): an exponentially

@@ -157,3 +157,39 @@ func TestBacklogTrend(t *testing.T) {
 		})
 	}
 }
+
+// TestReturnBudget: while a built-up backlog shrinks, returns are booked within its shrink rate (what is left for the
+// band once it has drained), not the pool's drain rate; a backlog that forms and drains within moments does not
+// count.
+func TestReturnBudget(t *testing.T) {
+	const window = 10 * time.Second
+	for _, tc := range []struct {
+		name    string
+		backlog func(i int) float64 // at second i
+		want    float64
+	}{
+		{"growing", func(i int) float64 { return float64(100 * i) }, 1000},
+		{"built up, shrinking by 100/s", func(i int) float64 { return float64(100*min(i, 20) - 100*max(0, i-20)) }, 100},
+		{"no backlog", func(int) float64 { return 0 }, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r bandRecovery
+			now := t0
+			for i := range 31 {
+				now = t0.Add(time.Duration(i) * time.Second)
+				r.observe(now, true, tc.backlog(i), window)
+			}
+			if got := r.returnBudget(now, 1000, window); math.Abs(got-tc.want) > 0.05*tc.want {
+				t.Fatalf("returnBudget = %v, want %v ±5%%", got, tc.want)
+			}
+		})
+	}
+	// A backlog seen shrinking right after it formed: not built up.
+	var r bandRecovery
+	r.observe(t0, true, 0, window)
+	r.observe(t0.Add(100*time.Millisecond), true, 500, window)
+	r.observe(t0.Add(200*time.Millisecond), true, 100, window)
+	if got := r.returnBudget(t0.Add(200*time.Millisecond), 1000, window); got != 1000 {
+		t.Fatalf("returnBudget for a momentary backlog = %v, want the drain rate", got)
+	}
+}
