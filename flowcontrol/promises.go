@@ -10,9 +10,9 @@ type returnLedger struct {
 	due map[int64]float64 // Unix second → cost told to return within it
 }
 
-// book returns retry (whole seconds) moved to the first second whose returns, with cost, stay within budget (cost
-// per second, the rate the pool drains at) or that has none yet, but no later than hi; and records the return. A budget of zero or less
-// (unknown) books without moving.
+// book returns retry (whole seconds) moved to the first second whose returns, with cost, stay within budget (the
+// cost per second the band can admit, bandRecovery.returnBudget) or that has none yet, but no later than hi; and
+// records the return. A budget of zero or less (unknown) books without moving.
 func (l *returnLedger) book(now time.Time, retry, hi time.Duration, cost, budget float64) time.Duration {
 	if l.due == nil {
 		l.due = make(map[int64]float64)
@@ -23,7 +23,10 @@ func (l *returnLedger) book(now time.Time, retry, hi time.Duration, cost, budget
 			delete(l.due, s)
 		}
 	}
-	for budget > 0 && retry < hi && l.due[now.Add(retry).Unix()] > 0 && l.due[now.Add(retry).Unix()]+cost > budget {
+	for budget > 0 && retry < hi {
+		if due := l.due[now.Add(retry).Unix()]; due == 0 || due+cost <= budget {
+			break
+		}
 		retry += time.Second
 	}
 	l.due[now.Add(retry).Unix()] += cost

@@ -94,8 +94,9 @@ func (r *bandRecovery) built(now time.Time, window time.Duration) bool {
 }
 
 // backlogTrend is the backlog's rate of change (cost per second; negative while it shrinks): an exponentially
-// weighted moving average, with time constant window (seconds), of the slope between consecutive observations. The backlog
-// only changes at operations and is constant in between, so observations at any instants add up to its true change.
+// weighted moving average, with time constant window (seconds), of the slope between consecutive observations. The
+// backlog only changes at operations and is constant in between, so observations at any instants add up to its true
+// change.
 type backlogTrend struct {
 	slope float64
 	last  time.Time

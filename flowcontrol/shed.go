@@ -77,7 +77,8 @@ func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Dura
 	d.Outcome, d.Reason = Rejected, reason
 	d.RetryAfter = retryAfter(estimate, bc.RetryAfterMin, bc.RetryAfterMax, c.cfg.RetryAfterJitter, c.rng.Float64())
 	rate, _ := c.drain.rate()
-	d.RetryAfter = c.returns[d.Band].book(now, d.RetryAfter, bc.RetryAfterMax, cost, c.recovery[d.Band].returnBudget(now, rate, c.cfg.DrainRateWindow))
+	budget := c.recovery[d.Band].returnBudget(now, rate, c.cfg.DrainRateWindow)
+	d.RetryAfter = c.returns[d.Band].book(now, d.RetryAfter, bc.RetryAfterMax, cost, budget)
 }
 
 // unavailableLocked answers 503: there is no backlog to estimate from, so Retry-After is the band's minimum, jittered.
