@@ -129,22 +129,22 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	}
 
 	if bc.RejectWhenSaturated {
-		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now))
+		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, now)
 		return d, nil, false, nil
 	}
 	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost); known && wait > bc.MaxQueueTime {
-		c.rejectLocked(&d, ReasonPredictedWait, wait)
+		c.rejectLocked(&d, ReasonPredictedWait, wait, cost, now)
 		return d, nil, false, nil
 	}
 	victims, fits := c.makeRoomLocked(band, req.Bytes)
 	if !fits {
-		c.rejectLocked(&d, ReasonQueueFull, c.retryEstimateLocked(band, cost, now))
+		c.rejectLocked(&d, ReasonQueueFull, c.retryEstimateLocked(band, cost, now), cost, now)
 		return d, nil, false, nil
 	}
 	for _, v := range victims {
 		c.removeQueuedLocked(v)
 		vd := Decision{Band: v.band, Capped: v.capped, Waited: now.Sub(v.enqueuedAt)}
-		c.rejectLocked(&vd, ReasonDisplaced, c.retryEstimateLocked(v.band, v.cost, now))
+		c.rejectLocked(&vd, ReasonDisplaced, c.retryEstimateLocked(v.band, v.cost, now), v.cost, now)
 		c.finalizeLocked(v, vd, nil)
 	}
 

@@ -82,10 +82,12 @@ type Controller struct {
 	holdTime         time.Duration
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.
 	droppedMissing int
-	// blockedSince is, per band, since when snapshots have found the band unable to dispatch an arrival at once (no
-	// endpoint below its ceiling, or requests of it or a higher band still waiting after dispatch); zero otherwise.
-	// Retry-After uses the age of such an episode (see retryEstimateLocked).
-	blockedSince [NumBands]time.Time
+	// recovery follows, per band, the overload episodes snapshots find it in (no endpoint below its ceiling, or
+	// requests of it or a higher band still waiting after dispatch) and the backlog at and above it: what
+	// Retry-After predicts the return of its capacity from (see retryEstimateLocked).
+	recovery [NumBands]bandRecovery
+	// returns books, per band, when the clients it turned away were told to come back (see rejectLocked).
+	returns [NumBands]returnLedger
 	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it the Critical reserve is
 	// on (see criticalReserveLocked).
 	lastCritical time.Time

@@ -44,7 +44,7 @@ func (c *Controller) expireLocked(now time.Time) int {
 			if noEndpoints {
 				c.unavailableLocked(&d, ReasonNoEndpoints)
 			} else {
-				c.rejectLocked(&d, ReasonQueueTimeout, c.retryEstimateLocked(b, it.cost, now))
+				c.rejectLocked(&d, ReasonQueueTimeout, c.retryEstimateLocked(b, it.cost, now), it.cost, now)
 			}
 			c.finalizeLocked(it, d, nil)
 			n++

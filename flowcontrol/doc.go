@@ -91,13 +91,25 @@
 // scrape taken after it covers it (UpdateEndpoints) and, if streamed, it has started; that keeps a burst between two
 // scrapes from piling onto one endpoint. It counts towards the endpoint's occupancy (seats) until Release.
 //
-// Retry-After is the estimated time until capacity for the band returns: the backlog at and above the band over the
-// drain rate (an exponential moving average of cost dispatched per second of backlogged time) or, if larger while the
-// band is blocked (snapshots finding no headroom for it, or requests waiting at or above it), the age of the blocked
-// episode plus the time that backlog takes to drain once it ends; clamped to the band's bounds, jittered and rounded
-// up to whole seconds. The backlog term alone would tell shed
-// Sheddable clients "1s" all through a burst, which sheds them again; an episode that has lasted d is taken to last
-// about d more, so retries land after the burst.
+// Retry-After is the estimated time until capacity for the band returns (shed.go, recovery.go). Outside an overload
+// episode it is the backlog at and above the band over the drain rate (an exponential moving average of cost
+// dispatched per second of backlogged time). While the band is blocked (snapshots finding no headroom for it, or
+// requests waiting at or above it), it follows that backlog's trend:
+//
+//   - Growing or standing, the overload goes on: an episode that has lasted d is taken to last about d more (the
+//     backlog term alone would tell shed Sheddable clients "1s" all through a burst, which sheds them again), and the
+//     backlog it leaves then takes as long to drain as it took to build (the load after an overload is taken to be
+//     as far below capacity as it was above), never less than the drain rate allows.
+//   - Shrinking, the overload is over: the backlog drains at the rate it is seen to shrink, which counts the arrivals
+//     that keep joining it; over the drain rate alone, clients came back while it still shed them. A built-up
+//     backlog that has drained ends the episode.
+//
+// The estimate is clamped to the band's bounds, rounded up to whole seconds and spread by the jitter, only ever later:
+// a client sent back before the estimate returns while capacity is still expected to be short. Finally a ledger of
+// returns (promises.go) books each answer in the first second at or after it whose returns stay within the drain
+// rate, so that clients told during an overload's drain do not all come back in the second it ends. The EPP cannot
+// know how long an overload will last; clients turned away early in one are still told too short a wait (see
+// testbed/bench/scenarios/README.md, overload-recovery).
 //
 // # Invariants
 //

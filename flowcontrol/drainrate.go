@@ -70,12 +70,14 @@ func (d *drainEstimator) rate() (float64, bool) {
 }
 
 // retryAfter turns an estimated time-until-admission into an RFC 9110 delay-seconds value: clamp the estimate to
-// [lo, hi], spread it by ±jitter (u is uniform in [0, 1)), clamp again and round up to whole seconds. Jitter is applied
-// after the first clamp so that clients shed at the bound do not all return at the same second.
+// [lo, hi] and round it up to whole seconds s, then spread it over s to s+jitter*s whole seconds (u is uniform in
+// [0, 1)) and clamp again. The spread only lengthens the wait: a client sent back before the estimate returns while
+// capacity is still expected to be short. It is applied after the first clamp so that clients shed at the lower bound
+// do not all return at the same second (those at the upper bound stay there).
 func retryAfter(estimate, lo, hi time.Duration, jitter, u float64) time.Duration {
-	s := clampF(estimate.Seconds(), lo.Seconds(), hi.Seconds())
-	s = clampF(s*(1+jitter*(2*u-1)), lo.Seconds(), hi.Seconds())
-	return time.Duration(math.Ceil(s)) * time.Second
+	s := math.Ceil(clampF(estimate.Seconds(), lo.Seconds(), hi.Seconds()))
+	s += math.Floor(u * (jitter*s + 1))
+	return time.Duration(clampF(s, lo.Seconds(), math.Floor(hi.Seconds()))) * time.Second
 }
 
 func clampF(v, lo, hi float64) float64 {

@@ -19,15 +19,16 @@ func TestRetryAfter(t *testing.T) {
 		{"above max clamps down", time.Hour, s, 30 * s, 0, 0.5, 30 * s},
 		{"rounds up to whole seconds", 2100 * time.Millisecond, s, 30 * s, 0, 0.5, 3 * s},
 		{"exact seconds stay", 4 * s, s, 30 * s, 0, 0.5, 4 * s},
-		{"jitter up", 10 * s, s, 30 * s, 0.2, 1, 12 * s},
-		{"jitter down", 10 * s, s, 30 * s, 0.2, 0, 8 * s},
-		{"jitter stays within max", 30 * s, s, 30 * s, 0.2, 1, 30 * s},
-		{"jitter spreads below max", 30 * s, s, 30 * s, 0.2, 0, 24 * s},
-		{"jitter stays within min", s, s, 30 * s, 0.2, 0, s},
+		{"jitter up", 10 * s, s, 30 * s, 0.2, 0.99, 12 * s},
+		{"jitter never sends a client back before the estimate", 10 * s, s, 30 * s, 0.2, 0, 10 * s},
+		{"jitter halfway", 10 * s, s, 30 * s, 0.2, 0.5, 11 * s},
+		{"jitter stays within max", 30 * s, s, 30 * s, 0.2, 0.99, 30 * s},
+		{"a spread below a second rounds to the estimate mostly", s, s, 30 * s, 0.2, 0.8, s},
+		{"jitter spreads above min", s, s, 30 * s, 0.5, 0.99, 2 * s},
 		{"saturating estimate", math.MaxInt64, s, 60 * s, 0.2, 0.5, 60 * s},
 	} {
 		if got := retryAfter(tc.estimate, tc.lo, tc.hi, tc.jitter, tc.u); got != tc.want {
-			t.Errorf("%s: retryAfter(%v, [%v,%v], ±%v, u=%v) = %v, want %v", tc.name, tc.estimate, tc.lo, tc.hi,
+			t.Errorf("%s: retryAfter(%v, [%v,%v], +%v, u=%v) = %v, want %v", tc.name, tc.estimate, tc.lo, tc.hi,
 				tc.jitter, tc.u, got, tc.want)
 		}
 	}

@@ -41,41 +41,44 @@ func (c *Controller) backlogAtOrAboveLocked(band Band) float64 {
 }
 
 // retryEstimateLocked is the Retry-After estimate for a request of band turned away at now: when capacity for it is
-// expected to return. Unblocked, that is timeUntilAdmitLocked (the backlog ahead over the drain rate). While the band
-// is blocked, it is no sooner than the current saturation episode's end plus the time the backlog at and above the
-// band waiting now then still takes to drain: an overload that has lasted d is expected to last about d more (the
-// Lindy heuristic for episodes whose length is unknown), and the requests waiting ahead go first once it ends, so a
-// client told only the episode's end comes back to a queue that sheds it again. The backlog alone is blind to
-// arrivals that keep the pool saturated: under a sustained burst a band that rejects when saturated (Sheddable) has
-// no backlog at all, and clients told "1s" would come back into the same burst.
+// expected to return. Outside an overload episode, that is timeUntilAdmitLocked (the backlog ahead over the drain
+// rate); within one, bandRecovery.capacityReturn, which also covers the overload's remaining length and the backlog
+// it leaves behind: the backlog alone is blind to arrivals that keep the pool saturated (under a sustained burst a
+// band that rejects when saturated, Sheddable, has no backlog at all, and clients told "1s" would come back into the
+// same burst), and the drain rate alone to the arrivals that keep joining the backlog while it drains.
 func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time) time.Duration {
 	estimate := c.timeUntilAdmitLocked(band, cost)
-	if since := c.blockedSince[band]; !since.IsZero() {
-		episode := now.Sub(since)
-		if rate, ok := c.drain.rate(); ok {
-			episode += secondsToDuration(c.backlogAtOrAboveLocked(band) / rate)
-		}
-		estimate = max(estimate, episode)
+	rec := &c.recovery[band]
+	backlog := c.backlogAtOrAboveLocked(band)
+	rec.observeBacklog(now, backlog, c.cfg.DrainRateWindow)
+	if rec.overloadSince.IsZero() {
+		return estimate
 	}
-	return estimate
+	if rate, ok := c.drain.rate(); ok {
+		return max(estimate, rec.capacityReturn(now, backlog+cost, rate))
+	}
+	return max(estimate, now.Sub(rec.overloadSince))
 }
 
 // trackBlockedLocked records, per band, whether an arrival of it would be dispatched at once after the current
-// snapshot's dispatches.
+// snapshot's dispatches, and the backlog at and above it.
 func (c *Controller) trackBlockedLocked(now time.Time) {
 	for _, b := range allBands {
-		if _, best, _ := c.headroomLocked(b, now); best >= 0 && c.queuedAtOrAboveLocked(b) == 0 {
-			c.blockedSince[b] = time.Time{}
-		} else if c.blockedSince[b].IsZero() {
-			c.blockedSince[b] = now
-		}
+		_, best, _ := c.headroomLocked(b, now)
+		blocked := best < 0 || c.queuedAtOrAboveLocked(b) > 0
+		c.recovery[b].observe(now, blocked, c.backlogAtOrAboveLocked(b), c.cfg.DrainRateWindow)
 	}
 }
 
-func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration) {
+// rejectLocked answers 429 for a request of cost turned away at now, with Retry-After from estimate, jittered and
+// booked in the band's ledger of returns (returnLedger).
+func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration, cost float64, now time.Time) {
 	bc := &c.cfg.Bands[d.Band]
 	d.Outcome, d.Reason = Rejected, reason
 	d.RetryAfter = retryAfter(estimate, bc.RetryAfterMin, bc.RetryAfterMax, c.cfg.RetryAfterJitter, c.rng.Float64())
+	rate, _ := c.drain.rate()
+	budget := c.recovery[d.Band].returnBudget(now, rate, c.cfg.DrainRateWindow)
+	d.RetryAfter = c.returns[d.Band].book(now, d.RetryAfter, bc.RetryAfterMax, cost, budget)
 }
 
 // unavailableLocked answers 503: there is no backlog to estimate from, so Retry-After is the band's minimum, jittered.

@@ -65,13 +65,7 @@ func ComputeRetryAfterStats(records []loadgen.Record, class string, arrival load
 	}
 	for _, recs := range byClass {
 		slices.SortStableFunc(recs, func(a, b loadgen.Record) int { return cmp.Compare(a.Start, b.Start) })
-		// served are the start times of the class's successful attempts, ascending.
-		var served []time.Duration
-		for _, r := range recs {
-			if r.OK() {
-				served = append(served, r.Start)
-			}
-		}
+		served := servedStarts(recs)
 		for _, r := range recs {
 			if !isShed(r) {
 				continue
@@ -83,12 +77,12 @@ func ComputeRetryAfterStats(records []loadgen.Record, class string, arrival load
 				st.WithoutRetryAfter++
 			}
 			answered := r.Start + r.E2E
-			i, _ := slices.BinarySearch(served, answered)
-			if i == len(served) {
+			at, ok := capacityReturnedAt(served, answered)
+			if !ok {
 				st.Never++
 				continue
 			}
-			returned := served[i] - answered
+			returned := at - answered
 			st.Returned = append(st.Returned, returned)
 			if r.RetryAfterSet {
 				st.Slack = append(st.Slack, r.RetryAfter-returned)
@@ -99,6 +93,104 @@ func ComputeRetryAfterStats(records []loadgen.Record, class string, arrival load
 		slices.Sort(d)
 	}
 	return st
+}
+
+// servedStarts are the start times of the successful attempts among records, ascending.
+func servedStarts(records []loadgen.Record) []time.Duration {
+	var served []time.Duration
+	for _, r := range records {
+		if r.OK() {
+			served = append(served, r.Start)
+		}
+	}
+	slices.Sort(served)
+	return served
+}
+
+// capacityReturnedAt is the first of served (ascending start times of a class's successful attempts) at or after
+// answered; false if none.
+func capacityReturnedAt(served []time.Duration, answered time.Duration) (time.Duration, bool) {
+	i, _ := slices.BinarySearch(served, answered)
+	if i == len(served) {
+		return 0, false
+	}
+	return served[i], true
+}
+
+// PhaseRetryAfter compares, for the 429/503 answers given during one phase of a phased arrival, when their clients
+// were told to come back with when capacity for their class actually returned, and counts how their first retries
+// fared: whether a retry failed because the client was told too early, or the capacity it was told about was gone
+// again by the time it came back.
+type PhaseRetryAfter struct {
+	Phase loadgen.Phase
+	// From is when the phase starts, from the run start.
+	From time.Duration
+	// Shed counts the attempts answered 429/503 during the phase.
+	Shed int
+	// ToldAt are, sorted, the moments (from the run start) their Retry-After sent the clients back to; ReturnedAt
+	// when capacity for their class returned (the start of the first later attempt of the class that was served).
+	ToldAt, ReturnedAt []time.Duration
+	// FirstRetries counts the requests whose first attempt was answered 429/503 during the phase and were retried;
+	// FirstRetriesServed those whose retry succeeded.
+	FirstRetries, FirstRetriesServed int
+}
+
+// RetryAfterByPhase is PhaseRetryAfter for each phase of a phased arrival (nil for other arrivals), over every class.
+func RetryAfterByPhase(records []loadgen.Record, arrival loadgen.ArrivalConfig) []PhaseRetryAfter {
+	if arrival.Kind != loadgen.ArrivalPhased {
+		return nil
+	}
+	out := make([]PhaseRetryAfter, len(arrival.Phases))
+	var from time.Duration
+	for i, p := range arrival.Phases {
+		out[i].Phase, out[i].From = p, from
+		from += p.Duration
+	}
+	phaseOf := func(t time.Duration) *PhaseRetryAfter {
+		i, _ := slices.BinarySearchFunc(out, t, func(p PhaseRetryAfter, t time.Duration) int { return cmp.Compare(p.From, t) })
+		if i == len(out) || out[i].From > t {
+			i-- // t falls inside the phase before (the last one goes on)
+		}
+		return &out[max(i, 0)]
+	}
+	byClass := map[string][]loadgen.Record{}
+	firstShedIn := map[int]*PhaseRetryAfter{} // Seq → phase its first attempt was answered 429/503 in
+	for _, r := range records {
+		byClass[r.Class] = append(byClass[r.Class], r)
+		if r.Attempt == 1 && isShed(r) {
+			firstShedIn[r.Seq] = phaseOf(r.Start + r.E2E)
+		}
+	}
+	for _, recs := range byClass {
+		served := servedStarts(recs)
+		for _, r := range recs {
+			if !isShed(r) {
+				continue
+			}
+			answered := r.Start + r.E2E
+			p := phaseOf(answered)
+			p.Shed++
+			if r.RetryAfterSet {
+				p.ToldAt = append(p.ToldAt, answered+r.RetryAfter)
+			}
+			if at, ok := capacityReturnedAt(served, answered); ok {
+				p.ReturnedAt = append(p.ReturnedAt, at)
+			}
+		}
+	}
+	for _, r := range records {
+		if p := firstShedIn[r.Seq]; p != nil && r.Attempt == 2 {
+			p.FirstRetries++
+			if r.OK() {
+				p.FirstRetriesServed++
+			}
+		}
+	}
+	for i := range out {
+		slices.Sort(out[i].ToldAt)
+		slices.Sort(out[i].ReturnedAt)
+	}
+	return out
 }
 
 // isShed reports an attempt the gateway turned away.
@@ -161,6 +253,40 @@ func writeRetryAfter(b *bufio.Writer, s *ScenarioResult) {
 		p("| %s | %d | %d | %s | %s | %d | %s | %s | %s | %s |\n", run.Contender.Name, st.Shed, st.WithoutRetryAfter,
 			durationSpread(st.RetryAfter), durationSpread(st.Returned), st.Never, durationSpread(st.Slack), share(st.Early(), len(st.Slack)),
 			share(st.FirstRetriesServed, st.FirstRetries), share(st.FirstRetriesBelowCapacityServed, st.FirstRetriesBelowCapacity))
+	}
+	if header {
+		writeRetryAfterByPhase(b, s)
+	}
+}
+
+// writeRetryAfterByPhase splits the comparison by the phase of a phased arrival in which the 429/503 was answered: the
+// moments clients were sent back to against the moments capacity returned, and their first retries.
+func writeRetryAfterByPhase(b *bufio.Writer, s *ScenarioResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	header := false
+	for _, run := range s.Runs {
+		if run.Result == nil {
+			continue
+		}
+		for _, ph := range RetryAfterByPhase(run.Result.Records, s.Scenario.Arrival) {
+			if ph.Shed == 0 {
+				continue
+			}
+			if !header {
+				header = true
+				p("\nThe same by the phase of the load in which the 429/503 was answered: moments from the run's start as " +
+					"P10 / P50 / P90, and the first retries of the requests whose first attempt was turned away then.\n\n")
+				p("| Contender | answered during | 429/503 | told to come back at | capacity returned at | first retries served |\n")
+				p("|---|---|---|---|---|---|\n")
+			}
+			load := fmt.Sprintf("%.3g req/s", ph.Phase.Rate)
+			if c := s.Scenario.Capacity; c > 0 {
+				load += fmt.Sprintf(" (%.2gx capacity)", ph.Phase.Rate/c)
+			}
+			p("| %s | %s–%s, %s | %d | %s | %s | %s |\n", run.Contender.Name, formatSeconds(ph.From.Seconds()),
+				formatSeconds((ph.From + ph.Phase.Duration).Seconds()), load, ph.Shed, durationSpread(ph.ToldAt),
+				durationSpread(ph.ReturnedAt), share(ph.FirstRetriesServed, ph.FirstRetries))
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,5 +264,46 @@ func TestServerShapesTable(t *testing.T) {
 	// The first shape meets "at most 2x its unloaded value", the second does not.
 	if !res.Scenarios[0].Targets[0].Met || res.Scenarios[1].Targets[0].Met {
 		t.Errorf("targets %+v / %+v", res.Scenarios[0].Targets[0], res.Scenarios[1].Targets[0])
+	}
+}
+
+// TestRetryAfterByPhase splits the 429/503 answers of a phased run by the phase they were given in: where Retry-After
+// sent their clients, when capacity for their class returned, and how their first retries fared.
+func TestRetryAfterByPhase(t *testing.T) {
+	// Overload until 10 s, then 5 req/s.
+	arrival := loadgen.ArrivalConfig{Kind: loadgen.ArrivalPhased, Phases: []loadgen.Phase{{Rate: 20, Duration: 10 * time.Second},
+		{Rate: 5, Duration: 10 * time.Second}}}
+	recs := []loadgen.Record{
+		attempt(1, "shed", 1, 2000, 10, 429, 8000),   // answered 2.01 s, told 10.01 s
+		attempt(1, "shed", 2, 10010, 100, 429, 5000), // its first retry, during the second phase: shed again, told 15.11 s
+		attempt(2, "shed", 1, 9000, 1000, 429, 3000), // answered 10 s (second phase), told 13 s
+		attempt(2, "shed", 2, 13000, 100, 200, -1),   // served: capacity returned at 13 s
+		attempt(3, "shed", 1, 4000, 10, 503, -1),     // answered 4.01 s without Retry-After; never retried
+		attempt(1, "shed", 3, 15110, 100, 200, -1),   // served at 15.11 s
+		attempt(4, "other", 1, 3000, 10, 429, 1000),  // answered 3.01 s; nothing of its class served later
+	}
+	got := RetryAfterByPhase(recs, arrival)
+	want := []PhaseRetryAfter{
+		{Phase: arrival.Phases[0], From: 0, Shed: 3,
+			ToldAt:       []time.Duration{4010 * time.Millisecond, 10010 * time.Millisecond},
+			ReturnedAt:   []time.Duration{13 * time.Second, 13 * time.Second},
+			FirstRetries: 1},
+		{Phase: arrival.Phases[1], From: 10 * time.Second, Shed: 2,
+			ToldAt:       []time.Duration{13 * time.Second, 15110 * time.Millisecond},
+			ReturnedAt:   []time.Duration{13 * time.Second, 13 * time.Second},
+			FirstRetries: 1, FirstRetriesServed: 1},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d phases, want %d", len(got), len(want))
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Phase != w.Phase || g.From != w.From || g.Shed != w.Shed || g.FirstRetries != w.FirstRetries ||
+			g.FirstRetriesServed != w.FirstRetriesServed || !slices.Equal(g.ToldAt, w.ToldAt) || !slices.Equal(g.ReturnedAt, w.ReturnedAt) {
+			t.Errorf("phase %d: %+v\nwant %+v", i, g, w)
+		}
+	}
+	if RetryAfterByPhase(recs, loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 5}) != nil {
+		t.Error("phases for an arrival without phases")
 	}
 }
