@@ -69,6 +69,7 @@ type run struct {
 	sweep     *eventclock.Event
 	finished  []*attempt // filled by the engine observer during Advance
 	firstSeen []*attempt
+	chunked   []*attempt // streams that sent a later chunk in the step (Config.EveryChunk)
 
 	samples  []Sample
 	interval Sample // counters since the last sample
@@ -100,6 +101,9 @@ func Run(cfg Config) (*Result, error) {
 			return nil, err
 		}
 		defer r.replicas.Close()
+	}
+	for _, sd := range cfg.Slowdowns {
+		r.clk.At(epoch.Add(sd.At), func() { r.servers[sd.Server].eng.SetSlowdown(sd.Factor) })
 	}
 	r.startLoad()
 	r.every(cfg.SampleInterval, cfg.SampleInterval, r.sample)
@@ -480,8 +484,13 @@ func (r *run) stepDone(out *engine.StepOutput) {
 				a.rec.TTFT = out.End.Sub(a.start)
 				r.firstSeen = append(r.firstSeen, a)
 			}
-		} else if a.stream && !r.cfg.DiscardITL {
-			a.rec.ITL = append(a.rec.ITL, out.End.Sub(a.last))
+		} else if a.stream {
+			if !r.cfg.DiscardITL {
+				a.rec.ITL = append(a.rec.ITL, out.End.Sub(a.last))
+			}
+			if r.cfg.EveryChunk && !er.Done() {
+				r.chunked = append(r.chunked, a)
+			}
 		}
 		a.last = out.End
 		if er.Done() {
@@ -509,6 +518,14 @@ func (r *run) afterStep() {
 	}
 	clear(r.firstSeen)
 	r.firstSeen = r.firstSeen[:0]
+	for i, a := range r.chunked {
+		r.chunked[i] = nil
+		if r.replicas != nil {
+			p := r.eppOf(a)
+			r.pickerCall(p, func() { p.ResponseChunk(a.id) })
+		}
+	}
+	r.chunked = r.chunked[:0]
 	for i, a := range r.finished {
 		r.finished[i] = nil
 		r.interval.Completed++
