@@ -160,6 +160,15 @@ type Config struct {
 	// Slowdowns are faults: from At on, server Server's engine steps take Factor times as long (the chaos suite's
 	// server-slow-10x in virtual time).
 	Slowdowns []Slowdown
+	// Blips are faults: the first request server Server receives at or after At is answered 500 at once (one
+	// failed answer of a healthy server, the simulator's error_rate fault for one request).
+	Blips []Blip
+}
+
+// Blip makes one server fail one request.
+type Blip struct {
+	Server int
+	At     time.Duration
 }
 
 // Slowdown makes one server slower from a point in the run on.
@@ -183,6 +192,11 @@ func (c Config) withDefaults() (Config, error) {
 		c.Servers = servers
 	case len(c.Servers) == 0:
 		errs = append(errs, errors.New("a fleet is required: set Servers or Fleet"))
+	}
+	for _, b := range c.Blips {
+		if b.Server < 0 || b.Server >= len(c.Servers) || b.At < 0 {
+			errs = append(errs, fmt.Errorf("blip %+v: want a server of the fleet (0-%d) and a time not negative", b, len(c.Servers)-1))
+		}
 	}
 	for _, sd := range c.Slowdowns {
 		if sd.Server < 0 || sd.Server >= len(c.Servers) || sd.At < 0 || !(sd.Factor >= 1) {

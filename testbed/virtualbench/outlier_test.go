@@ -1,12 +1,15 @@
 package virtualbench
 
 import (
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
@@ -169,5 +172,121 @@ classes:
 					moved, len(endpoints[0]))
 			}
 		})
+	}
+}
+
+// outlierProfile is Sluice's default profile with the outlier filter's parameters set to params (JSON).
+func outlierProfile(t *testing.T, params string) []byte {
+	t.Helper()
+	profile, err := plugins.DefaultEndpointPickerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := "- type: " + plugins.OutlierFilterType + "\n"
+	if strings.Count(profile, entry) != 1 {
+		t.Fatalf("the default profile does not list %s once", plugins.OutlierFilterType)
+	}
+	return []byte(strings.Replace(profile, entry, entry+"  parameters: "+params+"\n", 1))
+}
+
+// failedFrom counts the attempts sent from from on that a server answered 500.
+func failedFrom(recs []loadgen.Record, from time.Duration) int {
+	n := 0
+	for _, r := range recs {
+		if r.Start >= from && r.Status == 500 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestOutlierFirst5xx is the chaos case server-500s in virtual time: from 10 s on, server 0 of the chaos fleet
+// answers every request 500. Ejecting it on its first 5xx while a peer is healthy (localConsecutive5xx 1) sends
+// it fewer requests to fail than on its second (the default, 2), and traffic leaves it sooner.
+func TestOutlierFirst5xx(t *testing.T) {
+	const fault = 10 * time.Second
+	blips := make([]Blip, 1000) // more than it receives
+	for i := range blips {
+		blips[i] = Blip{Server: 0, At: fault}
+	}
+	cfg := Config{
+		Servers: chaosFleet(t), Seed: 3, Mix: mustMix(t, chaosMix),
+		Objectives: map[string]int{"critical": 2, "standard": 1, "sheddable": 0},
+		Arrival:    loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 8},
+		Duration:   30 * time.Second, Blips: blips,
+	}
+	figures := map[int]slowFigures{}
+	failed := map[int]int{}
+	for _, local := range []int{2, 1} {
+		c := cfg
+		c.Router = SluiceRouter(nil, outlierProfile(t, fmt.Sprintf(`{"localConsecutive5xx": %d}`, local)))
+		res, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkNothingLost(t, res.Records)
+		f := slowServerFigures(res.Records, net.JoinHostPort("127.0.0.1", strconv.Itoa(BasePort)), fault)
+		figures[local], failed[local] = f, failedFrom(res.Records, fault)
+		t.Logf("localConsecutive5xx %d: %d of %d requests after the fault to the failing server (%d answered 500); "+
+			"the last at +%v before a 1 s gap (then %d probes); Critical TTFT p99 after the fault %v",
+			local, f.there, f.total, failed[local], f.left, f.probes, f.criticalP99)
+	}
+	if !(failed[1] < failed[2] && figures[1].left < figures[2].left) {
+		t.Errorf("ejecting on the first 5xx: %d failed, traffic gone after %v; on the second: %d, %v: want fewer and sooner",
+			failed[1], figures[1].left, failed[2], figures[2].left)
+	}
+}
+
+// TestOutlierBlipCost measures what ejecting on the first 5xx costs a healthy fleet: one server of the chaos fleet
+// fails one request every 5 s (a blip), and with localConsecutive5xx 1 each blip ejects it for the base ejection
+// time (1 s), with 2 none does. The figures (Critical and overall TTFT p99, requests served) are logged against a
+// run without blips; the test checks that every request but the blips was served and that the first-5xx rule did
+// eject (the blips moved requests off the server).
+func TestOutlierBlipCost(t *testing.T) {
+	var blips []Blip
+	for at := 2 * time.Second; at < 30*time.Second; at += 5 * time.Second {
+		blips = append(blips, Blip{Server: 1, At: at})
+	}
+	cfg := Config{
+		Servers: chaosFleet(t), Seed: 3, Mix: mustMix(t, chaosMix),
+		Objectives: map[string]int{"critical": 2, "standard": 1, "sheddable": 0},
+		Arrival:    loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 12},
+		Duration:   30 * time.Second,
+	}
+	runs := []struct {
+		name  string
+		local int
+		blips []Blip
+	}{{"no blips", 1, nil}, {"blips, localConsecutive5xx 2", 2, blips}, {"blips, localConsecutive5xx 1", 1, blips}}
+	dispatched := map[string]uint64{}
+	for _, run := range runs {
+		c := cfg
+		c.Blips = run.blips
+		c.Router = SluiceRouter(nil, outlierProfile(t, fmt.Sprintf(`{"localConsecutive5xx": %d}`, run.local)))
+		res, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkNothingLost(t, res.Records)
+		ok, failed := 0, 0
+		for _, r := range res.Records {
+			switch {
+			case r.Status == 200:
+				ok++
+			case r.Status == 500:
+				failed++
+			}
+		}
+		if failed != len(run.blips) {
+			t.Errorf("%s: %d answered 500, want the %d blips", run.name, failed, len(run.blips))
+		}
+		all, critical := classSummary(res, loadgen.AllClasses), classSummary(res, "critical")
+		dispatched[run.name] = res.Fleet.Dispatched[1]
+		t.Logf("%-30s 200 × %d, 500 × %d; TTFT p99 %v, Critical %v; server 1 received %d",
+			run.name, ok, failed, all.TTFT.P99, critical.TTFT.P99, res.Fleet.Dispatched[1])
+	}
+	if dispatched["blips, localConsecutive5xx 1"] >= dispatched["blips, localConsecutive5xx 2"] {
+		t.Errorf("with the first-5xx rule the blipping server received %d requests, without it %d: want fewer (ejected after each blip)",
+			dispatched["blips, localConsecutive5xx 1"], dispatched["blips, localConsecutive5xx 2"])
 	}
 }

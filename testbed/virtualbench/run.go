@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,6 +102,11 @@ func Run(cfg Config) (*Result, error) {
 			return nil, err
 		}
 		defer r.replicas.Close()
+	}
+	for _, b := range cfg.Blips {
+		s := r.servers[b.Server]
+		s.blips = append(s.blips, epoch.Add(b.At))
+		slices.SortFunc(s.blips, time.Time.Compare)
 	}
 	for _, sd := range cfg.Slowdowns {
 		r.clk.At(epoch.Add(sd.At), func() { r.servers[sd.Server].eng.SetSlowdown(sd.Factor) })
@@ -433,13 +439,20 @@ func (r *run) dispatch(a *attempt, si int, body []byte) {
 	a.rec.Endpoint = s.name
 	s.sent++
 	r.interval.Dispatched++
-	ereq, herr := s.accept(r.clk.Now(), body, a.chat, uint64(a.idx)+1)
+	var ereq *engine.Request
+	var herr *httpError
+	if len(s.blips) > 0 && !r.clk.Now().Before(s.blips[0]) {
+		s.blips = s.blips[1:]
+		herr = &httpError{status: http.StatusInternalServerError, message: "injected blip"}
+	} else {
+		ereq, herr = s.accept(r.clk.Now(), body, a.chat, uint64(a.idx)+1)
+	}
 	if herr != nil {
 		// The answer is a JSON error; loadgen keeps an excerpt of its body.
 		if r.replicas != nil {
 			p := r.eppOf(a)
 			r.pickerCall(p, func() {
-				p.ResponseHeader(a.id, map[string]string{"content-type": "application/json"})
+				p.ResponseHeader(a.id, map[string]string{":status": strconv.Itoa(herr.status), "content-type": "application/json"})
 				p.ResponseComplete(a.id, errorBody(herr))
 			})
 		}
