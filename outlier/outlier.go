@@ -26,7 +26,8 @@ type Config struct {
 	// SlowFactor, when positive, is how many times its usual gap between two chunks of a stream an endpoint's gap
 	// must be to count as slow (see Pace); 0 turns slow detection off. At least 1.
 	SlowFactor float64
-	// SlowGaps is how many slow gaps in a row on one stream eject its endpoint while a peer's pace is normal.
+	// SlowGaps is how many of a stream's last 2·SlowGaps-1 gaps must be slow to eject its endpoint while a peer's
+	// pace is normal (1-32).
 	SlowGaps int
 }
 
@@ -36,9 +37,9 @@ type Config struct {
 // fail, at a failing server's fast pace); a base ejection (1 s) short enough that a server that recovers
 // is used again soon, a cap (30 s) that keeps probing a dead one a few times a minute. Slow: 4 times the usual gap
 // (a server twice or three times slower is in a busy batch, or a GPU class below its peers: a scorer's business, not
-// an outlier), 5 such gaps in a row (a step that computes a long prompt stalls a batch as a slowed server does; in
-// the virtual-time engine's fleets under load, 3 or 4 in a row happened without a fault, 5 did not:
-// testbed/virtualbench TestOutlierPaceEjectsNoHealthyServer).
+// an outlier), 7 such gaps of a stream's last 13 (a step that computes a long prompt stalls a batch as a slowed server
+// does; testbed/virtualbench TestOutlierPaceEjectsNoHealthyServer ejected a healthy a10g fleet under bursts of long
+// prompts at 5 or 6).
 const (
 	DefaultConsecutive5xx      = 5
 	DefaultLocalConsecutive5xx = 2
@@ -46,7 +47,7 @@ const (
 	DefaultMaxEjectionTime     = 30 * time.Second
 	DefaultMaxEjectionPercent  = 50
 	DefaultSlowFactor          = 4
-	DefaultSlowGaps            = 5
+	DefaultSlowGaps            = 7
 )
 
 // DefaultConfig returns the default policy.
@@ -83,8 +84,8 @@ func (c Config) Validate() error {
 	if c.SlowFactor != 0 && !(c.SlowFactor >= 1) {
 		errs = append(errs, fmt.Errorf("slowFactor must be 0 (off) or at least 1, got %v", c.SlowFactor))
 	}
-	if c.SlowFactor != 0 && c.SlowGaps < 1 {
-		errs = append(errs, fmt.Errorf("slowGaps must be at least 1, got %d", c.SlowGaps))
+	if c.SlowFactor != 0 && (c.SlowGaps < 1 || c.SlowGaps > 32) {
+		errs = append(errs, fmt.Errorf("slowGaps must be within 1-32, got %d", c.SlowGaps))
 	}
 	return errors.Join(errs...)
 }

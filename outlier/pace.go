@@ -1,28 +1,32 @@
 package outlier
 
 import (
+	"math/bits"
 	"sync"
 	"time"
 )
 
 // Pace finds the endpoints that became slow, from the pace of their streamed responses, and ejects them through
-// its Detector (ObserveSlow). A gap is the time between two chunks of one stream. An endpoint is slow when one of its
-// streams has SlowGaps gaps in a row each at least SlowFactor times the endpoint's usual gap, while another endpoint's
-// latest gap was normal for that endpoint.
+// its Detector (ObserveSlow). A gap is the time between two chunks of one stream; a slow gap is at least SlowFactor
+// times the endpoint's usual gap. An endpoint is slow when SlowGaps of the last 2·SlowGaps-1 gaps of one of its
+// streams were slow (the median of its recent gaps is), while most of the other endpoints streaming are at their
+// normal pace.
 //
 // Why the gap between chunks: a model server streams a chunk per token, one per engine step, so the gap is the
 // server's step time. It does not grow with the server's queue, as the time to the first chunk does, nor with the
 // request's own prompt, computed before its first chunk. Why the endpoint's own usual gap rather than its peers':
 // a pool of mixed GPUs holds servers 3x apart in step time by design; a server several times slower than itself
-// is not normal. Why several gaps in a row: a step that computes another request's long prompt delays every
-// stream of the batch once; a slowed server delays every step. Why a peer at its normal pace: when every endpoint
-// slows down together (the whole pool got more load or longer prompts), none of them is the outlier.
+// is not normal. Why several gaps, and the median of a stream's recent gaps rather than a run of slow ones: a step
+// that computes another request's long prompt delays every stream of the batch once, while a slowed server delays
+// every step; and a chunk delayed on its way (a busy proxy, a busy EPP) makes one gap long and the next one short,
+// which must not reset the count. Why most peers at their normal pace: when the whole pool slows down together (a
+// burst of long prompts, more load), none of them is the outlier.
 //
-// The usual gap is the mean of the endpoint's normal gaps (those below SlowFactor times it) over about the last
-// paceMemory of them, judged from paceWarmup on. Slow gaps do not move it, so a slow-down does not become the
-// server's normal while it lasts. A stall counts before the chunk that ends it: at a pick (Stalled), a stream whose
-// last SlowGaps-1 gaps were slow and which has sent nothing for SlowFactor times the usual gap counts the gap
-// under way as slow, so a server that slowed down is left out before its slow chunks arrive.
+// The usual gap is the mean of the endpoint's normal gaps (below SlowFactor times it, on streams with no slow gap
+// in their window) over about the last paceMemory of them, judged from paceWarmup on. Slow gaps do not move it, so a
+// slow-down does not become the server's normal while it lasts. A stall counts before the chunk that ends it: at a
+// pick (Stalled), a stream one slow gap short that has sent nothing for SlowFactor times the usual gap counts the
+// gap under way as slow, so a server that slowed down is left out before its slow chunks arrive.
 //
 // Non-streamed responses give no gaps: one chunk, at the end. A Pace is safe for concurrent use; one mutex guards
 // it, taken before the Detector's.
@@ -35,8 +39,7 @@ type Pace struct {
 	// streams holds the streams under way by request ID, from their first chunk to End (or to streamIdle
 	// without a chunk).
 	streams map[string]*stream
-	// suspects are the streams whose last gaps in a row were slow, one short of SlowGaps: the streams a stall
-	// makes slow.
+	// suspects are the streams one slow gap short of slow: the streams a stall makes slow.
 	suspects map[*stream]struct{}
 	// endpoints holds each endpoint's pace, until it sends nothing for paceIdle.
 	endpoints  map[string]*endpointPace
@@ -60,7 +63,8 @@ const (
 type stream struct {
 	endpoint string
 	last     time.Time // latest chunk
-	slow     int       // slow gaps in a row
+	// history holds whether each of the stream's last gaps was slow, the latest in bit 0.
+	history uint64
 }
 
 type endpointPace struct {
@@ -70,6 +74,7 @@ type endpointPace struct {
 	normalAt time.Time     // latest normal gap
 	slowAt   time.Time     // latest slow gap
 	reported bool          // reported slow to the detector, not yet cleared by a normal gap
+	suspects int           // streams of it among the suspects
 }
 
 // EndpointEjection is an ejection of Endpoint.
@@ -106,7 +111,7 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) Ejection {
 	s := p.streams[id]
 	if s == nil || s.endpoint != endpoint {
 		if s != nil {
-			delete(p.suspects, s)
+			p.unsuspectLocked(s)
 		}
 		s = &stream{endpoint: endpoint, last: now}
 		p.streams[id] = s
@@ -119,31 +124,59 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) Ejection {
 		e.learn(gap)
 		return Ejection{}
 	}
-	if !p.slowLocked(e, gap) {
-		s.slow = 0
-		p.suspectLocked(s)
-		e.learn(gap)
+	slow := p.slowLocked(e, gap)
+	clean := s.history == 0
+	s.history = (s.history<<1 | b2u(slow)) & p.window()
+	p.suspectLocked(s)
+	if !slow {
+		if clean {
+			e.learn(gap)
+		}
 		e.normalAt = now
-		if e.reported && p.d.ObservePaced(now, endpoint) {
+		if _, suspect := p.suspects[s]; !suspect && e.reported && p.d.ObservePaced(now, endpoint) {
 			e.reported = false
 		}
 		return Ejection{}
 	}
 	e.slowAt = now
-	s.slow++
-	p.suspectLocked(s)
-	if s.slow < p.gaps {
+	if bits.OnesCount64(s.history) < p.gaps {
 		return Ejection{}
 	}
 	return p.reportLocked(now, endpoint, e)
 }
 
-// suspectLocked keeps s among the suspects while its slow gaps in a row are at least SlowGaps-1.
+// window is the mask of a stream's last 2·SlowGaps-1 gaps in its history.
+func (p *Pace) window() uint64 { return 1<<(2*p.gaps-1) - 1 }
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// suspectLocked keeps s among the suspects while SlowGaps-1 of its last 2·SlowGaps-2 gaps were slow: one more slow
+// gap, the one under way, would make SlowGaps of its last 2·SlowGaps-1.
 func (p *Pace) suspectLocked(s *stream) {
-	if s.slow >= p.gaps-1 {
+	if bits.OnesCount64(s.history&(p.window()>>1)) < p.gaps-1 {
+		p.unsuspectLocked(s)
+		return
+	}
+	if _, ok := p.suspects[s]; !ok {
 		p.suspects[s] = struct{}{}
-	} else {
+		if e := p.endpoints[s.endpoint]; e != nil {
+			e.suspects++
+		}
+	}
+}
+
+// unsuspectLocked removes s from the suspects.
+func (p *Pace) unsuspectLocked(s *stream) {
+	if _, ok := p.suspects[s]; ok {
 		delete(p.suspects, s)
+		if e := p.endpoints[s.endpoint]; e != nil {
+			e.suspects--
+		}
 	}
 }
 
@@ -158,27 +191,33 @@ func (e *endpointPace) learn(gap time.Duration) {
 	e.usual += (gap - e.usual) / time.Duration(e.n)
 }
 
-// reportLocked reports endpoint slow to the detector, when a peer's pace is normal.
+// reportLocked reports endpoint slow to the detector, when most of its peers' pace is normal.
 func (p *Pace) reportLocked(now time.Time, endpoint string, e *endpointPace) Ejection {
-	if !p.normalPeerLocked(now, endpoint) {
+	if !p.normalPeersLocked(now, endpoint) {
 		return Ejection{}
 	}
 	e.reported = true
 	return p.d.ObserveSlow(now, endpoint)
 }
 
-// normalPeerLocked reports whether an endpoint other than endpoint had a normal latest gap within healthyPeerWindow.
-func (p *Pace) normalPeerLocked(now time.Time, endpoint string) bool {
+// normalPeersLocked reports whether most of the other endpoints that streamed within healthyPeerWindow are at
+// their normal pace (their latest gap normal, no stream of theirs one slow gap short of slow), and at least one.
+func (p *Pace) normalPeersLocked(now time.Time, endpoint string) bool {
+	active, normal := 0, 0
 	for name, e := range p.endpoints {
-		if name != endpoint && !e.normalAt.IsZero() && !e.normalAt.Before(e.slowAt) && now.Sub(e.normalAt) <= healthyPeerWindow {
-			return true
+		if name == endpoint || now.Sub(e.last) > healthyPeerWindow {
+			continue
+		}
+		active++
+		if e.suspects == 0 && !e.normalAt.IsZero() && !e.normalAt.Before(e.slowAt) {
+			normal++
 		}
 	}
-	return false
+	return normal > 0 && 2*normal > active
 }
 
-// Stalled ejects, at now, the endpoints of the streams whose last SlowGaps-1 gaps were slow and that have sent
-// nothing for SlowFactor times their endpoint's usual gap (see Pace), and returns the ejections it started.
+// Stalled ejects, at now, the endpoints of the streams one slow gap short of slow that have sent nothing for
+// SlowFactor times their endpoint's usual gap (see Pace), and returns the ejections it started.
 func (p *Pace) Stalled(now time.Time) []EndpointEjection {
 	if p.factor == 0 {
 		return nil
@@ -206,7 +245,7 @@ func (p *Pace) End(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if s := p.streams[id]; s != nil {
-		delete(p.suspects, s)
+		p.unsuspectLocked(s)
 		delete(p.streams, id)
 	}
 }
@@ -220,7 +259,7 @@ func (p *Pace) pruneLocked(now time.Time) {
 	p.lastPruned = now
 	for id, s := range p.streams {
 		if now.Sub(s.last) > streamIdle {
-			delete(p.suspects, s)
+			p.unsuspectLocked(s)
 			delete(p.streams, id)
 		}
 	}

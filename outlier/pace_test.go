@@ -63,14 +63,19 @@ func TestPace(t *testing.T) {
 		{name: "nothing is judged before the warm-up", steps: paced(
 			streamOf("s", "a", 0, 10, 10, 10, 200, 200, 200, 200), warm("b", 20), pick(1000),
 		)},
-		{name: "three slow gaps in a row eject while a peer is normal", steps: paced(
+		{name: "three slow gaps eject while a peer is normal", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800, 200, 200, 200), pick(1200), pick(1400, "a"),
 			pick(2399, "a"), pick(2400),
 		)},
 		{name: "a long step now and then ejects nothing", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
-			streamOf("s", "a", 800, 200, 200, 20, 200, 200, 20, 200, 200), pick(2000),
+			streamOf("s", "a", 800, 200, 20, 20, 200, 20, 20, 200, 20, 20, 200), pick(2000),
+		)},
+		{name: "a delayed chunk does not reset the count", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 200, 200, 10), pick(1211), // the second slow chunk came late, the next right after
+			[]paceStep{{ms: 1409, id: "s", ep: "a"}}, pick(1409, "a"),
 		)},
 		{name: "slow gaps of different streams do not add up", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),

@@ -43,7 +43,7 @@ func chaosFleet(t *testing.T) []engine.Config {
 
 // TestOutlierPaceLeavesASlowedServer is the chaos case server-slow-10x in virtual time: server 0 of the chaos fleet
 // serves 10x slower from 10 s to the end of a 30 s load of 8 requests/s. With every chunk reported, the outlier
-// filter leaves it out once a stream of it was slow SlowGaps times in a row (then lets a probe through as each
+// filter leaves it out once SlowGaps of a stream's last gaps were slow (then lets a probe through as each
 // ejection ends); with only the first chunk reported (no pace to judge), the load scorers keep sending it some
 // requests, which wait behind its slow steps. The figures are logged.
 func TestOutlierPaceLeavesASlowedServer(t *testing.T) {
@@ -117,8 +117,8 @@ func slowServerFigures(recs []loadgen.Record, server string, fault time.Duration
 
 // TestOutlierPaceEjectsNoHealthyServer: fleets without a fault, each under a load that stresses the pace (busy
 // batches, long and mixed prompts, two GPU classes 3x apart in step time), route every request the same with every
-// chunk reported as without: the pace detection ejected no server. Fails with slowGaps 3 or 4 (a10g bursts, h100
-// busy batches: several steps in a row that compute long prompts).
+// chunk reported as without: the pace detection ejected no server. Fails with slowGaps 5 or 6 (the a10g fleet's
+// bursts: steps in a row that compute long prompts).
 func TestOutlierPaceEjectsNoHealthyServer(t *testing.T) {
 	mixed := `
 api: chat
