@@ -65,6 +65,7 @@ type stream struct {
 	last     time.Time // latest chunk
 	// history holds whether each of the stream's last gaps was slow, the latest in bit 0.
 	history uint64
+	judged  int // gaps judged, up to the window's length
 }
 
 type endpointPace struct {
@@ -127,13 +128,16 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) Ejection {
 	slow := p.slowLocked(e, gap)
 	clean := s.history == 0
 	s.history = (s.history<<1 | b2u(slow)) & p.window()
+	s.judged = min(s.judged+1, 2*p.gaps-1)
 	p.suspectLocked(s)
 	if !slow {
 		if clean {
 			e.learn(gap)
 		}
 		e.normalAt = now
-		if _, suspect := p.suspects[s]; !suspect && e.reported && p.d.ObservePaced(now, endpoint) {
+		// A whole window of normal gaps clears the endpoint's slow record (one short gap may be a delayed chunk's
+		// successor on a slowed server).
+		if s.history == 0 && s.judged == 2*p.gaps-1 && e.reported && p.d.ObservePaced(now, endpoint) {
 			e.reported = false
 		}
 		return Ejection{}

@@ -100,11 +100,13 @@ func TestPace(t *testing.T) {
 			streamOf("s", "a", 800, 200, 200), []paceStep{{ms: 1201, id: "s", end: true}}, stall(1300), pick(1300),
 		)},
 		{name: "still slow after the ejection: ejected again, for longer; a normal pace starts over", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(400, 20)...),
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(480, 20)...),
 			streamOf("s", "a", 800, repeat(12, 200)...), // ejected at 1400, for 1 s; again at 2400 for 2 s
 			pick(2399, "a"), pick(2400, "a"), pick(4399, "a"),
-			streamOf("t", "a", 4400, 20, 20, 200, 200, 200), pick(5039), // a normal gap: the next is a first ejection
-			pick(5040, "a"), pick(6039, "a"), pick(6040),
+			streamOf("t", "a", 4400, 20, 20, 200, 200, 200), pick(5039), // two normal gaps do not start over:
+			pick(5040, "a"), pick(8039, "a"), pick(8040), // a 3rd ejection in a row (3 s, the cap)
+			streamOf("u", "a", 8040, 20, 20, 20, 20, 20, 200, 200, 200), pick(8739), // a window of normal gaps does
+			pick(8740, "a"), pick(9739, "a"), pick(9740),
 		)},
 		{name: "a server growing busier is learnt", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(300, 20)...),
