@@ -45,8 +45,8 @@ type outlierAPIConfig struct {
 	// SlowFactor: a gap between two chunks of a streamed response at least this many times its server's usual gap
 	// is slow; 0 turns slow detection off. Default 4.
 	SlowFactor *float64 `json:"slowFactor,omitempty"`
-	// SlowGaps: this many of the last 2·slowGaps-1 gaps of one stream, slow, eject its server while another server's
-	// pace is normal (1-32). Default 7.
+	// SlowGaps: this many of the last 2·slowGaps-1 gaps of one stream, slow, eject its server while most other
+	// servers' pace is normal (1-32). Default 7.
 	SlowGaps *int `json:"slowGaps,omitempty"`
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -70,18 +71,24 @@ func respond(f *OutlierFilter, ep fwksched.Endpoint, status string) {
 	f.ResponseHeader(context.Background(), &fwksched.LLMRequest{RequestId: "r"}, &fwkrc.Response{RequestId: "r", Headers: headers}, ep.GetMetadata())
 }
 
-func TestOutlierFilter(t *testing.T) {
-	clk := clocktesting.NewFakePassiveClock(fcT0)
-	p, err := OutlierFilterFactory("", json.RawMessage(`{"consecutive5xx": 2, "baseEjectionTime": "1s"}`), clockHandle{clock: clk})
+// newOutlierFilter returns an OutlierFilter with params on clk, and three endpoints.
+func newOutlierFilter(t *testing.T, params string, clk clock.PassiveClock) (*OutlierFilter, []fwksched.Endpoint) {
+	t.Helper()
+	p, err := OutlierFilterFactory("", json.RawMessage(params), clockHandle{clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := p.(*OutlierFilter)
 	var eps []fwksched.Endpoint
 	for i := range 3 {
 		ep := upstreamEndpoint(fmt.Sprintf("10.0.0.%d", i+1), 0, 0, fcT0)
 		eps = append(eps, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes()))
 	}
+	return p.(*OutlierFilter), eps
+}
+
+func TestOutlierFilter(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(fcT0)
+	f, eps := newOutlierFilter(t, `{"consecutive5xx": 2, "baseEjectionTime": "1s"}`, clk)
 	names := func(kept []fwksched.Endpoint) []string {
 		var out []string
 		for _, ep := range kept {
@@ -201,16 +208,7 @@ func chunk(f *OutlierFilter, ep fwksched.Endpoint, id string, end bool) {
 // (a stall); a non-streamed response (one call, at its end) times nothing.
 func TestOutlierFilterPace(t *testing.T) {
 	clk := clocktesting.NewFakeClock(fcT0)
-	p, err := OutlierFilterFactory("", json.RawMessage(`{"slowGaps": 2}`), clockHandle{clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := p.(*OutlierFilter)
-	var eps []fwksched.Endpoint
-	for i := range 3 {
-		ep := upstreamEndpoint(fmt.Sprintf("10.0.0.%d", i+1), 0, 0, fcT0)
-		eps = append(eps, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes()))
-	}
+	f, eps := newOutlierFilter(t, `{"slowGaps": 2}`, clk)
 	kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
 	// Every server streams at 20 ms a chunk; non-streamed answers come and go.
 	for range 100 {
