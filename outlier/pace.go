@@ -26,7 +26,9 @@ import (
 // in their window) over about the last paceMemory of them, judged from paceWarmup on. Slow gaps do not move it, so a
 // slow-down does not become the server's normal while it lasts. A stall counts before the chunk that ends it: at a
 // pick (Stalled), a stream one slow gap short that has sent nothing for SlowFactor times the usual gap counts the
-// gap under way as slow, so a server that slowed down is left out before its slow chunks arrive.
+// gap under way as slow, so a server that slowed down is left out before its slow chunks arrive. Once reported, an
+// endpoint is on probation until a stream of it has a whole window of normal gaps: meanwhile one slow gap or stall
+// reports it again (the Detector ejects it again if its ejection is over), as one 5xx after a 5xx ejection does.
 //
 // Non-streamed responses give no gaps: one chunk, at the end. A Pace is safe for concurrent use; one mutex guards
 // it, taken before the Detector's.
@@ -74,8 +76,10 @@ type endpointPace struct {
 	last     time.Time     // latest chunk
 	normalAt time.Time     // latest normal gap
 	slowAt   time.Time     // latest slow gap
-	reported bool          // reported slow to the detector, not yet cleared by a normal gap
-	suspects int           // streams of it among the suspects
+	// reported: reported slow to the detector and not cleared since by a window of normal gaps: on probation, one
+	// slow gap (or stall) reports it again, as the first 5xx after an ejection does.
+	reported bool
+	suspects int // streams of it among the suspects
 }
 
 // EndpointEjection is an ejection of Endpoint.
@@ -143,7 +147,7 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) Ejection {
 		return Ejection{}
 	}
 	e.slowAt = now
-	if bits.OnesCount64(s.history) < p.gaps {
+	if !e.reported && bits.OnesCount64(s.history) < p.gaps {
 		return Ejection{}
 	}
 	return p.reportLocked(now, endpoint, e)
@@ -159,10 +163,10 @@ func b2u(b bool) uint64 {
 	return 0
 }
 
-// suspectLocked keeps s among the suspects while SlowGaps-1 of its last 2·SlowGaps-2 gaps were slow: one more slow
-// gap, the one under way, would make SlowGaps of its last 2·SlowGaps-1.
+// suspectLocked keeps s among the suspects while SlowGaps-1 of its last 2·SlowGaps-2 gaps were slow (one more slow
+// gap, the one under way, would make SlowGaps of its last 2·SlowGaps-1), or while its endpoint is on probation.
 func (p *Pace) suspectLocked(s *stream) {
-	if bits.OnesCount64(s.history&(p.window()>>1)) < p.gaps-1 {
+	if e := p.endpoints[s.endpoint]; (e == nil || !e.reported) && bits.OnesCount64(s.history&(p.window()>>1)) < p.gaps-1 {
 		p.unsuspectLocked(s)
 		return
 	}

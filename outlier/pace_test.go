@@ -103,10 +103,11 @@ func TestPace(t *testing.T) {
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(480, 20)...),
 			streamOf("s", "a", 800, repeat(12, 200)...), // ejected at 1400, for 1 s; again at 2400 for 2 s
 			pick(2399, "a"), pick(2400, "a"), pick(4399, "a"),
-			streamOf("t", "a", 4400, 20, 20, 200, 200, 200), pick(5039), // two normal gaps do not start over:
-			pick(5040, "a"), pick(8039, "a"), pick(8040), // a 3rd ejection in a row (3 s, the cap)
-			streamOf("u", "a", 8040, 20, 20, 20, 20, 20, 200, 200, 200), pick(8739), // a window of normal gaps does
-			pick(8740, "a"), pick(9739, "a"), pick(9740),
+			// On probation, two normal gaps do not start over, and one slow gap ejects again (the 3rd in a row: 3 s).
+			streamOf("t", "a", 4400, 20, 20, 200), pick(4639), pick(4640, "a"), pick(7639, "a"), pick(7640),
+			// A window of normal gaps ends the probation: slow again, it takes three slow gaps, for a first ejection.
+			streamOf("u", "a", 7640, 20, 20, 20, 20, 20, 200, 200), pick(8140),
+			[]paceStep{{ms: 8340, id: "u", ep: "a"}}, pick(8340, "a"), pick(9339, "a"), pick(9340),
 		)},
 		{name: "a server growing busier is learnt", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(300, 20)...),
