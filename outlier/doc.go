@@ -10,10 +10,17 @@
 // ejected in a row (capped). Once the ejection ends the endpoint is picked again, and the first
 // response decides: another 5xx ejects it again at once, for longer; any other status clears its record.
 //
+// A Pace ejects, through the same Detector, an endpoint that became slow: it times the gaps between the chunks of
+// each streamed response (a token per engine step), learns each endpoint's usual gap, and reports an endpoint one of
+// whose streams had SlowGaps of its last 2·SlowGaps-1 gaps at SlowFactor times its usual gap while most peers' pace
+// was normal. A slowed
+// server answers successfully, so its slow ejections are kept apart from the 5xx records: they end as a 5xx ejection
+// does, and a normal gap outside an ejection clears them.
+//
 // Eject applies the cap on the pool: of the candidates of one pick, at most MaxEjectionPercent of them (at least one
 // when there are two or more) are left out, the longest-ejected first, and never all of them, so a fleet-wide failure
 // (a bad rollout, a broken dependency) degrades to the plain pick instead of refusing every request.
 //
 // The package is pure bookkeeping: time comes in as arguments, no I/O, no goroutines, no upstream imports. A
-// Detector is safe for concurrent use; one mutex guards it.
+// Detector and a Pace are safe for concurrent use; one mutex guards each (a Pace's is taken before its Detector's).
 package outlier

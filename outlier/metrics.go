@@ -41,7 +41,8 @@ func NewPrometheusRecorder(reg prometheus.Registerer) (*PrometheusRecorder, erro
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "sluice", Subsystem: "outlier", Name: "ejections_total",
 			Help: "Endpoints ejected by passive outlier detection, by reason (consecutive_5xx, local_5xx, repeat: " +
-				"the first response after an ejection failed too).",
+				"the first response after an ejection failed too; slow: its streams became several times slower than its usual " +
+				"pace while a peer's did not).",
 		}, []string{"reason"}),
 	}
 	gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -42,11 +42,12 @@ func TestPrometheusRecorder(t *testing.T) {
 # HELP sluice_outlier_ejected_endpoints Endpoints ejected by passive outlier detection now (before each pick's cap on ejections).
 # TYPE sluice_outlier_ejected_endpoints gauge
 sluice_outlier_ejected_endpoints 2
-# HELP sluice_outlier_ejections_total Endpoints ejected by passive outlier detection, by reason (consecutive_5xx, local_5xx, repeat: the first response after an ejection failed too).
+# HELP sluice_outlier_ejections_total Endpoints ejected by passive outlier detection, by reason (consecutive_5xx, local_5xx, repeat: the first response after an ejection failed too; slow: its streams became several times slower than its usual pace while a peer's did not).
 # TYPE sluice_outlier_ejections_total counter
 sluice_outlier_ejections_total{reason="consecutive_5xx"} 1
 sluice_outlier_ejections_total{reason="local_5xx"} 1
 sluice_outlier_ejections_total{reason="repeat"} 0
+sluice_outlier_ejections_total{reason="slow"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)

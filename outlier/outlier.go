@@ -23,19 +23,31 @@ type Config struct {
 	MaxEjectionTime time.Duration
 	// MaxEjectionPercent is the largest share of a pick's candidates left out, in percent (0-100).
 	MaxEjectionPercent int
+	// SlowFactor, when positive, is how many times its usual gap between two chunks of a stream an endpoint's gap
+	// must be to count as slow (see Pace); 0 turns slow detection off. At least 1.
+	SlowFactor float64
+	// SlowGaps is how many of a stream's last 2·SlowGaps-1 gaps must be slow to eject its endpoint while a peer's
+	// pace is normal (1-32).
+	SlowGaps int
 }
 
 // Defaults: Envoy's consecutive_5xx (5) and max_ejection_percent of the pool scaled for a pool of a few model
 // servers (50: one of three); two 5xx in a row while a peer is healthy (one is a blip a healthy server has; a server
 // that fails two in a row while its peers succeed is failing, and waiting for five sends it three more requests to
 // fail, at a failing server's fast pace); a base ejection (1 s) short enough that a server that recovers
-// is used again soon, a cap (30 s) that keeps probing a dead one a few times a minute.
+// is used again soon, a cap (30 s) that keeps probing a dead one a few times a minute. Slow: 4 times the usual gap
+// (a server twice or three times slower is in a busy batch, or a GPU class below its peers: a scorer's business, not
+// an outlier), 7 such gaps of a stream's last 13 (a step that computes a long prompt stalls a batch as a slowed server
+// does; testbed/virtualbench TestOutlierPaceEjectsNoHealthyServer ejected a healthy a10g fleet under bursts of long
+// prompts at 5 or 6).
 const (
 	DefaultConsecutive5xx      = 5
 	DefaultLocalConsecutive5xx = 2
 	DefaultBaseEjectionTime    = time.Second
 	DefaultMaxEjectionTime     = 30 * time.Second
 	DefaultMaxEjectionPercent  = 50
+	DefaultSlowFactor          = 4
+	DefaultSlowGaps            = 7
 )
 
 // DefaultConfig returns the default policy.
@@ -46,6 +58,8 @@ func DefaultConfig() Config {
 		BaseEjectionTime:    DefaultBaseEjectionTime,
 		MaxEjectionTime:     DefaultMaxEjectionTime,
 		MaxEjectionPercent:  DefaultMaxEjectionPercent,
+		SlowFactor:          DefaultSlowFactor,
+		SlowGaps:            DefaultSlowGaps,
 	}
 }
 
@@ -67,6 +81,12 @@ func (c Config) Validate() error {
 	if c.MaxEjectionPercent < 0 || c.MaxEjectionPercent > 100 {
 		errs = append(errs, fmt.Errorf("maxEjectionPercent must be within 0-100, got %d", c.MaxEjectionPercent))
 	}
+	if c.SlowFactor != 0 && !(c.SlowFactor >= 1) {
+		errs = append(errs, fmt.Errorf("slowFactor must be 0 (off) or at least 1, got %v", c.SlowFactor))
+	}
+	if c.SlowFactor != 0 && (c.SlowGaps < 1 || c.SlowGaps > 32) {
+		errs = append(errs, fmt.Errorf("slowGaps must be within 1-32, got %d", c.SlowGaps))
+	}
 	return errors.Join(errs...)
 }
 
@@ -77,6 +97,9 @@ type Detector struct {
 	mu sync.Mutex
 	// endpoints holds the endpoints whose last response was a 5xx; an endpoint is absent once one succeeds.
 	endpoints map[string]*record
+	// slow holds the endpoints a Pace found slow, ejected now or last; an endpoint is absent once its pace is normal
+	// again outside an ejection. Kept apart from endpoints: a slow server's answers succeed.
+	slow map[string]*record
 	// healthy holds, for each endpoint whose latest response was a success, when that was; pruned of entries older
 	// than healthyPeerWindow at most once per window, so churn cannot grow it.
 	healthy    map[string]time.Time
@@ -100,7 +123,7 @@ func New(cfg Config) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Detector{cfg: cfg, endpoints: map[string]*record{}, healthy: map[string]time.Time{}}, nil
+	return &Detector{cfg: cfg, endpoints: map[string]*record{}, slow: map[string]*record{}, healthy: map[string]time.Time{}}, nil
 }
 
 // Reason says which rule ejected an endpoint. Its values are a closed set, usable as metric labels.
@@ -115,10 +138,12 @@ const (
 	Local5xxReason
 	// RepeatReason: the first response after an ejection ended failed too.
 	RepeatReason
+	// SlowReason: its streams' pace was slow against its own usual pace while a peer's was normal (see Pace).
+	SlowReason
 )
 
 // Reasons lists the reasons an endpoint is ejected for.
-var Reasons = []Reason{Consecutive5xxReason, Local5xxReason, RepeatReason}
+var Reasons = []Reason{Consecutive5xxReason, Local5xxReason, RepeatReason, SlowReason}
 
 func (r Reason) String() string {
 	switch r {
@@ -128,6 +153,8 @@ func (r Reason) String() string {
 		return "local_5xx"
 	case RepeatReason:
 		return "repeat"
+	case SlowReason:
+		return "slow"
 	}
 	return "none"
 }
@@ -176,10 +203,45 @@ func (d *Detector) Observe(now time.Time, endpoint string, status int) Ejection 
 	default:
 		return Ejection{}
 	}
+	return d.ejectLocked(now, r, reason)
+}
+
+// ejectLocked starts r's next ejection in a row at now.
+func (d *Detector) ejectLocked(now time.Time, r *record, reason Reason) Ejection {
 	r.ejections++
 	length := d.ejectionTime(r.ejections)
 	r.since, r.until = now, now.Add(length)
 	return Ejection{For: length, Reason: reason}
+}
+
+// ObserveSlow records a Pace's verdict that endpoint is slow at now: it ejects the endpoint, for longer each time
+// in a row, unless an ejection is in course (its streams started before it go on being slow meanwhile).
+func (d *Detector) ObserveSlow(now time.Time, endpoint string) Ejection {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.forgetIdleLocked(now)
+	r := d.slow[endpoint]
+	if r == nil {
+		r = &record{}
+		d.slow[endpoint] = r
+	}
+	r.last = now
+	if now.Before(r.until) {
+		return Ejection{}
+	}
+	return d.ejectLocked(now, r, SlowReason)
+}
+
+// ObservePaced records that endpoint's pace was normal at now: outside an ejection, it clears the endpoint's slow
+// record, so that a later slow-down is a first ejection again. It reports whether no slow record is left.
+func (d *Detector) ObservePaced(now time.Time, endpoint string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.slow[endpoint]; r != nil && now.Before(r.until) {
+		return false
+	}
+	delete(d.slow, endpoint)
+	return true
 }
 
 // healthyPeerLocked reports whether some endpoint's latest response was a success within healthyPeerWindow of now
@@ -211,12 +273,32 @@ func (d *Detector) Ejected(now time.Time) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := 0
-	for _, r := range d.endpoints {
-		if now.Before(r.until) {
+	for e := range d.endpoints {
+		if _, ok := d.ejectedSinceLocked(now, e); ok {
 			n++
 		}
 	}
+	for e := range d.slow {
+		if _, counted := d.endpoints[e]; !counted {
+			if _, ok := d.ejectedSinceLocked(now, e); ok {
+				n++
+			}
+		}
+	}
 	return n
+}
+
+// ejectedSinceLocked reports whether endpoint is ejected at now, for either cause, and since when (the earlier
+// start when both).
+func (d *Detector) ejectedSinceLocked(now time.Time, endpoint string) (time.Time, bool) {
+	var since time.Time
+	ejected := false
+	for _, r := range []*record{d.endpoints[endpoint], d.slow[endpoint]} {
+		if r != nil && now.Before(r.until) && (!ejected || r.since.Before(since)) {
+			since, ejected = r.since, true
+		}
+	}
+	return since, ejected
 }
 
 // ejectionTime is the length of the n-th ejection in a row.
@@ -231,19 +313,21 @@ func (d *Detector) ejectionTime(n int) time.Duration {
 // pool (a pool member is picked again at most MaxEjectionTime after an ejection), so churn cannot grow the map.
 func (d *Detector) forgetIdleLocked(now time.Time) {
 	horizon := now.Add(-2 * d.cfg.MaxEjectionTime)
-	for e, r := range d.endpoints {
-		if r.last.Before(horizon) && !now.Before(r.until) {
-			delete(d.endpoints, e)
+	for _, records := range []map[string]*record{d.endpoints, d.slow} {
+		for e, r := range records {
+			if r.last.Before(horizon) && !now.Before(r.until) {
+				delete(records, e)
+			}
 		}
 	}
 }
 
-// Clean reports whether no endpoint's last response was a 5xx, so that no candidate can be ejected: a pick can skip
-// Eject.
+// Clean reports whether no endpoint's last response was a 5xx and none was found slow since its pace was last
+// normal, so that no candidate can be ejected: a pick can skip Eject.
 func (d *Detector) Clean() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return len(d.endpoints) == 0
+	return len(d.endpoints) == 0 && len(d.slow) == 0
 }
 
 // Eject marks in out (len(out) == len(candidates)) the candidates to leave out of a pick at now: those ejected, at
@@ -266,8 +350,8 @@ func (d *Detector) Eject(now time.Time, candidates []string, out []bool) int {
 	var found []ejected
 	d.mu.Lock()
 	for i, c := range candidates {
-		if r := d.endpoints[c]; r != nil && now.Before(r.until) {
-			found = append(found, ejected{i, r.since})
+		if since, ok := d.ejectedSinceLocked(now, c); ok {
+			found = append(found, ejected{i, since})
 		}
 	}
 	d.mu.Unlock()

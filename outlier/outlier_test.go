@@ -255,3 +255,76 @@ func TestObserveReportsEjections(t *testing.T) {
 		t.Errorf("Ejected once the ejection ended: %d, want 0", got)
 	}
 }
+
+// TestSlowEjections: a slow ejection (ObserveSlow) is kept apart from the 5xx record: the slowed server's successful
+// answers do not end it, an endpoint ejected for both counts once, a normal pace clears it only after it ended, and
+// its repeats grow as 5xx ejections do.
+func TestSlowEjections(t *testing.T) {
+	d, err := New(paceConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abc := []string{"a", "b", "c"}
+	out := make([]bool, len(abc))
+	left := func(ms int) []string {
+		d.Eject(at(ms), abc, out)
+		var got []string
+		for i, l := range out {
+			if l {
+				got = append(got, abc[i])
+			}
+		}
+		return got
+	}
+	steps := []struct {
+		name string
+		do   func()
+		ms   int
+		want []string
+		n    int // Ejected
+	}{
+		{"slow ejects", func() { d.ObserveSlow(at(0), "a") }, 1, []string{"a"}, 1},
+		{"a success does not end it", func() { d.Observe(at(2), "a", 200) }, 3, []string{"a"}, 1},
+		{"a normal pace during it does not clear it", func() {
+			if d.ObservePaced(at(4), "a") {
+				t.Error("ObservePaced cleared an ejection in course")
+			}
+		}, 5, []string{"a"}, 1},
+		{"5xx too: counted once", func() {
+			d.Observe(at(6), "a", 500)
+			d.Observe(at(7), "a", 500)
+			d.Observe(at(8), "a", 500)
+			d.Observe(at(9), "a", 500)
+			d.Observe(at(10), "a", 500)
+		}, 11, []string{"a"}, 1},
+		{"slow again at the end: twice as long", func() {
+			if e := d.ObserveSlow(at(1005), "a"); e != (Ejection{2 * time.Second, SlowReason}) {
+				t.Errorf("second slow ejection %+v", e)
+			}
+		}, 3004, []string{"a"}, 1},
+		{"over", func() {}, 3005, nil, 0},
+		{"a normal pace after it clears it", func() {
+			if !d.ObservePaced(at(3006), "a") {
+				t.Error("ObservePaced kept an ended ejection")
+			}
+			d.Observe(at(3006), "a", 200)
+		}, 3007, nil, 0},
+		{"then slow is a first ejection again", func() {
+			if e := d.ObserveSlow(at(3008), "a"); e != (Ejection{time.Second, SlowReason}) {
+				t.Errorf("slow ejection after a normal pace %+v", e)
+			}
+		}, 4007, []string{"a"}, 1},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := left(s.ms); !slices.Equal(got, s.want) {
+			t.Errorf("%s: left out %v, want %v", s.name, got, s.want)
+		}
+		if n := d.Ejected(at(s.ms)); n != s.n {
+			t.Errorf("%s: Ejected %d, want %d", s.name, n, s.n)
+		}
+	}
+	if d.Clean() {
+		t.Error("Clean with a slow record")
+	}
+}

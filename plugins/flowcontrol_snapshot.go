@@ -65,6 +65,7 @@ func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint, names []string) {
 	now := f.clock.Now()
 	var ejected []bool
 	for _, o := range *outliers {
+		o.ejectStalled(context.Background(), now)
 		if o.detector.Clean() {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -24,6 +25,7 @@ const OutlierFilterType = "sluice-outlier-filter"
 var (
 	_ fwksched.Filter      = (*OutlierFilter)(nil)
 	_ fwkrc.ResponseHeader = (*OutlierFilter)(nil)
+	_ fwkrc.ResponseBody   = (*OutlierFilter)(nil)
 )
 
 // outlierAPIConfig is the JSON schema of OutlierFilter's parameters; unset fields take outlier.DefaultConfig's.
@@ -40,6 +42,12 @@ type outlierAPIConfig struct {
 	// MaxEjectionPercent: at most this share of a pick's candidates is left out (at least one of two or more, never
 	// all). Default 50.
 	MaxEjectionPercent *int `json:"maxEjectionPercent,omitempty"`
+	// SlowFactor: a gap between two chunks of a streamed response at least this many times its server's usual gap
+	// is slow; 0 turns slow detection off. Default 4.
+	SlowFactor *float64 `json:"slowFactor,omitempty"`
+	// SlowGaps: this many of the last 2·slowGaps-1 gaps of one stream, slow, eject its server while most other
+	// servers' pace is normal (1-32). Default 7.
+	SlowGaps *int `json:"slowGaps,omitempty"`
 }
 
 func (c outlierAPIConfig) config() outlier.Config {
@@ -59,12 +67,22 @@ func (c outlierAPIConfig) config() outlier.Config {
 	if c.MaxEjectionPercent != nil {
 		cfg.MaxEjectionPercent = *c.MaxEjectionPercent
 	}
+	if c.SlowFactor != nil {
+		cfg.SlowFactor = *c.SlowFactor
+	}
+	if c.SlowGaps != nil {
+		cfg.SlowGaps = *c.SlowGaps
+	}
 	return cfg
 }
 
 // OutlierFilter is passive outlier detection (package outlier): it watches the HTTP status of every response the
 // EPP routed, per endpoint, and leaves the endpoints that answer 5xx in a row out of the candidates for a while. A
 // model server that fails every request answers at once, so without it every load scorer prefers the failing server.
+// It also watches the pace of every streamed response (the gaps between its chunks) and leaves out, the same way, an
+// endpoint that became several times slower than its usual pace while its peers did not (outlier.Pace): a slowed
+// server's metrics stay fresh and its queue grows slowly, so the load scorers keep sending it requests that wait
+// behind its slow steps.
 //
 // List it after filters that pick servers by what they serve (sluice-served-model-filter) and before filters that
 // narrow by load (sluice-headroom-filter): the failing server always looks idle, so a load filter run first could
@@ -74,6 +92,7 @@ func (c outlierAPIConfig) config() outlier.Config {
 type OutlierFilter struct {
 	typedName fwkplugin.TypedName
 	detector  *outlier.Detector
+	pace      *outlier.Pace
 	recorder  outlier.Recorder
 	clock     clock.PassiveClock
 }
@@ -101,6 +120,7 @@ func NewOutlierFilterFactory(rec outlier.Recorder) fwkplugin.FactoryFunc {
 		f := &OutlierFilter{
 			typedName: fwkplugin.TypedName{Type: OutlierFilterType, Name: name},
 			detector:  d,
+			pace:      outlier.NewPace(d),
 			recorder:  rec,
 			clock:     clockOf(handle, clock.RealClock{}),
 		}
@@ -112,8 +132,10 @@ func NewOutlierFilterFactory(rec outlier.Recorder) fwkplugin.FactoryFunc {
 // TypedName implements fwkplugin.Plugin.
 func (f *OutlierFilter) TypedName() fwkplugin.TypedName { return f.typedName }
 
-// Filter implements fwksched.Filter: the candidates without the ejected ones (within the detector's cap, never all).
-func (f *OutlierFilter) Filter(_ context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
+// Filter implements fwksched.Filter: the candidates without the ejected ones (within the detector's cap, never all),
+// once the streams stalled since their last chunk have ejected their endpoints.
+func (f *OutlierFilter) Filter(ctx context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
+	f.ejectStalled(ctx, f.clock.Now())
 	if len(endpoints) < 2 || f.detector.Clean() {
 		return endpoints
 	}
@@ -146,10 +168,43 @@ func (f *OutlierFilter) ResponseHeader(ctx context.Context, _ *fwksched.LLMReque
 	}
 	endpoint := EndpointName(target)
 	if e := f.detector.Observe(f.clock.Now(), endpoint, status); e.Reason != outlier.NotEjected {
-		f.recorder.Ejected(e.Reason)
-		log.FromContext(ctx).Info("Endpoint ejected after consecutive 5xx responses", "endpoint", endpoint,
-			"status", status, "reason", e.Reason.String(), "ejectedFor", e.For.String(), "plugin", f.typedName.Name)
+		f.ejected(ctx, endpoint, e, "Endpoint ejected after consecutive 5xx responses", "status", status)
 	}
+}
+
+// ResponseBody implements fwkrc.ResponseBody: each chunk of a streamed response times its endpoint's pace; the last
+// one (or the call that ends a request whose stream broke off) ends the stream. A non-streamed response has only the
+// last call, so it times nothing.
+func (f *OutlierFilter) ResponseBody(ctx context.Context, req *fwksched.LLMRequest, resp *fwkrc.Response, target *fwkdl.EndpointMetadata) {
+	if resp == nil {
+		return
+	}
+	id := resp.RequestId
+	if req != nil && req.RequestId != "" {
+		id = req.RequestId
+	}
+	if resp.EndOfStream || target == nil {
+		f.pace.End(id)
+		return
+	}
+	endpoint := EndpointName(target)
+	if e := f.pace.Chunk(f.clock.Now(), id, endpoint); e.Reason != outlier.NotEjected {
+		f.ejected(ctx, endpoint, e, "Endpoint ejected: its streams became slow against its usual pace")
+	}
+}
+
+// ejectStalled ejects the endpoints whose streams stalled (outlier.Pace.Stalled) at now.
+func (f *OutlierFilter) ejectStalled(ctx context.Context, now time.Time) {
+	for _, e := range f.pace.Stalled(now) {
+		f.ejected(ctx, e.Endpoint, e.Ejection, "Endpoint ejected: a stream of it stalled against its usual pace")
+	}
+}
+
+// ejected counts and logs an ejection, once per ejection: it is the operator's sign of a failing or slowed server.
+func (f *OutlierFilter) ejected(ctx context.Context, endpoint string, e outlier.Ejection, msg string, kv ...any) {
+	f.recorder.Ejected(e.Reason)
+	kv = append(kv, "endpoint", endpoint, "reason", e.Reason.String(), "ejectedFor", e.For.String(), "plugin", f.typedName.Name)
+	log.FromContext(ctx).Info(msg, kv...)
 }
 
 // responseStatus reads the HTTP status from response headers as Envoy's ext_proc sends them (":status").

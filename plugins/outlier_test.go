@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -27,8 +28,11 @@ func TestOutlierFilterFactory(t *testing.T) {
 		err          string
 	}{
 		{name: "defaults", params: "", want: outlier.DefaultConfig()},
-		{name: "all set", params: `{"consecutive5xx": 3, "localConsecutive5xx": 0, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34}`,
-			want: outlier.Config{Consecutive5xx: 3, BaseEjectionTime: 2 * time.Second, MaxEjectionTime: time.Minute, MaxEjectionPercent: 34}},
+		{name: "all set", params: `{"consecutive5xx": 3, "localConsecutive5xx": 0, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34, "slowFactor": 6.5, "slowGaps": 2}`,
+			want: outlier.Config{Consecutive5xx: 3, BaseEjectionTime: 2 * time.Second, MaxEjectionTime: time.Minute, MaxEjectionPercent: 34, SlowFactor: 6.5, SlowGaps: 2}},
+		{name: "slow detection off", params: `{"slowFactor": 0}`, want: func() outlier.Config { c := outlier.DefaultConfig(); c.SlowFactor = 0; return c }()},
+		{name: "slow factor below 1", params: `{"slowFactor": 0.5}`, err: "slowFactor must be 0 (off) or at least 1, got 0.5"},
+		{name: "no slow gaps", params: `{"slowGaps": 0}`, err: "slowGaps must be within 1-32, got 0"},
 		{name: "local rule above the full count", params: `{"consecutive5xx": 3, "localConsecutive5xx": 4}`, err: "localConsecutive5xx must be within 0 (off) and consecutive5xx (3), got 4"},
 		{name: "unknown field", params: `{"consecutive5xxx": 3}`, err: "unknown field"},
 		{name: "invalid values", params: `{"consecutive5xx": 0, "maxEjectionPercent": 200}`, err: "consecutive5xx must be at least 1"},
@@ -67,18 +71,24 @@ func respond(f *OutlierFilter, ep fwksched.Endpoint, status string) {
 	f.ResponseHeader(context.Background(), &fwksched.LLMRequest{RequestId: "r"}, &fwkrc.Response{RequestId: "r", Headers: headers}, ep.GetMetadata())
 }
 
-func TestOutlierFilter(t *testing.T) {
-	clk := clocktesting.NewFakePassiveClock(fcT0)
-	p, err := OutlierFilterFactory("", json.RawMessage(`{"consecutive5xx": 2, "baseEjectionTime": "1s"}`), clockHandle{clock: clk})
+// newOutlierFilter returns an OutlierFilter with params on clk, and three endpoints.
+func newOutlierFilter(t *testing.T, params string, clk clock.PassiveClock) (*OutlierFilter, []fwksched.Endpoint) {
+	t.Helper()
+	p, err := OutlierFilterFactory("", json.RawMessage(params), clockHandle{clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := p.(*OutlierFilter)
 	var eps []fwksched.Endpoint
 	for i := range 3 {
 		ep := upstreamEndpoint(fmt.Sprintf("10.0.0.%d", i+1), 0, 0, fcT0)
 		eps = append(eps, fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes()))
 	}
+	return p.(*OutlierFilter), eps
+}
+
+func TestOutlierFilter(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(fcT0)
+	f, eps := newOutlierFilter(t, `{"consecutive5xx": 2, "baseEjectionTime": "1s"}`, clk)
 	names := func(kept []fwksched.Endpoint) []string {
 		var out []string
 		for _, ep := range kept {
@@ -184,5 +194,59 @@ func TestFlowControlCountsNoHeadroomOnEjected(t *testing.T) {
 	clk.Step(outlier.DefaultBaseEjectionTime)
 	if r := ranks(); math.IsInf(r[0], 1) {
 		t.Fatalf("after the ejection: %v, want 10.0.0.1 finite", r)
+	}
+}
+
+// chunk reports to f a chunk of request id's streamed response from ep (the last one when end), as upstream's
+// director does for every chunk.
+func chunk(f *OutlierFilter, ep fwksched.Endpoint, id string, end bool) {
+	f.ResponseBody(context.Background(), &fwksched.LLMRequest{RequestId: id}, &fwkrc.Response{RequestId: id, EndOfStream: end}, ep.GetMetadata())
+}
+
+// TestOutlierFilterPace: streamed responses time their endpoint's pace; a server whose stream slows down to 10x its
+// usual gap is left out after slowGaps slow gaps, or as soon as the gap under way is slow once the earlier ones were
+// (a stall); a non-streamed response (one call, at its end) times nothing.
+func TestOutlierFilterPace(t *testing.T) {
+	clk := clocktesting.NewFakeClock(fcT0)
+	f, eps := newOutlierFilter(t, `{"slowGaps": 2}`, clk)
+	kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
+	// Every server streams at 20 ms a chunk; non-streamed answers come and go.
+	for range 100 {
+		clk.Step(20 * time.Millisecond)
+		for i, ep := range eps {
+			chunk(f, ep, fmt.Sprint("warm-", i), false)
+			chunk(f, ep, "whole", true)
+		}
+	}
+	if n := kept(); n != 3 {
+		t.Fatalf("at a steady pace: %d kept, want 3", n)
+	}
+	// Server 0 slows down 10x: one slow gap, then a stall of the second.
+	for range 10 {
+		clk.Step(20 * time.Millisecond)
+		chunk(f, eps[1], "warm-1", false)
+		chunk(f, eps[2], "warm-2", false)
+	}
+	chunk(f, eps[0], "warm-0", false)
+	if n := kept(); n != 3 {
+		t.Fatalf("after one slow gap: %d kept, want 3", n)
+	}
+	clk.Step(79 * time.Millisecond)
+	if n := kept(); n != 3 {
+		t.Fatalf("a gap under way below 4x the usual: %d kept, want 3", n)
+	}
+	clk.Step(time.Millisecond)
+	if n := kept(); n != 2 {
+		t.Fatalf("a gap under way at 4x the usual after a slow one: %d kept, want 2", n)
+	}
+	// The stream ends: its server stays ejected for the base ejection time, then is picked again.
+	chunk(f, eps[0], "warm-0", true)
+	clk.Step(outlier.DefaultBaseEjectionTime - time.Millisecond)
+	if n := kept(); n != 2 {
+		t.Fatalf("during the ejection: %d kept, want 2", n)
+	}
+	clk.Step(time.Millisecond)
+	if n := kept(); n != 3 {
+		t.Fatalf("after the ejection: %d kept, want 3", n)
 	}
 }

@@ -50,6 +50,9 @@ type Case struct {
 	// ProbeGap, when set, tells probes apart in the time-to-leave (Leave.Probes): an attempt at least this long
 	// after the previous one to the faulty endpoint, as an outlier detector lets one through when an ejection ends.
 	ProbeGap time.Duration
+	// LeaveBySend times the attempts to the faulty endpoint by when they were sent, not by their first byte back:
+	// a slow endpoint's first byte comes seconds after it was routed there.
+	LeaveBySend bool
 	// Check makes the case's own checks once the load is over.
 	Check func(r *Run) error
 }
@@ -99,11 +102,18 @@ func Cases() []Case {
 			Expect:          routedToFaulty,
 		},
 		{
-			Name:   "server-slow-10x",
-			Fault:  "server 0 serves 10x slower (every engine step); its metrics stay fresh",
-			Modes:  both,
-			Inject: func(r *Run) { r.Faulty(0); r.Stack.SetFaults(0, simulator.Faults{Slowdown: 10}) },
-			Clear:  func(r *Run) { r.Stack.SetFaults(0, simulator.Faults{}) },
+			Name:  "server-slow-10x",
+			Fault: "server 0 serves 10x slower (every engine step); its metrics stay fresh",
+			Modes: both,
+			// The outlier filter ejects it once 7 of the last 13 gaps of a stream of it were 4x its usual gap, then lets
+			// one request through as each ejection ends (1 s, 2 s, ...), ejected again as its streams are still slow: told
+			// apart by the shortest ejection's gap, on the full timeline (the short one's 1.5 s window holds about
+			// as long as detection takes).
+			MustLeaveOnFull: true,
+			ProbeGap:        outlier.DefaultBaseEjectionTime,
+			LeaveBySend:     true,
+			Inject:          func(r *Run) { r.Faulty(0); r.Stack.SetFaults(0, simulator.Faults{Slowdown: 10}) },
+			Clear:           func(r *Run) { r.Stack.SetFaults(0, simulator.Faults{}) },
 		},
 		{
 			Name: "pod-flapping",

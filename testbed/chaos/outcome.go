@@ -107,6 +107,11 @@ func reachedAt(r loadgen.Record) time.Duration {
 	return r.Start + r.E2E
 }
 
+// sentAt is when the attempt was sent: it bounds the routing decision from
+// below (admission may hold a request before it routes it). For a slow
+// endpoint, whose first byte comes seconds after it was routed there.
+func sentAt(r loadgen.Record) time.Duration { return r.Start }
+
 // Leave is how traffic left a faulty endpoint.
 type Leave struct {
 	// Left reports that no attempt reached the endpoint in the last quiet
@@ -129,15 +134,20 @@ type Leave struct {
 }
 
 // TrafficLeft measures how traffic left endpoint after from (relative to
-// the load's start), within the window [from, to). A positive probeGap tells
-// probes apart (see Leave.Probes).
-func TrafficLeft(recs []loadgen.Record, endpoint string, from, to, probeGap time.Duration) Leave {
+// the load's start), within the window [from, to), timing each attempt by
+// its first byte back, or by when it was sent if bySend. A positive probeGap
+// tells probes apart (see Leave.Probes).
+func TrafficLeft(recs []loadgen.Record, endpoint string, from, to, probeGap time.Duration, bySend bool) Leave {
 	quiet := min(time.Second, (to-from)/3)
+	when := reachedAt
+	if bySend {
+		when = sentAt
+	}
 	var l Leave
 	var there []time.Duration
 	n := 0
 	for _, r := range recs {
-		at := reachedAt(r)
+		at := when(r)
 		if at < from || at >= to {
 			continue
 		}

@@ -70,23 +70,26 @@ func TestTrafficLeft(t *testing.T) {
 		name string
 		recs []loadgen.Record
 		gap  time.Duration
+		send bool
 		want Leave
 	}{
-		{"none reached it", []loadgen.Record{served(ms(1100), ms(50), good)}, 0, Leave{Left: true, Share: 0}},
+		{"none reached it", []loadgen.Record{served(ms(1100), ms(50), good)}, 0, false, Leave{Left: true, Share: 0}},
 		{"left after 300 ms", []loadgen.Record{served(ms(1200), ms(100), bad), served(ms(1500), ms(50), good), served(ms(2000), ms(50), good)},
-			0, Leave{Left: true, After: ms(300), First: ms(300), Share: 1.0 / 3}},
+			0, false, Leave{Left: true, After: ms(300), First: ms(300), Share: 1.0 / 3}},
 		{"a 502 naming it counts", []loadgen.Record{refused(ms(1400)), served(ms(1500), ms(50), good)},
-			0, Leave{Left: true, After: ms(401), First: ms(401), Share: 0.5}},
+			0, false, Leave{Left: true, After: ms(401), First: ms(401), Share: 0.5}},
 		{"still there at the end", []loadgen.Record{served(ms(1500), ms(50), good), served(ms(2800), ms(50), bad)},
-			0, Leave{Left: false, After: ms(1850), First: ms(1850), Share: 0.5}},
-		{"before the window", []loadgen.Record{served(ms(500), ms(100), bad), served(ms(1500), ms(50), good)}, 0, Leave{Left: true, Share: 0}},
-		{"without a probe gap a probe is traffic", probes, 0, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
-		{"a probe after the gap", probes, 500 * time.Millisecond, Leave{Left: true, After: ms(200), First: ms(100), Probes: 1, Share: 0.6}},
-		{"gaps shorter than the probe gap", probes, time.Second, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
+			0, false, Leave{Left: false, After: ms(1850), First: ms(1850), Share: 0.5}},
+		{"before the window", []loadgen.Record{served(ms(500), ms(100), bad), served(ms(1500), ms(50), good)}, 0, false, Leave{Left: true, Share: 0}},
+		{"without a probe gap a probe is traffic", probes, 0, false, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
+		{"a probe after the gap", probes, 500 * time.Millisecond, false, Leave{Left: true, After: ms(200), First: ms(100), Probes: 1, Share: 0.6}},
+		{"gaps shorter than the probe gap", probes, time.Second, false, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
+		{"timed by sending", []loadgen.Record{served(ms(1200), ms(900), bad), served(ms(1500), ms(50), good)},
+			0, true, Leave{Left: true, After: ms(200), First: ms(200), Share: 0.5}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := TrafficLeft(tt.recs, bad, time.Second, 3*time.Second, tt.gap); got != tt.want {
+			if got := TrafficLeft(tt.recs, bad, time.Second, 3*time.Second, tt.gap, tt.send); got != tt.want {
 				t.Errorf("TrafficLeft = %+v, want %+v", got, tt.want)
 			}
 		})

@@ -91,10 +91,12 @@ const legend = `## Reading the table
   makes unavoidable, and any other answer fails it.
 - Traffic left: the time from the fault to the last request that reached the faulty endpoint (its first byte back,
   an upper bound of when it was routed there), or "no" with the share of requests it still got when requests were
-  still reaching it at the end of the fault's window. For server-500s, requests that reached it alone after a gap of
-  at least the outlier filter's base ejection time (1 s) are probes (one let through as each ejection ends), counted
-  apart and not in the time; "first request there" is when the first request reached it after the fault, before
-  which a detector that learns from the server's answers cannot know. The target is one metrics staleness window of Sluice
+  still reaching it at the end of the fault's window. For server-slow-10x, a request is timed by when it was sent (a
+  lower bound of when it was routed), since the slowed server's first byte comes seconds later. For server-500s and
+  server-slow-10x, requests that reached it alone after a gap of at least the outlier filter's base ejection time
+  (1 s) are probes (one let through as each ejection ends), counted apart and not in the time; "first request there"
+  is when the first request reached it after the fault, before which a detector that learns from the server's
+  answers cannot know. The target is one metrics staleness window of Sluice
   admission (an endpoint whose scrapes stop gets nothing after it); a fault the metrics do not show (500s, a slow
   server) is not one admission can see.
 - EPP after: once the load is over, no request waits in the EPP and no reservation is left

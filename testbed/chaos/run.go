@@ -261,7 +261,7 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 		end = main.Config.Duration
 	}
 	if r.faulty != "" {
-		l := TrafficLeft(all, r.faulty, r.leave.Sub(r.started), end, c.ProbeGap)
+		l := TrafficLeft(all, r.faulty, r.leave.Sub(r.started), end, c.ProbeGap, c.LeaveBySend)
 		res.Leave = &l
 		if (c.MustLeave || c.MustLeaveOnFull && r.Timeline == FullTimeline) && !l.Left {
 			res.CheckError = fmt.Sprintf("traffic never left %s: it still got requests in the last part of the fault's window (%.0f%% of them)",

@@ -153,6 +153,29 @@ type Config struct {
 	DiscardITL bool
 	// ServerSeries adds per-server waiting and running counts to each Sample.
 	ServerSeries bool
+	// EveryChunk reports every chunk of a streamed response to the EPP's ResponseBody plugins, as upstream does;
+	// by default only the first and the last (the plugins that act on others, sluice-outlier-filter's pace
+	// detection, then see no stream's pace). Costs a plugin call per token.
+	EveryChunk bool
+	// Slowdowns are faults: from At on, server Server's engine steps take Factor times as long (the chaos suite's
+	// server-slow-10x in virtual time).
+	Slowdowns []Slowdown
+	// Blips are faults: the first request server Server receives at or after At is answered 500 at once (one
+	// failed answer of a healthy server, the simulator's error_rate fault for one request).
+	Blips []Blip
+}
+
+// Blip makes one server fail one request.
+type Blip struct {
+	Server int
+	At     time.Duration
+}
+
+// Slowdown makes one server slower from a point in the run on.
+type Slowdown struct {
+	Server int
+	At     time.Duration
+	Factor float64
 }
 
 // withDefaults validates c and returns a copy with defaults applied and Servers filled from Fleet.
@@ -169,6 +192,16 @@ func (c Config) withDefaults() (Config, error) {
 		c.Servers = servers
 	case len(c.Servers) == 0:
 		errs = append(errs, errors.New("a fleet is required: set Servers or Fleet"))
+	}
+	for _, b := range c.Blips {
+		if b.Server < 0 || b.Server >= len(c.Servers) || b.At < 0 {
+			errs = append(errs, fmt.Errorf("blip %+v: want a server of the fleet (0-%d) and a time not negative", b, len(c.Servers)-1))
+		}
+	}
+	for _, sd := range c.Slowdowns {
+		if sd.Server < 0 || sd.Server >= len(c.Servers) || sd.At < 0 || !(sd.Factor >= 1) {
+			errs = append(errs, fmt.Errorf("slowdown %+v: want a server of the fleet (0-%d), a time not negative and a factor of at least 1", sd, len(c.Servers)-1))
+		}
 	}
 	for i, s := range c.Servers {
 		if err := s.Validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,6 +70,7 @@ type run struct {
 	sweep     *eventclock.Event
 	finished  []*attempt // filled by the engine observer during Advance
 	firstSeen []*attempt
+	chunked   []*attempt // streams that sent a later chunk in the step (Config.EveryChunk)
 
 	samples  []Sample
 	interval Sample // counters since the last sample
@@ -100,6 +102,14 @@ func Run(cfg Config) (*Result, error) {
 			return nil, err
 		}
 		defer r.replicas.Close()
+	}
+	for _, b := range cfg.Blips {
+		s := r.servers[b.Server]
+		s.blips = append(s.blips, epoch.Add(b.At))
+		slices.SortFunc(s.blips, time.Time.Compare)
+	}
+	for _, sd := range cfg.Slowdowns {
+		r.clk.At(epoch.Add(sd.At), func() { r.servers[sd.Server].eng.SetSlowdown(sd.Factor) })
 	}
 	r.startLoad()
 	r.every(cfg.SampleInterval, cfg.SampleInterval, r.sample)
@@ -429,13 +439,20 @@ func (r *run) dispatch(a *attempt, si int, body []byte) {
 	a.rec.Endpoint = s.name
 	s.sent++
 	r.interval.Dispatched++
-	ereq, herr := s.accept(r.clk.Now(), body, a.chat, uint64(a.idx)+1)
+	var ereq *engine.Request
+	var herr *httpError
+	if len(s.blips) > 0 && !r.clk.Now().Before(s.blips[0]) {
+		s.blips = s.blips[1:]
+		herr = &httpError{status: http.StatusInternalServerError, message: "injected blip"}
+	} else {
+		ereq, herr = s.accept(r.clk.Now(), body, a.chat, uint64(a.idx)+1)
+	}
 	if herr != nil {
 		// The answer is a JSON error; loadgen keeps an excerpt of its body.
 		if r.replicas != nil {
 			p := r.eppOf(a)
 			r.pickerCall(p, func() {
-				p.ResponseHeader(a.id, map[string]string{"content-type": "application/json"})
+				p.ResponseHeader(a.id, map[string]string{":status": strconv.Itoa(herr.status), "content-type": "application/json"})
 				p.ResponseComplete(a.id, errorBody(herr))
 			})
 		}
@@ -480,8 +497,13 @@ func (r *run) stepDone(out *engine.StepOutput) {
 				a.rec.TTFT = out.End.Sub(a.start)
 				r.firstSeen = append(r.firstSeen, a)
 			}
-		} else if a.stream && !r.cfg.DiscardITL {
-			a.rec.ITL = append(a.rec.ITL, out.End.Sub(a.last))
+		} else if a.stream {
+			if !r.cfg.DiscardITL {
+				a.rec.ITL = append(a.rec.ITL, out.End.Sub(a.last))
+			}
+			if r.cfg.EveryChunk && !er.Done() {
+				r.chunked = append(r.chunked, a)
+			}
 		}
 		a.last = out.End
 		if er.Done() {
@@ -509,6 +531,14 @@ func (r *run) afterStep() {
 	}
 	clear(r.firstSeen)
 	r.firstSeen = r.firstSeen[:0]
+	for i, a := range r.chunked {
+		r.chunked[i] = nil
+		if r.replicas != nil {
+			p := r.eppOf(a)
+			r.pickerCall(p, func() { p.ResponseChunk(a.id) })
+		}
+	}
+	r.chunked = r.chunked[:0]
 	for i, a := range r.finished {
 		r.finished[i] = nil
 		r.interval.Completed++

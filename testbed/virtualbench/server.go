@@ -32,7 +32,8 @@ type server struct {
 
 	step   *eventclock.Event // the pending Advance, if any
 	stepAt time.Time
-	sent   uint64 // attempts routed here
+	sent   uint64      // attempts routed here
+	blips  []time.Time // Config.Blips of this server not yet answered, ascending
 }
 
 func newServer(idx int, cfg engine.Config, c *Config, observer engine.Observer) (*server, error) {

@@ -1,0 +1,169 @@
+package outlier
+
+import (
+	"cmp"
+	"slices"
+	"testing"
+	"time"
+)
+
+// paceStep is one event at ms: a chunk of stream id from endpoint ep; the end of stream id (end); a Stalled check
+// (stall), want naming the endpoints it ejects; or a pick among a, b and c (pick), want naming those left out.
+type paceStep struct {
+	ms        int
+	id, ep    string
+	end       bool
+	stall     bool
+	pick      bool
+	want      []string
+	wantLen   time.Duration // with stall: the length of each ejection it starts, when set
+	checkOnly bool
+}
+
+// stream returns the chunks of stream id from ep: the first at start, then one after each gap (ms).
+func streamOf(id, ep string, start int, gaps ...int) []paceStep {
+	steps := []paceStep{{ms: start, id: id, ep: ep}}
+	for _, g := range gaps {
+		start += g
+		steps = append(steps, paceStep{ms: start, id: id, ep: ep})
+	}
+	return steps
+}
+
+// repeat returns n copies of gap.
+func repeat(n, gap int) []int { return slices.Repeat([]int{gap}, n) }
+
+// paced merges the events in time order (stable: a check listed after a chunk at the same ms sees it).
+func paced(parts ...[]paceStep) []paceStep {
+	var all []paceStep
+	for _, p := range parts {
+		all = append(all, p...)
+	}
+	slices.SortStableFunc(all, func(a, b paceStep) int { return cmp.Compare(a.ms, b.ms) })
+	return all
+}
+
+func pick(ms int, want ...string) []paceStep  { return []paceStep{{ms: ms, pick: true, want: want}} }
+func stall(ms int, want ...string) []paceStep { return []paceStep{{ms: ms, stall: true, want: want}} }
+
+var paceConfig = Config{Consecutive5xx: 5, BaseEjectionTime: time.Second, MaxEjectionTime: 3 * time.Second,
+	MaxEjectionPercent: 50, SlowFactor: 4, SlowGaps: 3}
+
+// warm is a warm-up of ep's pace: a stream of paceWarmup+8 gaps of gap ms from 0.
+func warm(ep string, gap int) []paceStep {
+	return streamOf("warm-"+ep, ep, 0, repeat(paceWarmup+8, gap)...)
+}
+
+// Warm-ups end at 40 gaps of 20 ms: 800 ms. The chaos fleet's a10g-like server steps 18-35 ms, 180-350 ms slowed 10x.
+func TestPace(t *testing.T) {
+	tests := []struct {
+		name  string
+		steps []paceStep
+	}{
+		{name: "nothing is judged before the warm-up", steps: paced(
+			streamOf("s", "a", 0, 10, 10, 10, 200, 200, 200, 200), warm("b", 20), pick(1000),
+		)},
+		{name: "three slow gaps eject while a peer is normal", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 200, 200, 200), pick(1200), pick(1400, "a"),
+			pick(2399, "a"), pick(2400),
+		)},
+		{name: "a long step now and then ejects nothing", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
+			streamOf("s", "a", 800, 200, 20, 20, 200, 20, 20, 200, 20, 20, 200), pick(2000),
+		)},
+		{name: "a delayed chunk does not reset the count", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 200, 200, 10), pick(1211), // the second slow chunk came late, the next right after
+			[]paceStep{{ms: 1409, id: "s", ep: "a"}}, pick(1409, "a"),
+		)},
+		{name: "slow gaps of different streams do not add up", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
+			streamOf("s1", "a", 800, 200, 200), streamOf("s2", "a", 810, 200, 200), streamOf("s3", "a", 820, 200, 200), pick(1300),
+		)},
+		{name: "the whole pool slowing down ejects nothing", steps: paced(
+			warm("a", 20), warm("b", 20),
+			streamOf("s", "a", 800, 200, 200, 200, 200), streamOf("t", "b", 800, 200, 200, 200, 200), pick(1700),
+		)},
+		{name: "a slower GPU is judged by its own pace", steps: paced(
+			warm("h100", 6), warm("a10g", 20), streamOf("a10g-2", "a10g", 800, repeat(100, 20)...),
+			streamOf("h", "h100", 240, repeat(300, 6)...), pick(2100),
+			streamOf("slowed", "a10g", 2100, 200, 200, 200), pick(2700, "a10g"),
+		)},
+		{name: "a stall ejects before its chunk", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 200, 200), stall(1279), pick(1279), stall(1280, "a"), pick(1280, "a"),
+			stall(1281), // one ejection, reported once
+		)},
+		{name: "an ended stream does not stall", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 200, 200), []paceStep{{ms: 1201, id: "s", end: true}}, stall(1300), pick(1300),
+		)},
+		{name: "still slow after the ejection: ejected again, for longer; a normal pace starts over", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(480, 20)...),
+			streamOf("s", "a", 800, repeat(12, 200)...), // ejected at 1400, for 1 s; again at 2400 for 2 s
+			pick(2399, "a"), pick(2400, "a"), pick(4399, "a"),
+			// On probation, two normal gaps do not start over, and one slow gap ejects again (the 3rd in a row: 3 s).
+			streamOf("t", "a", 4400, 20, 20, 200), pick(4639), pick(4640, "a"), pick(7639, "a"), pick(7640),
+			// A window of normal gaps ends the probation: slow again, it takes three slow gaps, for a first ejection.
+			streamOf("u", "a", 7640, 20, 20, 20, 20, 20, 200, 200), pick(8140),
+			[]paceStep{{ms: 8340, id: "u", ep: "a"}}, pick(8340, "a"), pick(9339, "a"), pick(9340),
+		)},
+		{name: "a server growing busier is learnt", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(300, 20)...),
+			streamOf("s", "a", 800, growing(20, 80, 200)...), pick(7000),
+		)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := New(paceConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runPace(t, d, NewPace(d), tt.steps)
+		})
+	}
+}
+
+// growing returns n gaps growing evenly from from to to ms.
+func growing(from, to, n int) []int {
+	gaps := make([]int, n)
+	for i := range gaps {
+		gaps[i] = from + (to-from)*i/(n-1)
+	}
+	return gaps
+}
+
+func runPace(t *testing.T, d *Detector, p *Pace, steps []paceStep) {
+	t.Helper()
+	abc := []string{"a", "b", "c", "h100", "a10g"}
+	out := make([]bool, len(abc))
+	for i, s := range steps {
+		now := at(s.ms)
+		switch {
+		case s.pick:
+			d.Eject(now, abc, out)
+			var got []string
+			for j, left := range out {
+				if left {
+					got = append(got, abc[j])
+				}
+			}
+			if !slices.Equal(got, s.want) {
+				t.Fatalf("step %d at %d ms: left out %v, want %v", i, s.ms, got, s.want)
+			}
+		case s.stall:
+			var got []string
+			for _, e := range p.Stalled(now) {
+				got = append(got, e.Endpoint)
+			}
+			if !slices.Equal(got, s.want) {
+				t.Fatalf("step %d at %d ms: stalls ejected %v, want %v", i, s.ms, got, s.want)
+			}
+		case s.end:
+			p.End(s.id)
+		default:
+			p.Chunk(now, s.id, s.ep)
+		}
+	}
+}
