@@ -10,14 +10,12 @@ import (
 // paceStep is one event at ms: a chunk of stream id from endpoint ep; the end of stream id (end); a Stalled check
 // (stall), want naming the endpoints it ejects; or a pick among a, b and c (pick), want naming those left out.
 type paceStep struct {
-	ms        int
-	id, ep    string
-	end       bool
-	stall     bool
-	pick      bool
-	want      []string
-	wantLen   time.Duration // with stall: the length of each ejection it starts, when set
-	checkOnly bool
+	ms     int
+	id, ep string
+	end    bool
+	stall  bool
+	pick   bool
+	want   []string
 }
 
 // stream returns the chunks of stream id from ep: the first at start, then one after each gap (ms).
