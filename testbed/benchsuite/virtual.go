@@ -151,6 +151,7 @@ func virtualRouter(c Contender) (virtualbench.Router, error) {
 		router = virtualbench.SluiceRouter(policy, c.EndpointPickerConfig)
 	}
 	router.Replicas, router.Balance, router.Ownership = c.Replicas, virtualbench.Balance(c.Balance), c.EndpointOwnership
+	router.PeerExchange = c.PeerExchange
 	return router, nil
 }
 
