@@ -181,9 +181,13 @@ func (p Pool) ReserveShare(self string, pool, seats int) int {
 	return pool*(before+seats)/total - pool*before/total
 }
 
-// Take picks, for request id, a peer's endpoint with an idle seat that no request of this replica has taken since
-// the peer last counted (the one with most such seats; names break ties), records the request there and returns the
-// endpoint. ok is false when no live peer reported one.
+// Take picks, for request id, a peer's endpoint with an idle seat offered to this replica that no request of this
+// replica has taken since the peer last counted (the one with most such seats; names break ties), records the
+// request there and returns the endpoint. ok is false when no live peer offers one.
+//
+// A peer's idle seats are offered in turn: seat i of its summary (counting its Idle list seat by seat) to the
+// (i+Seq) mod n-th of the n peers it acknowledges, in name order. So two replicas never take the same idle seat
+// from one summary, and each summary (every exchange interval) offers the seats to the next replica.
 func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -197,8 +201,20 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 	}
 	best, bestOwner, bestFree := "", "", 0
 	for owner, h := range x.peers {
+		rank := slices.IndexFunc(h.Acks, func(a Ack) bool { return a.Peer == x.self })
+		if rank < 0 {
+			continue // the owner has not heard this replica: it would not count the request
+		}
+		seat := 0
 		for _, e := range h.Idle {
-			free := e.N - unseen[e.Endpoint]
+			offered := 0
+			for range e.N {
+				if (uint64(seat)+h.Seq)%uint64(len(h.Acks)) == uint64(rank) {
+					offered++
+				}
+				seat++
+			}
+			free := offered - unseen[e.Endpoint]
 			if free > bestFree || (free == bestFree && free > 0 && e.Endpoint < best) {
 				best, bestOwner, bestFree = e.Endpoint, owner, free
 			}

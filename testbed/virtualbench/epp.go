@@ -286,7 +286,7 @@ func (p *inProcessEPP) load(opts eppOptions, logger logr.Logger) error {
 		fc, err := plugins.NewFlowControl(opts.Admission, opts.AdmissionOptions, plugins.FlowControlDeps{
 			Endpoints: endpointList(p.endpoints), Clock: opts.Clock, SynchronousTimers: true, Ownership: opts.Ownership,
 			Peers: opts.Peers,
-			Rand: rand.New(rand.NewPCG(opts.Seed, 0x5111ce)),
+			Rand:  rand.New(rand.NewPCG(opts.Seed, 0x5111ce)),
 		})
 		if err != nil {
 			return err

@@ -54,8 +54,8 @@ type run struct {
 	replicas *replicaSet // nil without an EPP
 	// peerBytes counts the peer summaries' bytes the replicas sent (Router.PeerExchange).
 	peerBytes int64
-	gen      *loadgen.Generator
-	arrivals *loadgen.Arrivals
+	gen       *loadgen.Generator
+	arrivals  *loadgen.Arrivals
 
 	attempts []*attempt // by idx; nil once closed
 	records  []loadgen.Record
