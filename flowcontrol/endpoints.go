@@ -176,13 +176,14 @@ func (e *endpointState) noteFull(now time.Time) {
 // hasSlot reports whether admission may send the endpoint one more request as far as its concurrency goes. Under
 // the Critical reserve (seats) its occupancy must be below its capacity; otherwise below its known concurrency (stated
 // or learned slots), if any. An endpoint holding none of the EPP's requests always has a slot, so that load the EPP
-// did not send cannot close it for as long as that load lasts (the package doc's "Foreign load").
+// did not send cannot close it for as long as that load lasts (the package doc's "Foreign load"); requests its peers
+// said they sent there are not such load: they are counted, and their end is told.
 func (e *endpointState) hasSlot(seats bool) bool {
 	limit := e.known
 	if seats {
 		limit = e.capacity
 	}
-	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
+	return limit == 0 || (e.inflight == 0 && e.peer == 0) || e.occupancy() < limit
 }
 
 // freeSeats is how many of its seats the endpoint has free.
