@@ -202,7 +202,8 @@ func virtualResult(sc *Scenario, c Contender, started time.Time, res *virtualben
 			AdapterLoads:      float64(res.Fleet.AdapterLoads),
 			Preemptions:       float64(res.Fleet.Preemptions),
 		},
-		Virtual: res.Virtual,
+		Virtual:   res.Virtual,
+		PeerBytes: res.PeerBytes,
 	}
 	if c.Router == RouterEPP {
 		cost := res.EPP.PerRequest()
