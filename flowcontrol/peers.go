@@ -65,10 +65,13 @@ type SeatSummary struct {
 	Seats                   int
 	// CriticalWaiting is how many Critical requests wait here.
 	CriticalWaiting int
-	// Idle lists the endpoints with an idle seat now and how many each has, in snapshot order: where a peer's
-	// Critical request may go.
+	// Idle lists endpoints with an idle seat now that lower bands here will not take, and how many each has, in
+	// snapshot order (at most maxOfferedEndpoints): where a peer's Critical request may go.
 	Idle []EndpointSeats
 }
+
+// maxOfferedEndpoints bounds the endpoints a SeatSummary lists as idle.
+const maxOfferedEndpoints = 32
 
 // EndpointSeats is a count of seats on one endpoint.
 type EndpointSeats struct {
@@ -85,10 +88,23 @@ func (c *Controller) SeatSummary() SeatSummary {
 	s.Seats, _, s.SeatFrees = c.seatFiguresLocked(now)
 	s.CriticalRate, _ = c.criticalArrivals.rate(now)
 	s.CriticalWaiting = c.bands[Critical].count
+	// While lower bands wait, an idle seat beyond the reserve is theirs at the next dispatch: only the reserve is
+	// offered. Either way at most maxOfferedEndpoints are listed, which bounds a summary's size in a large pool.
+	offer := -1
+	if c.totalCount > int64(c.bands[Critical].count) {
+		offer, _ = c.seatReserveLocked(now)
+	}
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	for i := range c.endpoints {
+		if offer == 0 || len(s.Idle) == maxOfferedEndpoints {
+			break
+		}
 		e := &c.endpoints[i]
 		if n := e.freeSeats(); n > 0 && e.usable(cutoff) {
+			if offer > 0 {
+				n = min(n, offer)
+				offer -= n
+			}
 			s.Idle = append(s.Idle, EndpointSeats{Endpoint: e.Name, Seats: n})
 		}
 	}

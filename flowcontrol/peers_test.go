@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -112,6 +113,28 @@ func TestCriticalElsewhere(t *testing.T) {
 		waiting[1].wantWaiting(t)
 		if s := h.c.Stats(); s.InFlight != 1 {
 			t.Fatalf("%d in flight here, want 1: requests sent to peers hold nothing here", s.InFlight)
+		}
+	})
+}
+
+// TestSeatSummaryListsIdleSeats: a summary lists the endpoints with free seats and how many, at most
+// maxOfferedEndpoints of them, and counts the Critical requests waiting.
+func TestSeatSummaryListsIdleSeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 2 }))
+		var eps []Endpoint
+		for i := range maxOfferedEndpoints + 8 {
+			eps = append(eps, ep(fmt.Sprintf("e%02d", i), 0))
+		}
+		h.scrape(eps...)
+		h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on e00, the least saturated first
+		h.step(time.Second)                                       // a rate is known once time has passed
+		s := h.c.SeatSummary()
+		if len(s.Idle) != maxOfferedEndpoints || s.Idle[0] != (EndpointSeats{"e00", 1}) || s.Idle[1] != (EndpointSeats{"e01", 2}) {
+			t.Fatalf("idle %v, want %d endpoints, e00 with one seat, then e01 with two", s.Idle, maxOfferedEndpoints)
+		}
+		if s.CriticalWaiting != 0 || !(s.CriticalRate > 0) {
+			t.Fatalf("summary %+v, want a Critical rate and nothing waiting", s)
 		}
 	})
 }
