@@ -91,6 +91,8 @@ type Controller struct {
 	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it the Critical reserve is
 	// on (see criticalReserveLocked).
 	lastCritical time.Time
+	// peers is what the live EPP replicas of the pool reported (peers.go); zero when alone.
+	peers Peers
 
 	// ttlTimer fires at ttlAt, no later than the earliest deadline of a waiting request; ttlGen tells a stale firing
 	// from the current one.

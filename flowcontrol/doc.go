@@ -33,7 +33,9 @@
 // no band uses the burst tier, so endpoints drain to their normal thresholds and Critical, first in line, takes the
 // next normal place that frees up rather than a step shared with a full batch; if set, an endpoint's pending prompts
 // also count over the pending threshold (a count cap). The reserve governs this controller only: another EPP replica
-// that sees no Critical traffic still uses the burst tier.
+// that sees no Critical traffic still uses the burst tier. Replicas that own shares of a pool and exchange summaries
+// (package replication) size the seat reserve for the whole pool and each keep their part of it, and a Critical
+// request that would wait on one replica's endpoints may take an idle seat of a peer's (peers.go, Peers).
 //
 // Seats: a server that runs only a few requests at once (vLLM's --max-num-seqs) queues what it is sent behind the
 // requests it runs, FIFO, so on such a server the EPP's priority and fair order is not the order requests start. The

@@ -41,6 +41,8 @@ type endpointState struct {
 	// foreign is how many more requests the last two scrapes both showed here than the EPP had sent (another EPP
 	// replica's, or requests sent around the gateway): the endpoint's occupancy counts them too.
 	foreign int
+	// peer is how many requests other EPP replicas said they sent here and still run (Peers.Load).
+	peer int
 	// seats and capacity are concurrencyLearner.limits: the requests the endpoint is known to start at once (0 while
 	// unknown) and the most admission keeps there under the Critical reserve (0: no bound).
 	seats, capacity int
@@ -162,8 +164,8 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 }
 
 // occupancy is how many requests the endpoint holds by the EPP's count: its own in flight there and the foreign ones
-// its scrapes showed.
-func (e *endpointState) occupancy() int { return e.inflight + e.foreign }
+// its scrapes showed, or the ones its peers said they sent there if more (peers' requests are foreign to scrapes).
+func (e *endpointState) occupancy() int { return e.inflight + max(e.foreign, e.peer) }
 
 // noteFull records now as the endpoint's last full moment if its occupancy is at its seats.
 func (e *endpointState) noteFull(now time.Time) {
@@ -175,13 +177,14 @@ func (e *endpointState) noteFull(now time.Time) {
 // hasSlot reports whether admission may send the endpoint one more request as far as its concurrency goes. Under
 // the Critical reserve (seats) its occupancy must be below its capacity; otherwise below its known concurrency (stated
 // or learned slots), if any. An endpoint holding none of the EPP's requests always has a slot, so that load the EPP
-// did not send cannot close it for as long as that load lasts (the package doc's "Foreign load").
+// did not send cannot close it for as long as that load lasts (the package doc's "Foreign load"); requests its peers
+// said they sent there are not such load: they are counted, and their end is told.
 func (e *endpointState) hasSlot(seats bool) bool {
 	limit := e.known
 	if seats {
 		limit = e.capacity
 	}
-	return limit == 0 || e.inflight == 0 || e.occupancy() < limit
+	return limit == 0 || (e.inflight == 0 && e.peer == 0) || e.occupancy() < limit
 }
 
 // occupied is the occupancy a request sent now finds, as far as it tells of the endpoint's slot limit: 0 while the

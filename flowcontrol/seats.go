@@ -53,10 +53,23 @@ func (c *Controller) seatBoundLocked(e *endpointState, now time.Time) bool {
 
 // seatReserveLocked returns the number of seats lower bands must leave idle on the fresh seat-bound endpoints while
 // the Critical reserve is on (0 when none is seat-bound), and how many of their seats are idle now. The reserve is at
-// most half of those endpoints' seats.
+// most half of those endpoints' seats; with live peers it is this replica's part of the pool's (pooledReserveLocked).
 func (c *Controller) seatReserveLocked(now time.Time) (reserve, idle int) {
+	seats, idle, frees := c.seatFiguresLocked(now)
+	if seats == 0 {
+		return 0, 0
+	}
+	arrivals, _ := c.criticalArrivals.rate(now)
+	if c.peers.ReserveShare != nil {
+		return c.pooledReserveLocked(arrivals, frees, seats), idle
+	}
+	return reserveSeats(arrivals, frees, seats/2), idle
+}
+
+// seatFiguresLocked returns the seats of the fresh seat-bound endpoints, how many of them are idle, and the rate they
+// free (per second; 0 while no hold time is learned).
+func (c *Controller) seatFiguresLocked(now time.Time) (seats, idle int, frees float64) {
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
-	seats := 0
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		if !e.usable(cutoff) || !c.seatBoundLocked(e, now) {
@@ -65,17 +78,12 @@ func (c *Controller) seatReserveLocked(now time.Time) (reserve, idle int) {
 		seats += e.seats
 		idle += e.freeSeats()
 	}
-	if seats == 0 {
-		return 0, 0
-	}
 	// Seats free at the rate a full pool frees them (Little's law): the reserve matters when lower bands keep every
 	// other seat busy, and sizing it from the seats busy now would grow it as the pool empties, and empty it further.
-	var frees float64
-	if c.holdTime > 0 {
+	if seats > 0 && c.holdTime > 0 {
 		frees = float64(seats) / c.holdTime.Seconds()
 	}
-	arrivals, _ := c.criticalArrivals.rate(now)
-	return reserveSeats(arrivals, frees, seats/2), idle
+	return seats, idle, frees
 }
 
 // holdTimeWeight is the weight of each release in the smoothed time a request holds a seat: about the last twenty

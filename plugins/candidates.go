@@ -83,6 +83,12 @@ func (n *narrowedCandidates) Locate(ctx context.Context, requestMetadata map[str
 	if !ok {
 		return all
 	}
+	if n.fc.peers != nil && n.fc.peers.Sent(id) {
+		// Sent to a peer's endpoint, which this replica's admission does not rank: that endpoint is the candidate.
+		return slices.DeleteFunc(slices.Clone(all), func(ep fwkdl.Endpoint) bool {
+			return !slices.Contains(sd.decision.Endpoints, EndpointName(ep.GetMetadata()))
+		})
+	}
 	return n.narrow(id, sd.model, sd.decision.Endpoints, all)
 }
 

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 )
 
 // FlowControlType is the plugin type of the FlowControl adapter. FlowControl is not declared in an
@@ -160,6 +161,8 @@ type FlowControlDeps struct {
 	SynchronousTimers bool
 	// Ownership, when this EPP is one of several replicas, says which endpoints it owns; nil: it owns every one.
 	Ownership EndpointOwnership
+	// Peers, with Ownership, is this replica's side of the peer exchange (flowcontrol_peers.go); nil: none.
+	Peers *replication.Exchange
 }
 
 // EndpointOwnership is what admission needs of EPP replication (replication.View): the pool endpoints this replica
@@ -195,7 +198,8 @@ type EndpointOwnership interface {
 type FlowControl struct {
 	ctrl      *flowcontrol.Controller
 	endpoints EndpointLister
-	ownership EndpointOwnership // nil: every endpoint
+	ownership EndpointOwnership     // nil: every endpoint
+	peers     *replication.Exchange // nil: no peer exchange
 	clock     clock.WithTicker
 	logger    logr.Logger
 	opts      FlowControlOptions
@@ -254,6 +258,7 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 		ctrl:      ctrl,
 		endpoints: deps.Endpoints,
 		ownership: deps.Ownership,
+		peers:     deps.Peers,
 		clock:     deps.Clock,
 		logger:    deps.Logger,
 		opts:      opts,
@@ -330,7 +335,11 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 		return err
 	}
 	req := f.requestOf(reqCtx, priority)
-	d, err := f.ctrl.Admit(ctx, req)
+	d, sent := f.sendElsewhere(req)
+	var err error
+	if !sent {
+		d, err = f.ctrl.Admit(ctx, req)
+	}
 	traceAdmission(ctx, reqCtx, priority, req.Tenant, d)
 	if d.Outcome == flowcontrol.Cancelled {
 		if cerr := ctx.Err(); cerr != nil {
@@ -351,6 +360,10 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 // Controller().Cancel.
 func (f *FlowControl) Submit(reqCtx *handlers.RequestContext, priority int, decided func(err error, cancelled bool)) {
 	req := f.requestOf(reqCtx, priority)
+	if d, sent := f.sendElsewhere(req); sent {
+		decided(f.settle(req, reqCtx.TargetModelName, d, nil), false)
+		return
+	}
 	f.ctrl.Submit(req, func(d flowcontrol.Decision, err error) {
 		if d.Outcome == flowcontrol.Cancelled {
 			decided(err, true)
@@ -494,7 +507,14 @@ func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMReque
 		return
 	}
 	f.awaitingFirstChunk.Delete(request.RequestId)
-	f.ctrl.Release(request.RequestId)
+	f.release(request.RequestId)
+}
+
+// release ends a dispatched request's reservation, or its record as sent to a peer's endpoint.
+func (f *FlowControl) release(id string) {
+	if !f.ctrl.Release(id) && f.peers != nil {
+		f.peers.Done(id)
+	}
 }
 
 // ShapeImmediateResponse implements the runner's ResponseShaper. An immediate response ends its request, so a
@@ -507,7 +527,7 @@ func (f *FlowControl) ShapeImmediateResponse(_ context.Context, requestID string
 	if !ok {
 		f.headroom.delete(requestID)
 		f.awaitingFirstChunk.Delete(requestID)
-		f.ctrl.Release(requestID)
+		f.release(requestID)
 		return
 	}
 	d := sd.decision

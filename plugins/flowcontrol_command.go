@@ -20,6 +20,7 @@ import (
 	runserver "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/server"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 )
 
 // flowControlMetricTenants bounds the tenant label of Sluice's flow-control metrics: the first this many fairness IDs
@@ -231,7 +232,9 @@ type FlowControlEnv struct {
 	Registerer prometheus.Registerer
 	// Ownership is the EPP's replication view when it runs with peers; nil means this replica owns every endpoint.
 	Ownership EndpointOwnership
-	Logger    logr.Logger
+	// Peers is this replica's side of the peer exchange (with Ownership); nil: none.
+	Peers  *replication.Exchange
+	Logger logr.Logger
 }
 
 // Start builds the FlowControl from the completed flags and env and attaches the configured HeadroomFilters. It may be
@@ -257,7 +260,7 @@ func (c *FlowControlCommand) Start(_ context.Context, env FlowControlEnv) (*Flow
 	if env.RefreshInterval > 0 {
 		opts.SnapshotInterval = env.RefreshInterval
 	}
-	deps := FlowControlDeps{Endpoints: env.Endpoints, Ownership: env.Ownership, Logger: env.Logger}
+	deps := FlowControlDeps{Endpoints: env.Endpoints, Ownership: env.Ownership, Peers: env.Peers, Logger: env.Logger}
 	if env.Registerer != nil {
 		rec, err := flowcontrol.NewPrometheusRecorder(env.Registerer, flowControlMetricTenants)
 		if err != nil {

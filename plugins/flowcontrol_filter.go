@@ -96,7 +96,8 @@ func (h *HeadroomFilter) Filter(ctx context.Context, _ *fwksched.CycleState, req
 	if n == 0 {
 		return endpoints
 	}
-	if n < len(endpoints) {
+	if n < len(endpoints) && (fc.peers == nil || !fc.peers.Sent(request.RequestId)) {
+		// A request sent to a peer's endpoint goes there alone: this replica's own endpoints had no room for it.
 		n += h.keepAffine(ctx, fc, sd.decision.Band, request, endpoints, keep)
 	}
 	kept := make([]fwksched.Endpoint, 0, n)

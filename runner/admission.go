@@ -41,6 +41,9 @@ type AdmissionDeps struct {
 	// Replication is this replica's view of its peers when the EPP runs with --peers, --peers-file or
 	// --peers-service (nil otherwise): admission should take only the endpoints it owns (View.Owned).
 	Replication *replication.View
+	// PeerExchange is this replica's side of the peer exchange, with Replication, unless --peer-exchange-interval is
+	// 0 (nil then). An admission controller that takes it and implements PeerExchanger is sent and hears summaries.
+	PeerExchange *replication.Exchange
 }
 
 // AdmissionFactory builds the admission controller the Director consults for

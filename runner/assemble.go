@@ -206,13 +206,17 @@ type requestPath struct {
 	decisions *decisiontrace.Recorder // nil when the decision trace is off
 	// narrowing: the admission controller narrows the Director's candidates, by request ID (plugins.WithRequestID).
 	narrowing bool
+	// peers is the admission controller when it takes part in the peer exchange (nil otherwise), view the replica's
+	// view of its peers.
+	peers PeerExchanger
+	view  *replication.View
 }
 
 // newRequestPath builds the admission controller (a plugin one joins the
 // request-control plugins), the model selector and the Director.
 func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.GKNN, ds datastore.Datastore, featureGates map[string]bool,
 	eppConfig *config.Config, rcConfig *requestcontrol.Config, configured map[string]fwkplugin.Plugin, scheduler *scheduling.Scheduler, parser fwkrh.Parser,
-	view *replication.View) (*requestPath, error) {
+	view *replication.View, exchange *replication.Exchange) (*requestPath, error) {
 	candidates := requestcontrol.NewDatastoreEndpointCandidates(ds, requestcontrol.WithDisableEndpointSubsetFilter(opts.DisableEndpointSubsetFilter))
 	var endpointCandidates contracts.EndpointCandidates = candidates
 	if featureGates[flowcontrol.FeatureGate] {
@@ -228,6 +232,7 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 		Logger:             setupLog,
 		Plugins:            configured,
 		Replication:        view,
+		PeerExchange:       exchange,
 	})
 	if err != nil {
 		return nil, err
@@ -236,6 +241,9 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 		rcConfig.AddPlugins(p)
 	}
 	path := &requestPath{admission: admission, parser: parser}
+	if x, ok := admission.(PeerExchanger); ok && exchange != nil {
+		path.peers, path.view = x, view
+	}
 	if r.modelSelector != nil {
 		if path.selector, err = r.modelSelector(ctx, ModelSelectorDeps{Options: opts, Pool: gknn, Logger: ctrl.Log.WithName("model-selector")}); err != nil {
 			return nil, err
@@ -285,6 +293,10 @@ func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datast
 		isLeader:              isLeader,
 		leaderElectionEnabled: opts.EnableLeaderElection,
 	})
+	if req.peers != nil {
+		healthSrv.RegisterService(&peerExchangeDesc, &peerReceiver{view: req.view, admission: req.peers, clock: r.clock,
+			logger: ctrl.Log.WithName("replication")})
+	}
 	servers := []manager.Runnable{
 		&grpcServer{name: "health", server: healthSrv, port: opts.GRPCHealthPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("health")},
 		&grpcServer{name: "ext-proc", server: extProc, port: opts.GRPCPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("ext-proc")},

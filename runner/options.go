@@ -56,6 +56,9 @@ type Options struct {
 	// PeerProbeInterval is how often each peer's health is probed; PeerTimeout how long an unheard peer stays live.
 	PeerProbeInterval time.Duration
 	PeerTimeout       time.Duration
+	// PeerExchangeInterval is how often each replica sends its peers its summary (runner/peerexchange.go); 0: never,
+	// the replicas share by endpoint ownership alone.
+	PeerExchangeInterval time.Duration
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -72,6 +75,7 @@ func NewOptions() *Options {
 		MetricsMaxLabelValues:         DefaultMaxLabelValues,
 		PeerProbeInterval:             replication.DefaultProbeInterval,
 		PeerTimeout:                   replication.DefaultTimeout,
+		PeerExchangeInterval:          replication.DefaultExchangeInterval,
 	}
 }
 
@@ -121,6 +125,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PeerTimeout, "peer-timeout", o.PeerTimeout,
 		"How long a peer replica that stops answering still owns its endpoints; keep it plus the metrics refresh "+
 			"interval within --metrics-staleness-threshold.")
+	fs.DurationVar(&o.PeerExchangeInterval, "peer-exchange-interval", o.PeerExchangeInterval,
+		"How often each replica sends its peers a summary of its seats (Sluice admission), so that the replicas size "+
+			"the Critical reserve for the whole pool and send a Critical request that would wait to a peer's idle seat; "+
+			"0 shares by endpoint ownership alone.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 

@@ -93,6 +93,9 @@ func (o *Options) validatePeers() error {
 	if o.PeerProbeInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--peer-probe-interval must be positive, got %s", o.PeerProbeInterval))
 	}
+	if o.PeerExchangeInterval < 0 {
+		errs = append(errs, fmt.Errorf("--peer-exchange-interval must not be negative, got %s", o.PeerExchangeInterval))
+	}
 	if o.PeerTimeout < 2*o.PeerProbeInterval {
 		errs = append(errs, fmt.Errorf("--peer-timeout (%s) must be at least twice --peer-probe-interval (%s): a probe may take up to "+
 			"an interval, so a live peer may go that long and one interval more between answers", o.PeerTimeout, o.PeerProbeInterval))
@@ -365,7 +368,7 @@ func addressFamily(hostPort string) discoveryv1.AddressType {
 
 // replicate runs the peer probes with the process and, with --peers-service, the watch of the Service's
 // EndpointSlices.
-func (r *Runner) replicate(p *process, opts *Options, pool common.GKNN, view *replication.View) error {
+func (r *Runner) replicate(p *process, opts *Options, pool common.GKNN, view *replication.View, peers PeerExchanger) error {
 	logger := ctrl.Log.WithName("replication")
 	if opts.PeersService != "" {
 		if p.mgr == nil {
@@ -375,6 +378,12 @@ func (r *Runner) replicate(p *process, opts *Options, pool common.GKNN, view *re
 			service: opts.PeersService, port: strconv.Itoa(opts.GRPCHealthPort), logger: logger})
 		if err != nil {
 			return fmt.Errorf("watching the EndpointSlices of Service %s/%s: %w", pool.Namespace, opts.PeersService, err)
+		}
+	}
+	if peers != nil {
+		sender := &peerSender{view: view, admission: peers, interval: opts.PeerExchangeInterval, clock: r.clock, logger: logger}
+		if err := p.add(everyReplica{sender}); err != nil {
+			return err
 		}
 	}
 	return p.add(everyReplica{&peerProber{view: view, interval: opts.PeerProbeInterval, clock: r.clock, logger: logger}})

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/plugins"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
 	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
@@ -308,7 +309,11 @@ func (r *Runner) setup(ctx, collect context.Context, opts *Options) (*process, e
 	if err != nil {
 		return nil, fmt.Errorf("EPP replicas: %w", err)
 	}
-	req, err := r.newRequestPath(ctx, opts, *gknn, ds, featureGates, eppConfig, rcConfig, configured, scheduler, parser, view)
+	var exchange *replication.Exchange
+	if view != nil && opts.PeerExchangeInterval > 0 {
+		exchange = replication.NewExchange(view.Self(), opts.PeerTimeout)
+	}
+	req, err := r.newRequestPath(ctx, opts, *gknn, ds, featureGates, eppConfig, rcConfig, configured, scheduler, parser, view, exchange)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +324,7 @@ func (r *Runner) setup(ctx, collect context.Context, opts *Options) (*process, e
 		}
 	}
 	if view != nil {
-		if err := r.replicate(p, opts, *gknn, view); err != nil {
+		if err := r.replicate(p, opts, *gknn, view, req.peers); err != nil {
 			return nil, err
 		}
 	}

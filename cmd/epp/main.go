@@ -81,6 +81,7 @@ func newRunner() *runner.Runner {
 			}
 			if deps.Replication != nil {
 				env.Ownership = deps.Replication
+				env.Peers = deps.PeerExchange
 			}
 			return admission.Start(ctx, env)
 		}).

@@ -3,6 +3,14 @@
 // replica owns which endpoint (Owner, Partition: rendezvous hashing over the live replicas, so a replica that leaves
 // moves only its own endpoints, and every replica that sees the same live set computes the same owners).
 //
+// Replicas that own shares also exchange summaries (Exchange, Summary): every DefaultExchangeInterval each tells
+// the others its Critical arrival rate, how fast its seats free and how many it has, how many Critical requests wait
+// at it, which of its endpoints have idle seats, and how many of its requests run on the others' endpoints. From the
+// live peers' latest summaries (Pool) admission sizes the Critical seat reserve for the whole pool and keeps its part
+// of it (ReserveShare), and sends a Critical request that would wait on its own endpoints to a peer's idle seat
+// (Take); the owner counts it from the next summary on. Summaries travel in a compact wire form (AppendBinary,
+// ParseSummary); nothing on the request path waits for one.
+//
 // It is pure decision logic: plain inputs, time passed in as arguments, no I/O, no dependency on the Gateway API
 // Inference Extension. What carries peer messages and what acts on ownership live elsewhere; the design, and what
 // the benchmark measured of each option, are in testbed/bench/scenarios/README.md ("EPP replicas").
@@ -14,12 +22,17 @@
 //   - Owner: removing a member moves only the keys it owned; adding one moves only keys to it. Partition trades a
 //     little of that for balance: no member owns more than its even share rounded up.
 //   - A replica always counts itself live: with every peer gone it owns every endpoint and decides alone.
+//   - A peer's idle seats in one summary are offered in turn to the peers it acknowledges, each seat to one of them,
+//     and a replica does not take again a seat it took until the owner acknowledges the summary that told of it; so
+//     two replicas never send a request to the same idle seat from the same summary.
+//   - ReserveShare's parts, over replicas that agree on the figures, add up to the pool's reserve.
+//   - A peer silent for the timeout drops out of Pool and offers nothing: with no live peer a replica decides alone.
 //   - View.Owned returns every endpoint when this replica's share is empty (more replicas than endpoints), so no
 //     replica is left with nothing to route to; those endpoints are then shared, not partitioned.
 //
 // # Concurrency
 //
-// Owner, Partition and ParsePeers are safe for concurrent use. A Membership is not: its owner serialises Heard,
+// Owner, Partition, ParsePeers and ParseSummary are safe for concurrent use, and so is an Exchange. A Membership is not: its owner serialises Heard,
 // SetPeers and Live. A View is a Membership behind a mutex, for the EPP: peer probes call Heard, the peer list's
 // source calls SetPeers, and admission asks Owned on every pool snapshot.
 package replication

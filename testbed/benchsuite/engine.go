@@ -49,6 +49,9 @@ type RunResult struct {
 	// request path per routed request (admission, scheduling, hooks). Nil
 	// without an EPP and in real time, where it is not separable.
 	EPPPerDecision *time.Duration `json:"epp_per_decision_ns,omitempty"`
+	// PeerBytes counts the peer summaries' bytes the EPP replicas sent one
+	// another (virtual time, Contender.PeerExchange).
+	PeerBytes int64 `json:"peer_bytes,omitempty"`
 	// CPU is a real-time run's CPU use while the load ran, per process;
 	// nil in virtual time and where it cannot be read.
 	CPU *ProcessCPU `json:"cpu,omitempty"`

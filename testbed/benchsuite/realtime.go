@@ -196,6 +196,9 @@ func (r *realRun) start(ctx context.Context) error {
 			if r.c.EndpointOwnership {
 				// The replicas partition the endpoints (the EPP's --peers); each names itself by its health port.
 				eppArgs = append(eppArgs, "--peers="+strings.Join(peers, ","))
+				if !r.c.PeerExchange {
+					eppArgs = append(eppArgs, "--peer-exchange-interval=0") // ownership alone
+				}
 			}
 			log := EPPBinary
 			if replicas > 1 {

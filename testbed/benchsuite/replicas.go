@@ -15,14 +15,18 @@ import (
 // sluice-x<count>-<balance> (sluice-x2-round-robin), and with sharing
 // endpoint-ownership sluice-x<count>-<balance>-owned: the replicas partition
 // the fleet as the EPP's --peers makes them (replication.View), each admitting
-// on and routing to its own servers only. The report compares
+// on and routing to its own servers only; with peer-exchange
+// sluice-x<count>-<balance>-exchange: ownership plus the EPP's peer exchange
+// (replication.Exchange), the replicas sizing the Critical seat reserve for
+// the whole pool and sending a Critical request that would wait to a peer's
+// idle seat. The report compares
 // each with the sluice contender, its one-replica run in the same session,
 // and Targets hold every replicated run against it.
 //
 //	replicas:
 //	  counts: [2, 4]                 # 2..64 replicas each
 //	  balance: [round-robin, random] # default [round-robin]
-//	  sharing: [none, endpoint-ownership]  # default [none]
+//	  sharing: [none, endpoint-ownership, peer-exchange]  # default [none]
 //	  targets:                       # each replicated run vs sluice, or its value
 //	    - {figure: ttft_p99, class: critical, vs: sluice, at_most: 1.1}
 //	    - {figure: prefix_hit_rate, vs: sluice, at_least: 0.95}
@@ -40,6 +44,8 @@ const (
 	SharingNone = "none"
 	// SharingOwnership: the replicas partition the fleet's endpoints.
 	SharingOwnership = "endpoint-ownership"
+	// SharingExchange: ownership, and the replicas exchange peer summaries.
+	SharingExchange = "peer-exchange"
 )
 
 // maxReplicas bounds a replica count: every replica is a whole EPP.
@@ -69,8 +75,9 @@ func (f *ReplicasFile) contenders(sluice Contender, errs *fieldErrors) []Contend
 		sharing = []string{SharingNone}
 	}
 	for i, sh := range sharing {
-		if (sh != SharingNone && sh != SharingOwnership) || slices.Index(sharing, sh) != i {
-			errs.addf(fmt.Sprintf("replicas.sharing[%d]", i), "%q must be %s or %s, each once", sh, SharingNone, SharingOwnership)
+		if !slices.Contains([]string{SharingNone, SharingOwnership, SharingExchange}, sh) || slices.Index(sharing, sh) != i {
+			errs.addf(fmt.Sprintf("replicas.sharing[%d]", i), "%q must be %s, %s or %s, each once", sh, SharingNone,
+				SharingOwnership, SharingExchange)
 		}
 	}
 	var out []Contender
@@ -83,8 +90,11 @@ func (f *ReplicasFile) contenders(sluice Contender, errs *fieldErrors) []Contend
 			for _, b := range balance {
 				c := sluice
 				c.Name, c.Replicas, c.Balance, c.Extra = ReplicaContenderName(n, b), n, b, true
-				if sh == SharingOwnership {
+				switch sh {
+				case SharingOwnership:
 					c.Name, c.EndpointOwnership = c.Name+"-owned", true
+				case SharingExchange:
+					c.Name, c.EndpointOwnership, c.PeerExchange = c.Name+"-exchange", true, true
 				}
 				out = append(out, c)
 			}

@@ -39,8 +39,18 @@ func TestReplicasAddContendersAndTargets(t *testing.T) {
 		t.Errorf("sluice-x4-random-owned: %d replicas balanced %q, ownership %v", c.Replicas, c.Balance, c.EndpointOwnership)
 	}
 	cfg, err := VirtualConfig(sc, c)
-	if err != nil || cfg.Router.Replicas != 4 || cfg.Router.Balance != "random" || !cfg.Router.Ownership || cfg.Router.Admission == nil {
+	if err != nil || cfg.Router.Replicas != 4 || cfg.Router.Balance != "random" || !cfg.Router.Ownership || cfg.Router.Admission == nil ||
+		cfg.Router.PeerExchange {
 		t.Errorf("virtual config %+v, %v: want 4 owning replicas balanced at random with Sluice admission", cfg.Router, err)
+	}
+	exchange, err := ParseScenario([]byte(strings.Replace(replicasScenario, "sharing: [none, endpoint-ownership]",
+		"sharing: [peer-exchange]", 1)), "/x/rep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ = exchange.Contender("sluice-x2-round-robin-exchange")
+	if cfg, err := VirtualConfig(exchange, c); err != nil || !cfg.Router.Ownership || !cfg.Router.PeerExchange {
+		t.Errorf("sluice-x2-round-robin-exchange: virtual config %+v, %v: want ownership and the peer exchange", cfg.Router, err)
 	}
 	declared := sc.Targets[:len(sc.Targets)-1]
 	if len(declared) != 16 {

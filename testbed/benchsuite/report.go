@@ -295,8 +295,28 @@ func writeEPPCost(b *bufio.Writer, s *ScenarioResult) {
 	if len(wall) > 0 {
 		fmt.Fprintf(b, "\nEPP wall time per routing decision (this machine): %s.\n", strings.Join(wall, ", "))
 	}
+	writePeerTraffic(b, s)
 	if len(cpu) > 0 {
 		fmt.Fprintf(b, "\nCPU time per attempt while the load ran (user + system, this machine): %s.\n", strings.Join(cpu, "; "))
+	}
+}
+
+// writePeerTraffic lists, for the replicated runs that exchange peer
+// summaries, what each replica sent: bytes per second of virtual time, and
+// bytes per request the pool routed.
+func writePeerTraffic(b *bufio.Writer, s *ScenarioResult) {
+	var parts []string
+	for _, run := range s.Runs {
+		r := run.Result
+		if r == nil || r.PeerBytes == 0 || r.Virtual <= 0 || run.Contender.Replicas < 2 {
+			continue
+		}
+		perReplica := float64(r.PeerBytes) / float64(run.Contender.Replicas)
+		parts = append(parts, fmt.Sprintf("%s %.0f bytes/s per replica (%.0f bytes per request)", run.Contender.Name,
+			perReplica/r.Virtual.Seconds(), float64(r.PeerBytes)/float64(max(1, r.Summary.Overall.Attempts))))
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(b, "\nPeer exchange traffic (summaries sent, virtual time): %s.\n", strings.Join(parts, ", "))
 	}
 }
 

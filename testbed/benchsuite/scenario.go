@@ -337,6 +337,9 @@ type Contender struct {
 	// EndpointOwnership partitions the fleet among the replicas (see
 	// ReplicasFile).
 	EndpointOwnership bool `json:"endpoint_ownership,omitempty"`
+	// PeerExchange adds the replicas' peer exchange to EndpointOwnership (see
+	// ReplicasFile).
+	PeerExchange bool `json:"peer_exchange,omitempty"`
 }
 
 // Describe says in a few words what the contender runs.
@@ -356,6 +359,10 @@ func (c Contender) Describe() string {
 		if c.EndpointOwnership {
 			owned = ", each owning a share of the endpoints"
 			one.EndpointOwnership = false
+		}
+		if c.PeerExchange {
+			owned += " and exchanging seat summaries"
+			one.PeerExchange = false
 		}
 		return fmt.Sprintf("%d replicas%s, streams balanced %s; %s", c.Replicas, owned, c.Balance, one.Describe())
 	}

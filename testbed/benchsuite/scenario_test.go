@@ -318,8 +318,9 @@ func TestLoadScenarios(t *testing.T) {
 
 // TestShippedScenarios checks that every scenario in bench/scenarios
 // parses, and that the targets are declared where it sets them.
-// replicaTargets is each of targets for every replicated contender, sharing nothing and owning endpoints, in the
-// order a scenario file declares them: ratios against sluice, values (count figures) as they are.
+// replicaTargets is each of targets for every replicated contender, sharing nothing, owning endpoints and exchanging
+// peer summaries, in the order a scenario file declares them: ratios against sluice, values (count figures) as they
+// are.
 func replicaTargets(counts []int, balance []string, targets ...Target) []Target {
 	var out []Target
 	for _, t := range targets {
@@ -327,7 +328,7 @@ func replicaTargets(counts []int, balance []string, targets ...Target) []Target 
 			t.Versus = Sluice
 		}
 		for _, n := range counts {
-			for _, suffix := range []string{"", "-owned"} {
+			for _, suffix := range []string{"", "-owned", "-exchange"} {
 				for _, b := range balance {
 					t.Subject = ReplicaContenderName(n, b) + suffix
 					out = append(out, t)

@@ -151,6 +151,7 @@ func virtualRouter(c Contender) (virtualbench.Router, error) {
 		router = virtualbench.SluiceRouter(policy, c.EndpointPickerConfig)
 	}
 	router.Replicas, router.Balance, router.Ownership = c.Replicas, virtualbench.Balance(c.Balance), c.EndpointOwnership
+	router.PeerExchange = c.PeerExchange
 	return router, nil
 }
 
@@ -201,7 +202,8 @@ func virtualResult(sc *Scenario, c Contender, started time.Time, res *virtualben
 			AdapterLoads:      float64(res.Fleet.AdapterLoads),
 			Preemptions:       float64(res.Fleet.Preemptions),
 		},
-		Virtual: res.Virtual,
+		Virtual:   res.Virtual,
+		PeerBytes: res.PeerBytes,
 	}
 	if c.Router == RouterEPP {
 		cost := res.EPP.PerRequest()

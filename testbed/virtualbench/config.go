@@ -54,7 +54,15 @@ type Router struct {
 	// routes to only the servers it owns (replication.View over replica names epp-0, ..., every replica hearing
 	// every other), so it sees every request sent to them.
 	Ownership bool
+	// PeerExchange, with Ownership, runs the EPP's peer exchange too: every replication.DefaultExchangeInterval each
+	// replica sends every other its summary (plugins.FlowControl.PeerSummary), which arrives PeerDelay later
+	// (HearPeer); Result.PeerBytes counts the bytes sent.
+	PeerExchange bool
 }
+
+// PeerDelay is how long a peer summary takes from one replica to another in virtual time: a message between two
+// pods of one cluster, plus the sender's and receiver's handling.
+const PeerDelay = time.Millisecond
 
 // RoundRobinRouter is the round-robin contender.
 func RoundRobinRouter() Router { return Router{Kind: RoundRobin} }
@@ -87,6 +95,8 @@ func (rt Router) withDefaults(errs []error) (Router, []error) {
 		errs = append(errs, fmt.Errorf("replicas apply to the EPP router, not %q", rt.Kind))
 	case rt.Ownership && rt.Replicas < 2:
 		errs = append(errs, errors.New("endpoint ownership needs at least 2 replicas"))
+	case rt.PeerExchange && !rt.Ownership:
+		errs = append(errs, errors.New("the peer exchange runs with endpoint ownership"))
 	case rt.Replicas == 0:
 		rt.Replicas = 1
 	}

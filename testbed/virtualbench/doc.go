@@ -41,6 +41,8 @@
 // balances an ext_proc cluster. Replica 0 keeps the run's seed, so one replica is exactly the single EPP. With
 // Router.Ownership the replicas run as the EPP's --peers runs them: each hears the others every probe interval and
 // its admission takes and routes to only the servers it owns (replication.View, through plugins.EndpointOwnership).
+// With Router.PeerExchange too, every replication.DefaultExchangeInterval each replica's summary, in its wire form,
+// is delivered to every other PeerDelay later (the EPP's peer exchange stream), and Result.PeerBytes counts them.
 //
 // # What runs, and how it maps to real time
 //

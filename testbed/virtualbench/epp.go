@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/scheduling"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/plugins"
 )
 
@@ -66,6 +67,8 @@ type eppOptions struct {
 	Seed uint64
 	// Ownership is the replica's share of the endpoints when replicas own them (nil: all), as --peers gives it.
 	Ownership plugins.EndpointOwnership
+	// Peers is the replica's side of the peer exchange (nil: none).
+	Peers *replication.Exchange
 }
 
 // eppRequest is one request as the data plane hands it to the EPP.
@@ -282,7 +285,8 @@ func (p *inProcessEPP) load(opts eppOptions, logger logr.Logger) error {
 	if opts.Admission != nil {
 		fc, err := plugins.NewFlowControl(opts.Admission, opts.AdmissionOptions, plugins.FlowControlDeps{
 			Endpoints: endpointList(p.endpoints), Clock: opts.Clock, SynchronousTimers: true, Ownership: opts.Ownership,
-			Rand: rand.New(rand.NewPCG(opts.Seed, 0x5111ce)),
+			Peers: opts.Peers,
+			Rand:  rand.New(rand.NewPCG(opts.Seed, 0x5111ce)),
 		})
 		if err != nil {
 			return err
@@ -417,6 +421,25 @@ func (p *inProcessEPP) SyncAdmission() error {
 	err := p.fc.SyncEndpoints()
 	p.Resume()
 	return err
+}
+
+// PeerSummary is the replica's next peer summary in its wire form (Router.PeerExchange); putting its peers' latest
+// figures in force may dispatch waiting requests.
+func (p *inProcessEPP) PeerSummary() ([]byte, error) {
+	wire, err := p.fc.PeerSummary().AppendBinary(nil)
+	p.Resume()
+	return wire, err
+}
+
+// HearPeer takes in a peer's summary in its wire form.
+func (p *inProcessEPP) HearPeer(wire []byte) error {
+	s, err := replication.ParseSummary(wire)
+	if err != nil {
+		return err
+	}
+	p.fc.HearPeer(s)
+	p.Resume()
+	return nil
 }
 
 // AdmissionQueue returns the number of requests waiting in Sluice admission per band (Critical, Standard,

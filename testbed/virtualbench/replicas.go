@@ -73,7 +73,7 @@ func replicaServers(pods []string, n int) [][]int {
 func replicaViews(n int) ([]*replication.View, func(now time.Time)) {
 	members := make([]string, n)
 	for k := range members {
-		members[k] = fmt.Sprintf("epp-%d", k)
+		members[k] = replicaName(k)
 	}
 	views := make([]*replication.View, n)
 	for k := range views {
@@ -89,6 +89,9 @@ func replicaViews(n int) ([]*replication.View, func(now time.Time)) {
 		}
 	}
 }
+
+// replicaName is replica k's name among its peers.
+func replicaName(k int) string { return fmt.Sprintf("epp-%d", k) }
 
 // server is the fleet index of replica k's endpoint j.
 func (s *replicaSet) server(k, j int) int { return s.servers[k][j] }

@@ -22,6 +22,8 @@ type Result struct {
 	EPP EPPCost
 	// ReplicaRequests counts the attempts (ext_proc streams) each EPP replica received; nil without an EPP.
 	ReplicaRequests []int
+	// PeerBytes counts the bytes of peer summaries the replicas sent one another (Router.PeerExchange).
+	PeerBytes int64
 	// Virtual is the virtual time from the start to the last answer.
 	Virtual time.Duration
 	// Wall is how long the run took; Events counts the discrete events it processed.

@@ -53,8 +53,10 @@ type run struct {
 	clk      *eventclock.Clock
 	servers  []*server
 	replicas *replicaSet // nil without an EPP
-	gen      *loadgen.Generator
-	arrivals *loadgen.Arrivals
+	// peerBytes counts the peer summaries' bytes the replicas sent (Router.PeerExchange).
+	peerBytes int64
+	gen       *loadgen.Generator
+	arrivals  *loadgen.Arrivals
 
 	attempts []*attempt // by idx; nil once closed
 	records  []loadgen.Record
@@ -144,6 +146,7 @@ func Run(cfg Config) (*Result, error) {
 	if r.replicas != nil {
 		res.ReplicaRequests = r.replicas.routed
 	}
+	res.PeerBytes = r.peerBytes
 	for _, rec := range r.records {
 		res.Virtual = max(res.Virtual, rec.Start+rec.E2E)
 	}
@@ -195,6 +198,13 @@ func (r *run) startPicker() error {
 		views, heartbeat = replicaViews(rt.Replicas)
 		r.every(0, replication.DefaultProbeInterval, func() { heartbeat(r.clk.Now()) })
 	}
+	var exchanges []*replication.Exchange
+	if rt.PeerExchange {
+		exchanges = make([]*replication.Exchange, rt.Replicas)
+		for k := range exchanges {
+			exchanges[k] = replication.NewExchange(replicaName(k), replication.DefaultTimeout)
+		}
+	}
 	opts := rt.AdmissionOptions
 	opts.SnapshotInterval = r.cfg.ScrapeInterval
 	pickers := make([]*inProcessEPP, 0, rt.Replicas)
@@ -210,6 +220,9 @@ func (r *run) startPicker() error {
 		}
 		if views != nil {
 			o.Ownership = views[k]
+		}
+		if exchanges != nil {
+			o.Peers = exchanges[k]
 		}
 		p, err := newInProcessEPP(o)
 		if err != nil {
@@ -227,6 +240,9 @@ func (r *run) startPicker() error {
 			r.pickerCall(p, p.Resume)
 		}
 	}
+	if exchanges != nil {
+		r.every(0, replication.DefaultExchangeInterval, r.exchangeSummaries)
+	}
 	r.every(0, r.cfg.ScrapeInterval, r.scrape)
 	// At time 0 the EPP has scraped every server and taken a snapshot, as in the real benchmark, which waits for
 	// the EPP's first scrapes before it starts the load.
@@ -241,6 +257,38 @@ func (r *run) syncAdmission() {
 		r.pickerCall(p, func() { err = p.SyncAdmission() })
 		if err != nil && r.err == nil {
 			r.err = fmt.Errorf("admission snapshot of EPP replica %d: %w", k, err)
+		}
+	}
+}
+
+// fail keeps the run's first error.
+func (r *run) fail(err error) {
+	if r.err == nil {
+		r.err = err
+	}
+}
+
+// exchangeSummaries sends every replica's summary to every other, in its wire form, arriving PeerDelay later.
+func (r *run) exchangeSummaries() {
+	for k, p := range r.replicas.eps {
+		var wire []byte
+		var err error
+		r.pickerCall(p, func() { wire, err = p.PeerSummary() })
+		if err != nil {
+			r.fail(fmt.Errorf("EPP replica %d's peer summary: %w", k, err))
+			return
+		}
+		for j, q := range r.replicas.eps {
+			if j == k {
+				continue
+			}
+			r.peerBytes += int64(len(wire))
+			r.clk.At(r.clk.Now().Add(PeerDelay), func() {
+				r.pickerCall(q, func() { err = q.HearPeer(wire) })
+				if err != nil {
+					r.fail(fmt.Errorf("EPP replica %d hearing replica %d: %w", j, k, err))
+				}
+			})
 		}
 	}
 }

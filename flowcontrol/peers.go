@@ -1,0 +1,187 @@
+package flowcontrol
+
+// Peers: several EPP replicas that own disjoint shares of a pool's endpoints (flowcontrol/replication) decide as one
+// on the Critical seat reserve. Each replica tells the others, every few milliseconds, its SeatSummary: its Critical
+// arrival rate, how fast its seat-bound seats free, how many there are, and which of its endpoints have idle seats.
+// From its peers' summaries a replica learns the pool-wide figures (Peers), and:
+//
+//   - sizes the reserve for the whole pool, from the pool's Critical rate and seats, and keeps idle only its part of
+//     it (Peers.ReserveShare: the replicas' parts add up to the pool's reserve), rather than a reserve sized for its
+//     own share of the traffic on its own share of the seats, which N replicas keep N times over;
+//   - when a Critical request finds no headroom on its own endpoints (CriticalWouldWait), its caller may send it to a
+//     peer's endpoint with an idle seat, as a replica alone would take any idle seat of the pool; the owner counts
+//     such requests (Peers.Load) against its endpoints' seats from the next summary on, and its scrapes show them too.
+//
+// A replica whose peers fall silent is given Peers{} and decides alone again, on the endpoints it owns.
+
+// Peers is what a replica's live peers reported, summed over them, for the controller to decide as part of the pool.
+// The zero Peers means no peer: the controller decides alone.
+type Peers struct {
+	// CriticalRate is the peers' Critical arrivals per second, SeatFrees the rate their seat-bound seats free (seats
+	// over the time a request holds one), Seats how many seat-bound seats they have.
+	CriticalRate, SeatFrees float64
+	Seats                   int
+	// CriticalWaiting is how many Critical requests wait at the peers: the pool's reserve holds a seat for each, which
+	// the peer takes at once (DispatchWaitingElsewhere) on hearing of it.
+	CriticalWaiting int
+	// ReserveShare returns this replica's part of a pool-wide reserve of pool idle seats, given its own seat-bound
+	// seats. nil: no peer is live, the reserve is this controller's alone.
+	ReserveShare func(pool, seats int) int
+	// Load is, per endpoint of this controller, how many requests peers sent there that still run.
+	Load map[string]int
+}
+
+// SetPeers puts what the live peers reported in force (Peers{} when none is live). A peer's load that ended frees
+// seats, so waiting requests may be dispatched.
+func (c *Controller) SetPeers(p Peers) {
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.peers = p
+	freed := false
+	for i := range c.endpoints {
+		e := &c.endpoints[i]
+		load := p.Load[e.Name]
+		if load == e.peer {
+			continue
+		}
+		freed = freed || load < e.peer
+		e.peer = load
+		e.refresh(c.cfg.Endpoint)
+		e.noteFull(now)
+	}
+	if !freed || c.totalCount == 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.drain.advance(now)
+	c.dispatchFreedAndUnlock(now)
+}
+
+// SeatSummary is what a replica tells its peers of its seats.
+type SeatSummary struct {
+	// CriticalRate is the Critical arrivals per second here, SeatFrees the rate the seat-bound seats free, Seats how
+	// many seat-bound seats there are (see seatReserveLocked).
+	CriticalRate, SeatFrees float64
+	Seats                   int
+	// CriticalWaiting is how many Critical requests wait here.
+	CriticalWaiting int
+	// Idle lists endpoints with an idle seat now that lower bands here will not take, and how many each has, in
+	// snapshot order (at most maxOfferedEndpoints): where a peer's Critical request may go.
+	Idle []EndpointSeats
+}
+
+// maxOfferedEndpoints bounds the endpoints a SeatSummary lists as idle.
+const maxOfferedEndpoints = 32
+
+// EndpointSeats is a count of seats on one endpoint.
+type EndpointSeats struct {
+	Endpoint string
+	Seats    int
+}
+
+// SeatSummary returns the controller's seat figures at now for its peers.
+func (c *Controller) SeatSummary() SeatSummary {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	var s SeatSummary
+	s.Seats, _, s.SeatFrees = c.seatFiguresLocked(now)
+	s.CriticalRate, _ = c.criticalArrivals.rate(now)
+	s.CriticalWaiting = c.bands[Critical].count
+	// While lower bands wait, an idle seat beyond the reserve is theirs at the next dispatch: only the reserve is
+	// offered. Either way at most maxOfferedEndpoints are listed, which bounds a summary's size in a large pool.
+	offer := -1
+	if c.totalCount > int64(c.bands[Critical].count) {
+		offer, _ = c.seatReserveLocked(now)
+	}
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	for i := range c.endpoints {
+		if offer == 0 || len(s.Idle) == maxOfferedEndpoints {
+			break
+		}
+		e := &c.endpoints[i]
+		if n := e.freeSeats(); n > 0 && e.usable(cutoff) {
+			if offer > 0 {
+				n = min(n, offer)
+				offer -= n
+			}
+			s.Idle = append(s.Idle, EndpointSeats{Endpoint: e.Name, Seats: n})
+		}
+	}
+	return s
+}
+
+// CriticalWouldWait reports whether req is a valid Critical request that would wait here: no endpoint has headroom
+// for it, or Critical requests wait already (they go first). A caller that then sends it to a peer's endpoint reports
+// that with DispatchedElsewhere.
+func (c *Controller) CriticalWouldWait(req Request) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	if band, _, _ := c.bandOfLocked(req); band != Critical || c.shuttingDown || c.validateLocked(req) != nil {
+		return false
+	}
+	if c.queuedAtOrAboveLocked(Critical) > 0 {
+		return true
+	}
+	_, best, _ := c.headroomLocked(Critical, now)
+	return best < 0
+}
+
+// DispatchedElsewhere records and returns the decision for a Critical request that arrived here and was sent to
+// endpoint, a peer's: it is Critical traffic here all the same (the reserve is on, and its arrival counts in the
+// rate the pool's reserve is sized from), and holds no reservation here.
+func (c *Controller) DispatchedElsewhere(req Request, endpoint string) Decision {
+	c.mu.Lock()
+	now := c.clock.Now()
+	c.lastCritical = now
+	c.criticalArrivals.add(now, 1)
+	if c.totalCount > 0 {
+		c.armTTLTimerLocked(now)
+	}
+	c.mu.Unlock()
+	d := Decision{Outcome: Dispatched, Band: Critical, Endpoints: []string{endpoint}}
+	c.recorder.RecordDecision(req.Tenant, d)
+	return d
+}
+
+// DispatchWaitingElsewhere dispatches waiting Critical requests, in their order, to peers' endpoints while take
+// finds one with an idle seat for the next (take gets the request's ID and returns the endpoint; it runs under the
+// controller's lock and must not call the controller). It returns how many went.
+func (c *Controller) DispatchWaitingElsewhere(take func(id string) (endpoint string, ok bool)) int {
+	c.mu.Lock()
+	now := c.clock.Now()
+	q := c.bands[Critical]
+	n := 0
+	for q.count > 0 {
+		endpoint, ok := take(q.active[0].head.id)
+		if !ok {
+			break
+		}
+		it := q.pop()
+		c.dequeuedLocked(it)
+		c.drain.add(it.cost)
+		c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: Critical, Capped: it.capped, Endpoints: []string{endpoint},
+			Waited: now.Sub(it.enqueuedAt)}, nil)
+		n++
+	}
+	var sample QueueSample
+	if n > 0 {
+		c.endOpLocked(now)
+		sample = c.queueSampleLocked(now)
+	}
+	c.mu.Unlock()
+	if n > 0 {
+		c.recorder.RecordQueue(sample)
+	}
+	return n
+}
+
+// pooledReserveLocked is this replica's part of the reserve the whole pool needs, given its own Critical arrival
+// rate, seat free rate and seat-bound seats: the pool's reserve sized from the pool's figures, as one replica would
+// size it, then shared out by Peers.ReserveShare.
+func (c *Controller) pooledReserveLocked(arrivals, frees float64, seats int) int {
+	p := c.peers
+	pool := reserveSeats(arrivals+p.CriticalRate, frees+p.SeatFrees, (seats+p.Seats)/2) + p.CriticalWaiting
+	return min(p.ReserveShare(pool, seats), seats/2)
+}

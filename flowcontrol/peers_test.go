@@ -1,0 +1,140 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestPooledReserve: with live peers the seat reserve is this replica's part of the reserve sized from the whole
+// pool's figures (plus a seat per Critical request waiting at a peer); alone it is sized from its own.
+func TestPooledReserve(t *testing.T) {
+	half := func(pool, seats int) int { return pool / 2 }
+	for _, tc := range []struct {
+		name            string
+		arrivals, frees float64
+		seats           int
+		peers           Peers
+		want            int
+	}{
+		// One replica of the pool, 12 seats freeing at 2.4/s, Critical at 0.95/s: its own reserve is 5 of 12.
+		{name: "alone", arrivals: 0.95, frees: 2.4, seats: 12, want: 5},
+		// Two such replicas: the pool needs 5 of 24 seats (r = 2.5 whatever the size), this one keeps its half.
+		{name: "half of the pool's", arrivals: 0.95, frees: 2.4, seats: 12,
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half}, want: 2},
+		// Three Critical requests wait at peers: the pool holds a seat for each on top.
+		{name: "and peers' waiting Critical", arrivals: 0.95, frees: 2.4, seats: 12,
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, CriticalWaiting: 3, ReserveShare: half}, want: 4},
+		// The share never exceeds half the replica's own seats.
+		{name: "at most half its seats", arrivals: 5, frees: 1, seats: 4,
+			peers: Peers{CriticalRate: 5, SeatFrees: 1, Seats: 40, ReserveShare: func(pool, _ int) int { return pool }}, want: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Controller{peers: tc.peers}
+			got := 0
+			if tc.peers.ReserveShare == nil {
+				got = reserveSeats(tc.arrivals, tc.frees, tc.seats/2)
+			} else {
+				got = c.pooledReserveLocked(tc.arrivals, tc.frees, tc.seats)
+			}
+			if got != tc.want {
+				t.Fatalf("reserve %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPeerLoadTakesSeats: requests a peer says it sent to this replica's endpoint hold seats there until the peer
+// says they ended, which frees them for what waits here; scrapes that show the same requests do not count them twice.
+func TestPeerLoadTakesSeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 2 }))
+		h.scrape(ep("a", 0))
+		h.c.SetPeers(Peers{Load: map[string]int{"a": 1}})
+		first, second := h.admit(0, "t", 1), h.admit(0, "t", 1)
+		first.wantOutcome(t, Dispatched, ReasonNone)
+		second.wantWaiting(t) // the peer's request holds the other seat
+		// Two scrapes show three requests running (the peer's among them): still one seat taken by the peer.
+		for range 2 {
+			h.step(50 * time.Millisecond)
+			h.scrape(Endpoint{Name: "a", Running: 2})
+		}
+		second.wantWaiting(t)
+		h.c.SetPeers(Peers{Load: map[string]int{}})
+		synctest.Wait()
+		// The peer's request ended; the scrapes' surplus (foreign) still holds it until a scrape shows it gone.
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 1})
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: 1})
+		second.wantOutcome(t, Dispatched, ReasonNone)
+	})
+}
+
+// TestCriticalElsewhere: a Critical request that would wait here is reported so (CriticalWouldWait), and one that
+// waits is handed to a peer's endpoint when one is found (DispatchWaitingElsewhere), in order, as Dispatched there;
+// other bands and requests with headroom here are not.
+func TestCriticalElsewhere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 1 }))
+		h.scrape(ep("a", 0))
+		critical := Request{ID: "c0", Tenant: "t", Priority: 1, Bytes: 1, EstimatedCost: 1}
+		if h.c.CriticalWouldWait(critical) {
+			t.Fatal("a Critical request would wait with a free seat here")
+		}
+		h.admitReq(critical).wantOutcome(t, Dispatched, ReasonNone)
+		if !h.c.CriticalWouldWait(Request{ID: "c1", Tenant: "t", Priority: 1, Bytes: 1}) {
+			t.Fatal("a Critical request would not wait with the only seat taken")
+		}
+		if h.c.CriticalWouldWait(Request{ID: "s1", Tenant: "t", Priority: 0, Bytes: 1}) {
+			t.Fatal("a Standard request is offered to peers")
+		}
+		d := h.c.DispatchedElsewhere(Request{ID: "c1", Tenant: "t", Priority: 1}, "peer-ep")
+		if d.Outcome != Dispatched || d.Band != Critical || len(d.Endpoints) != 1 || d.Endpoints[0] != "peer-ep" {
+			t.Fatalf("decision %+v, want Critical dispatched to peer-ep", d)
+		}
+		waiting := []*call{h.admit(1, "t", 1), h.admit(1, "t", 1)}
+		for _, cl := range waiting {
+			cl.wantWaiting(t)
+		}
+		var offered []string
+		n := h.c.DispatchWaitingElsewhere(func(id string) (string, bool) {
+			offered = append(offered, id)
+			return "peer-ep", len(offered) == 1 // one idle seat among the peers
+		})
+		synctest.Wait()
+		if n != 1 || len(offered) != 2 || offered[0] != waiting[0].req.ID {
+			t.Fatalf("dispatched %d, offered %v; want the first waiting request dispatched, then the second offered", n, offered)
+		}
+		if d := waiting[0].wantOutcome(t, Dispatched, ReasonNone); d.Endpoints[0] != "peer-ep" {
+			t.Fatalf("sent to %v, want peer-ep", d.Endpoints)
+		}
+		waiting[1].wantWaiting(t)
+		if s := h.c.Stats(); s.InFlight != 1 {
+			t.Fatalf("%d in flight here, want 1: requests sent to peers hold nothing here", s.InFlight)
+		}
+	})
+}
+
+// TestSeatSummaryListsIdleSeats: a summary lists the endpoints with free seats and how many, at most
+// maxOfferedEndpoints of them, and counts the Critical requests waiting.
+func TestSeatSummaryListsIdleSeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 2 }))
+		var eps []Endpoint
+		for i := range maxOfferedEndpoints + 8 {
+			eps = append(eps, ep(fmt.Sprintf("e%02d", i), 0))
+		}
+		h.scrape(eps...)
+		h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on e00, the least saturated first
+		h.step(time.Second)                                       // a rate is known once time has passed
+		s := h.c.SeatSummary()
+		if len(s.Idle) != maxOfferedEndpoints || s.Idle[0] != (EndpointSeats{"e00", 1}) || s.Idle[1] != (EndpointSeats{"e01", 2}) {
+			t.Fatalf("idle %v, want %d endpoints, e00 with one seat, then e01 with two", s.Idle, maxOfferedEndpoints)
+		}
+		if s.CriticalWaiting != 0 || !(s.CriticalRate > 0) {
+			t.Fatalf("summary %+v, want a Critical rate and nothing waiting", s)
+		}
+	})
+}

@@ -1,0 +1,258 @@
+package replication
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Summary is what one replica tells its peers every exchange tick (DefaultExchangeInterval): the figures the pool's
+// Critical seat reserve is sized from, where its idle seats are, which of its requests run on endpoints it does not
+// own, and which of each peer's summaries it has taken in. No request waits for one: each replica acts on the latest
+// summaries it holds.
+type Summary struct {
+	// From is the sender's replica name (its --replica-id); Seq numbers its summaries from 1.
+	From string
+	Seq  uint64
+	// CriticalRate is the sender's Critical arrivals per second, SeatFrees the rate its seat-bound seats free and
+	// Seats how many it has (flowcontrol.SeatSummary).
+	CriticalRate, SeatFrees float64
+	Seats                   int
+	// CriticalWaiting is how many Critical requests wait at the sender for a seat.
+	CriticalWaiting int
+	// Idle lists the sender's endpoints with idle seats, and how many each has.
+	Idle []EndpointCount
+	// Sent counts, per endpoint the sender does not own, its Critical requests running there.
+	Sent []EndpointCount
+	// Acks is, per peer, the Seq of the latest of its summaries the sender has taken in: a peer's request sent to
+	// the sender's endpoint counts in the sender's Idle once the summary that first told of it is acknowledged.
+	Acks []Ack
+}
+
+// EndpointCount is a count on one endpoint.
+type EndpointCount struct {
+	Endpoint string
+	N        int
+}
+
+// Ack acknowledges a peer's summary.
+type Ack struct {
+	Peer string
+	Seq  uint64
+}
+
+// Exchange is one replica's side of the summary exchange, safe for concurrent use: it keeps each peer's latest
+// summary while the peer is live (heard within the timeout), the Critical requests this replica sent to peers'
+// endpoints (Take, Done), and builds this replica's own summaries (Next). With no live peer it holds nothing the
+// replica decides by: the replica decides alone.
+type Exchange struct {
+	self    string
+	timeout time.Duration
+
+	mu    sync.Mutex
+	seq   uint64
+	peers map[string]heardSummary
+	sent  map[string]sentRequest // this replica's requests on peers' endpoints, by request ID
+}
+
+type heardSummary struct {
+	Summary
+	at time.Time
+}
+
+// sentRequest is a request sent to a peer's endpoint, and the Seq of the first of this replica's summaries to count
+// it: until the owner acknowledges that summary, its Idle does not count the request.
+type sentRequest struct {
+	endpoint, owner string
+	seq             uint64
+}
+
+// NewExchange returns self's side of the exchange; a peer's summary counts for timeout after it arrives.
+func NewExchange(self string, timeout time.Duration) *Exchange {
+	return &Exchange{self: self, timeout: timeout, peers: map[string]heardSummary{}, sent: map[string]sentRequest{}}
+}
+
+// Self returns the replica's own name.
+func (x *Exchange) Self() string { return x.self }
+
+// Heard takes in a peer's summary received at now. A summary older than the one held (a lower Seq: reordered, or
+// from before the peer restarted and a newer one came) is ignored, as is one from self.
+func (x *Exchange) Heard(s Summary, now time.Time) {
+	if s.From == x.self || s.From == "" {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if old, ok := x.peers[s.From]; ok && s.Seq <= old.Seq && now.Sub(old.at) < x.timeout {
+		return
+	}
+	x.peers[s.From] = heardSummary{Summary: s, at: now}
+}
+
+// liveLocked drops the summaries of peers silent for the timeout.
+func (x *Exchange) liveLocked(now time.Time) {
+	for p, h := range x.peers {
+		if now.Sub(h.at) >= x.timeout {
+			delete(x.peers, p)
+		}
+	}
+}
+
+// Next returns this replica's next summary, from its own seat figures (own.From, Seq, Sent and Acks are filled in).
+func (x *Exchange) Next(own Summary, now time.Time) Summary {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.liveLocked(now)
+	x.seq++
+	own.From, own.Seq, own.Sent, own.Acks = x.self, x.seq, nil, nil
+	counts := map[string]int{}
+	for _, r := range x.sent {
+		counts[r.endpoint]++
+	}
+	for e, n := range counts {
+		own.Sent = append(own.Sent, EndpointCount{Endpoint: e, N: n})
+	}
+	slices.SortFunc(own.Sent, func(a, b EndpointCount) int { return cmp.Compare(a.Endpoint, b.Endpoint) })
+	for p, h := range x.peers {
+		own.Acks = append(own.Acks, Ack{Peer: p, Seq: h.Seq})
+	}
+	slices.SortFunc(own.Acks, func(a, b Ack) int { return cmp.Compare(a.Peer, b.Peer) })
+	return own
+}
+
+// Pool is what the live peers reported, summed: the figures a replica sizes the pool's Critical reserve from.
+type Pool struct {
+	CriticalRate, SeatFrees float64
+	Seats, CriticalWaiting  int
+	// Load is, per endpoint, the requests peers said they sent there and still run.
+	Load map[string]int
+	// seats are the live replicas' seat-bound seats, self's not included, by name (ReserveShare).
+	seats map[string]int
+}
+
+// Live reports whether some peer is live: without one a replica decides alone.
+func (p Pool) Live() bool { return len(p.seats) > 0 }
+
+// Pool returns the live peers' figures at now.
+func (x *Exchange) Pool(now time.Time) Pool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.liveLocked(now)
+	p := Pool{seats: map[string]int{}}
+	for name, h := range x.peers {
+		p.CriticalRate += h.CriticalRate
+		p.SeatFrees += h.SeatFrees
+		p.Seats += h.Seats
+		p.CriticalWaiting += h.CriticalWaiting
+		p.seats[name] = h.Seats
+		for _, s := range h.Sent {
+			if p.Load == nil {
+				p.Load = map[string]int{}
+			}
+			p.Load[s.Endpoint] += s.N
+		}
+	}
+	return p
+}
+
+// ReserveShare is self's part of a pool-wide reserve of pool seats when it has seats seat-bound seats: the pool's
+// reserve apportioned over the replicas in name order by their seats, so that the parts add up to the pool's reserve
+// (the first replicas' parts round down, the later ones' up) and every replica computes the same parts from the same
+// figures.
+func (p Pool) ReserveShare(self string, pool, seats int) int {
+	names := []string{self}
+	total := seats
+	for n, s := range p.seats {
+		names = append(names, n)
+		total += s
+	}
+	if total <= 0 || pool <= 0 {
+		return 0
+	}
+	slices.Sort(names)
+	before := 0
+	for _, n := range names {
+		if n == self {
+			break
+		}
+		before += p.seats[n]
+	}
+	return pool*(before+seats)/total - pool*before/total
+}
+
+// Take picks, for request id, a peer's endpoint with an idle seat offered to this replica that no request of this
+// replica has taken since the peer last counted (the one with most such seats; names break ties), records the
+// request there and returns the endpoint. ok is false when no live peer offers one.
+//
+// A peer's idle seats are offered in turn: seat i of its summary (counting its Idle list seat by seat) to the
+// (i+Seq) mod n-th of the n peers it acknowledges, in name order. So two replicas never take the same idle seat
+// from one summary, and each summary (every exchange interval) offers the seats to the next replica.
+func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.liveLocked(now)
+	// unseen counts this replica's requests each owner has not yet acknowledged, by endpoint.
+	unseen := map[string]int{}
+	for _, r := range x.sent {
+		if h, live := x.peers[r.owner]; live && r.seq > ackOf(h.Acks, x.self) {
+			unseen[r.endpoint]++
+		}
+	}
+	best, bestOwner, bestFree := "", "", 0
+	for owner, h := range x.peers {
+		rank := slices.IndexFunc(h.Acks, func(a Ack) bool { return a.Peer == x.self })
+		if rank < 0 {
+			continue // the owner has not heard this replica: it would not count the request
+		}
+		seat := 0
+		for _, e := range h.Idle {
+			offered := 0
+			for range e.N {
+				if (uint64(seat)+h.Seq)%uint64(len(h.Acks)) == uint64(rank) {
+					offered++
+				}
+				seat++
+			}
+			free := offered - unseen[e.Endpoint]
+			if free > bestFree || (free == bestFree && free > 0 && e.Endpoint < best) {
+				best, bestOwner, bestFree = e.Endpoint, owner, free
+			}
+		}
+	}
+	if bestFree <= 0 {
+		return "", false
+	}
+	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1}
+	return best, true
+}
+
+// Done forgets request id sent to a peer's endpoint (it ended); it reports whether id was one.
+func (x *Exchange) Done(id string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	_, ok := x.sent[id]
+	delete(x.sent, id)
+	return ok
+}
+
+// Sent reports whether request id was sent to a peer's endpoint and has not been Done.
+func (x *Exchange) Sent(id string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	_, ok := x.sent[id]
+	return ok
+}
+
+func ackOf(acks []Ack, peer string) uint64 {
+	for _, a := range acks {
+		if a.Peer == peer {
+			return a.Seq
+		}
+	}
+	return 0
+}
+
+// DefaultExchangeInterval is how often a replica sends its summary to each peer by default: a peer's idle seats and
+// the requests sent to them are known within one interval plus the network, well inside one scrape (50 ms).
+const DefaultExchangeInterval = 5 * time.Millisecond

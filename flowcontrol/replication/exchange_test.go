@@ -1,0 +1,147 @@
+package replication
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// TestExchangeOffersIdleSeatsInTurn: a peer's idle seats are offered to its acknowledged peers in turn, so from one
+// summary no two replicas take the same seat; a replica does not take again what its owner has not yet counted, and
+// takes again once the owner's next summary (acknowledging the one that told of the first) still shows idle seats.
+func TestExchangeOffersIdleSeatsInTurn(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, c := NewExchange("a", time.Second), NewExchange("c", time.Second)
+	b := Summary{From: "b", Seq: 7, Idle: []EndpointCount{{"b-ep1", 1}, {"b-ep2", 2}}, Acks: []Ack{{"a", 0}, {"c", 0}}}
+	a.Heard(b, t0)
+	c.Heard(b, t0)
+	// Seats in order b-ep1, b-ep2, b-ep2; with Seq 7 seat i goes to peer (i+7) mod 2: seat 0 to c, 1 to a, 2 to c.
+	for _, step := range []struct {
+		x    *Exchange
+		id   string
+		want string
+	}{
+		{a, "a1", "b-ep2"},
+		{a, "a2", ""}, // a's one offered seat is taken, and b has not counted it yet
+		{c, "c1", "b-ep1"},
+		{c, "c2", "b-ep2"},
+		{c, "c3", ""},
+	} {
+		got, ok := step.x.Take(step.id, t0)
+		if got != step.want || ok != (step.want != "") {
+			t.Fatalf("%s: took %q (%v), want %q", step.id, got, ok, step.want)
+		}
+	}
+	// a's next summary tells of a1; b acknowledges it and still has an idle seat on b-ep1, offered to a this time.
+	own := a.Next(Summary{}, t0)
+	if own.Seq != 1 || !reflect.DeepEqual(own.Sent, []EndpointCount{{"b-ep2", 1}}) {
+		t.Fatalf("a's summary %+v, want Seq 1 telling of one request on b-ep2", own)
+	}
+	a.Heard(Summary{From: "b", Seq: 8, Idle: []EndpointCount{{"b-ep1", 1}}, Acks: []Ack{{"a", own.Seq}, {"c", 0}}}, t0)
+	if got, ok := a.Take("a3", t0); !ok || got != "b-ep1" {
+		t.Fatalf("took %q (%v), want b-ep1", got, ok)
+	}
+	if !a.Done("a1") || a.Done("a1") || !a.Sent("a3") {
+		t.Fatal("Done or Sent do not follow the requests sent")
+	}
+	// b falls silent: nothing is offered, and a's pool has no live peer.
+	if _, ok := a.Take("a4", t0.Add(time.Second)); ok {
+		t.Fatal("took a seat from a peer silent for the timeout")
+	}
+	if a.Pool(t0.Add(time.Second)).Live() {
+		t.Fatal("a silent peer is live")
+	}
+}
+
+// TestExchangeHeardKeepsTheNewest: an older summary (reordered) does not replace a newer one, and self is ignored.
+func TestExchangeHeardKeepsTheNewest(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	x := NewExchange("a", time.Second)
+	x.Heard(Summary{From: "b", Seq: 5, Seats: 5, Sent: []EndpointCount{{"a-ep", 2}}}, t0)
+	x.Heard(Summary{From: "b", Seq: 4, Seats: 4}, t0)
+	x.Heard(Summary{From: "a", Seq: 9, Seats: 9}, t0)
+	p := x.Pool(t0)
+	if p.Seats != 5 || p.Load["a-ep"] != 2 || !p.Live() {
+		t.Fatalf("pool %+v, want b's Seq 5 alone", p)
+	}
+}
+
+// TestReserveShareAddsUp: seeded random pools: the replicas' parts of a reserve add up to it, each near its share of
+// the seats.
+func TestReserveShareAddsUp(t *testing.T) {
+	seed := uint64(22)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	for round := range 200 {
+		n := 2 + rng.IntN(5)
+		seats := make([]int, n)
+		total := 0
+		for i := range seats {
+			seats[i] = rng.IntN(40)
+			total += seats[i]
+		}
+		pool := rng.IntN(12)
+		sum := 0
+		for i := range n {
+			p := Pool{seats: map[string]int{}}
+			for j := range n {
+				if j != i {
+					p.seats[fmt.Sprintf("epp-%d", j)] = seats[j]
+				}
+			}
+			part := p.ReserveShare(fmt.Sprintf("epp-%d", i), pool, seats[i])
+			if total > 0 && (float64(part) < float64(pool*seats[i])/float64(total)-1 || float64(part) > float64(pool*seats[i])/float64(total)+1) {
+				t.Fatalf("seed %d round %d: part %d of %d for %d of %d seats", seed, round, part, pool, seats[i], total)
+			}
+			sum += part
+		}
+		if total > 0 && sum != pool {
+			t.Fatalf("seed %d round %d: parts add up to %d, want %d (seats %v)", seed, round, sum, pool, seats)
+		}
+	}
+}
+
+func TestSummaryWireRoundTrip(t *testing.T) {
+	for _, s := range []Summary{
+		{From: "10.0.0.1:9003", Seq: 1},
+		{From: "epp-0", Seq: 1 << 40, CriticalRate: 3.5, SeatFrees: 9.25, Seats: 48, CriticalWaiting: 2,
+			Idle: []EndpointCount{{"10.0.1.1:8000", 1}, {"10.0.1.2:8000", 3}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}},
+			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}},
+	} {
+		wire, err := s.AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseSummary(wire)
+		if err != nil || !reflect.DeepEqual(got, s) {
+			t.Fatalf("%+v came back as %+v (%v)", s, got, err)
+		}
+		if _, err := ParseSummary(wire[:len(wire)-1]); err == nil {
+			t.Fatalf("a truncated summary parsed")
+		}
+		if _, err := ParseSummary(append(wire, 0)); err == nil {
+			t.Fatalf("a summary with a byte left over parsed")
+		}
+	}
+}
+
+// Summaries cross the network from peers: any bytes parse to an error or to a summary that encodes back to them.
+func FuzzParseSummary(f *testing.F) {
+	wire, _ := Summary{From: "a", Seq: 3, Idle: []EndpointCount{{"e", 1}}, Acks: []Ack{{"b", 2}}}.AppendBinary(nil)
+	f.Add(wire)
+	f.Add([]byte{1, 200, 200, 200, 200, 200})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := ParseSummary(b)
+		if err != nil {
+			return
+		}
+		again, err := s.AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back, err := ParseSummary(again); err != nil || !reflect.DeepEqual(back, s) {
+			t.Fatalf("%+v did not survive a round trip: %+v, %v", s, back, err)
+		}
+	})
+}

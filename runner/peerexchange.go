@@ -1,0 +1,153 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/utils/clock"
+
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
+)
+
+// The peer exchange (issue 22): every --peer-exchange-interval each replica sends every peer its summary
+// (replication.Summary in its wire form) on one client stream per peer, to the PeerExchange service on the peer's
+// --grpc-health-port, the address replicas know each other by. A summary received counts as hearing the peer, like a
+// health probe answered. Nothing on the request path waits for a peer: admission acts on the latest summaries held.
+
+// PeerExchanger is what the peer exchange needs of the admission controller (plugins.FlowControl): the summary to
+// send, and the peers' summaries to take in.
+type PeerExchanger interface {
+	PeerSummary() replication.Summary
+	HearPeer(replication.Summary)
+}
+
+// peerExchangeMethod is the full name of the stream replicas send summaries on.
+const peerExchangeMethod = "/sluice.replication.v1.PeerExchange/Summaries"
+
+// peerExchangeDesc describes the service by hand: one client stream of google.protobuf.BytesValue (a summary's wire
+// form each), answered with google.protobuf.Empty when the sender closes it.
+var peerExchangeDesc = grpc.ServiceDesc{
+	ServiceName: "sluice.replication.v1.PeerExchange",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Summaries",
+		ClientStreams: true,
+		Handler: func(srv any, stream grpc.ServerStream) error {
+			return srv.(*peerReceiver).receive(stream)
+		},
+	}},
+	Metadata: "sluice/replication/v1/peers",
+}
+
+// peerReceiver takes in the summaries peers send.
+type peerReceiver struct {
+	view      *replication.View
+	admission PeerExchanger
+	clock     clock.PassiveClock
+	logger    logr.Logger
+}
+
+// receive reads one peer's stream until it ends. A summary that does not parse ends the stream with an error; one
+// from a replica that is not a peer (a stray or misconfigured sender) is dropped.
+func (p *peerReceiver) receive(stream grpc.ServerStream) error {
+	for {
+		var msg wrapperspb.BytesValue
+		if err := stream.RecvMsg(&msg); err != nil {
+			if errors.Is(err, io.EOF) {
+				return stream.SendMsg(&emptypb.Empty{})
+			}
+			return err
+		}
+		s, err := replication.ParseSummary(msg.GetValue())
+		if err != nil {
+			return err
+		}
+		if !p.view.Heard(s.From, p.clock.Now()) {
+			p.logger.V(1).Info("Dropped a summary from a replica that is not a peer", "from", s.From)
+			continue
+		}
+		p.admission.HearPeer(s)
+	}
+}
+
+// peerSender sends this replica's summary to every peer each interval. Each peer has a goroutine of its own holding
+// the latest summary not yet sent, so a slow or unreachable peer delays nobody and is sent only the newest.
+type peerSender struct {
+	view      *replication.View
+	admission PeerExchanger
+	interval  time.Duration
+	clock     clock.WithTicker
+	logger    logr.Logger
+}
+
+// Start implements manager.Runnable: it sends until ctx ends.
+func (p *peerSender) Start(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	outs := map[string]chan []byte{}
+	ticker := p.clock.NewTicker(p.interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C():
+		}
+		wire, err := p.admission.PeerSummary().AppendBinary(nil)
+		if err != nil {
+			return err
+		}
+		for _, peer := range p.view.Peers() {
+			out, ok := outs[peer]
+			if !ok {
+				out = make(chan []byte, 1)
+				outs[peer] = out
+				wg.Go(func() { p.sendTo(ctx, peer, out) })
+			}
+			select {
+			case <-out: // superseded
+			default:
+			}
+			out <- wire
+		}
+	}
+}
+
+// sendTo streams the summaries put on out to peer until ctx ends, opening the stream again after an error.
+func (p *peerSender) sendTo(ctx context.Context, peer string, out <-chan []byte) {
+	conn, err := grpc.NewClient(peer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.logger.Error(err, "Cannot send summaries to peer", "peer", peer)
+		return
+	}
+	defer conn.Close()
+	var stream grpc.ClientStream
+	for {
+		var wire []byte
+		select {
+		case <-ctx.Done():
+			if stream != nil {
+				_ = stream.CloseSend()
+			}
+			return
+		case wire = <-out:
+		}
+		if stream == nil {
+			if stream, err = conn.NewStream(ctx, &peerExchangeDesc.Streams[0], peerExchangeMethod); err != nil {
+				stream = nil
+				continue // the peer is down or starting: its liveness says so; the next summary tries again
+			}
+		}
+		if err := stream.SendMsg(wrapperspb.Bytes(wire)); err != nil {
+			stream = nil
+		}
+	}
+}
