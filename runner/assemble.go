@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/pprof"
 	goruntime "runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -200,12 +202,14 @@ func (r *Runner) startDataLayer(ctx context.Context, opts *Options, p *process, 
 // selector (nil when none is installed).
 type requestPath struct {
 	admission requestcontrol.AdmissionController
-	director  *requestcontrol.Director
+	director  handlers.Director
 	parser    fwkrh.Parser
 	selector  ModelSelector
 	decisions *decisiontrace.Recorder // nil when the decision trace is off
 	// narrowing: the admission controller narrows the Director's candidates, by request ID (plugins.WithRequestID).
 	narrowing bool
+	// hot reports Sluice's hot path (WithHotPath): the Director is a hotDirector.
+	hot bool
 }
 
 // newRequestPath builds the admission controller (a plugin one joins the
@@ -232,10 +236,12 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if err != nil {
 		return nil, err
 	}
+	requestPlugins := slices.Collect(maps.Values(configured))
 	if p, ok := admission.(fwkplugin.Plugin); ok {
 		rcConfig.AddPlugins(p)
+		requestPlugins = append(requestPlugins, p)
 	}
-	path := &requestPath{admission: admission, parser: parser}
+	path := &requestPath{admission: admission, parser: parser, hot: r.hotPath != nil && r.hotPath(opts)}
 	if r.modelSelector != nil {
 		if path.selector, err = r.modelSelector(ctx, ModelSelectorDeps{Options: opts, Pool: gknn, Logger: ctrl.Log.WithName("model-selector")}); err != nil {
 			return nil, err
@@ -249,7 +255,11 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if n, ok := admission.(CandidateNarrower); ok {
 		directorCandidates, path.narrowing = n.NarrowCandidates(endpointCandidates), true
 	}
-	path.director = requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
+	director := requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
+	path.director = director
+	if path.hot {
+		path.director = &hotDirector{Director: director, chunks: chunkInterestOf(requestPlugins)}
+	}
 	return path, nil
 }
 
@@ -330,6 +340,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		clock:        r.clock,
 		decisions:    req.decisions,
 		requestIDs:   req.narrowing,
+		hot:          req.hot,
 	}
 	if r.extProcHandler != nil {
 		r.extProcHandler(handler)

@@ -85,6 +85,7 @@ func newRunner() *runner.Runner {
 			return admission.Start(ctx, env)
 		}).
 		WithResponseShapers(admission).
+		WithHotPath(func(*runner.Options) bool { return admission.Enabled() }).
 		WithManagerSetup(policySetup(admission)).
 		WithManagerSetup(rewrites.managerSetup())
 }
