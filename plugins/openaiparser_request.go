@@ -79,151 +79,6 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 	return nil, false
 }
 
-// requestPath is the request's path as upstream's parser finds it: the
-// first non-empty of :path, x-original-path and x-forwarded-path, else
-// /v1/completions.
-func requestPath(headers map[string]string) string {
-	for _, h := range []string{":path", "x-original-path", "x-forwarded-path"} {
-		if path := headers[h]; path != "" {
-			return path
-		}
-	}
-	return "/v1/completions"
-}
-
-// topLevelPayload splits a JSON object into its members: each value as the
-// raw bytes of body (json.RawMessage, which encodes as itself), except
-// "model" and "stream", decoded as encoding/json decodes them into a map. A
-// repeated key keeps its last value, as in encoding/json. body must be a
-// valid JSON document (decodeRequestBody accepted it); ok is false if it is
-// not an object.
-func topLevelPayload(body []byte) (payload scheduling.PayloadMap, ok bool) {
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return nil, false
-	}
-	payload = scheduling.PayloadMap{}
-	i = skipSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		return payload, true
-	}
-	for i < len(body) && body[i] == '"' {
-		keyEnd := skipString(body, i)
-		key, ok := unquoteKey(body[i:keyEnd])
-		if !ok {
-			return nil, false
-		}
-		i = skipSpace(body, keyEnd)
-		if i >= len(body) || body[i] != ':' {
-			return nil, false
-		}
-		start := skipSpace(body, i+1)
-		end := skipValue(body, start)
-		value := json.RawMessage(body[start:end:end])
-		if key == "model" || key == "stream" {
-			var v any
-			if json.Unmarshal(value, &v) != nil {
-				return nil, false
-			}
-			payload[key] = v
-		} else {
-			payload[key] = value
-		}
-		i = skipSpace(body, end)
-		if i >= len(body) {
-			return nil, false
-		}
-		switch body[i] {
-		case '}':
-			return payload, true
-		case ',':
-			i = skipSpace(body, i+1)
-		default:
-			return nil, false
-		}
-	}
-	return nil, false
-}
-
-// unquoteKey decodes a JSON string token as encoding/json decodes an object
-// key; the common key, plain ASCII without escapes, without decoding.
-func unquoteKey(token []byte) (string, bool) {
-	if len(token) < 2 {
-		return "", false
-	}
-	plain := true
-	for _, c := range token[1 : len(token)-1] {
-		if c == '\\' || c >= utf8.RuneSelf {
-			plain = false
-			break
-		}
-	}
-	if plain {
-		return string(token[1 : len(token)-1]), true
-	}
-	var key string
-	err := json.Unmarshal(token, &key)
-	return key, err == nil
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index just past the JSON string starting at b[i]: past the first quote after it that an
-// even number of backslashes precedes (found with bytes.IndexByte, as a prompt is one long string).
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		q := bytes.IndexByte(b[i:], '"')
-		if q < 0 {
-			break
-		}
-		i += q
-		escapes := 0
-		for k := i - 1; b[k] == '\\'; k-- {
-			escapes++
-		}
-		if escapes%2 == 0 {
-			return i + 1
-		}
-	}
-	return len(b)
-}
-
-// skipValue returns the index just past the JSON value starting at b[i].
-func skipValue(b []byte, i int) int {
-	depth := 0
-	for i < len(b) {
-		switch b[i] {
-		case '"':
-			i = skipString(b, i)
-			if depth == 0 {
-				return i
-			}
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return i
-			}
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i
-			}
-		}
-		i++
-	}
-	return i
-}
-
 // A chat's messages carry almost all of a long prompt's bytes, and encoding/json reads each message's content four
 // times: the document's validation and decoding, then, in upstream's Content.UnmarshalJSON, the content's own
 // validation and decoding. decodeChat reads it once after validating the document: it splits the messages with the
@@ -346,6 +201,44 @@ func mayFoldOnto(key, name string) bool {
 	return strings.EqualFold(key, name)
 }
 
+// requestPath is the request's path as upstream's parser finds it: the
+// first non-empty of :path, x-original-path and x-forwarded-path, else
+// /v1/completions.
+func requestPath(headers map[string]string) string {
+	for _, h := range []string{":path", "x-original-path", "x-forwarded-path"} {
+		if path := headers[h]; path != "" {
+			return path
+		}
+	}
+	return "/v1/completions"
+}
+
+// topLevelPayload splits a JSON object into its members: each value as the
+// raw bytes of body (json.RawMessage, which encodes as itself), except
+// "model" and "stream", decoded as encoding/json decodes them into a map. A
+// repeated key keeps its last value, as in encoding/json. body must be a
+// valid JSON document (decodeRequestBody accepted it); ok is false if it is
+// not an object.
+func topLevelPayload(body []byte) (payload scheduling.PayloadMap, ok bool) {
+	payload = scheduling.PayloadMap{}
+	ok = eachMember(body, func(_ []byte, key string, value []byte) bool {
+		if key != "model" && key != "stream" {
+			payload[key] = json.RawMessage(value)
+			return true
+		}
+		var v any
+		if json.Unmarshal(value, &v) != nil {
+			return false
+		}
+		payload[key] = v
+		return true
+	})
+	if !ok {
+		return nil, false
+	}
+	return payload, true
+}
+
 // eachMember calls f with each member of a valid JSON object: its key as written, the key decoded, and its value.
 // It stops when f returns false or the object ends, and reports whether it went through the whole object.
 func eachMember(body []byte, f func(rawKey []byte, key string, value []byte) bool) bool {
@@ -387,4 +280,83 @@ func eachMember(body []byte, f func(rawKey []byte, key string, value []byte) boo
 		}
 	}
 	return false
+}
+
+// unquoteKey decodes a JSON string token as encoding/json decodes an object
+// key; the common key, plain ASCII without escapes, without decoding.
+func unquoteKey(token []byte) (string, bool) {
+	if len(token) < 2 {
+		return "", false
+	}
+	plain := true
+	for _, c := range token[1 : len(token)-1] {
+		if c == '\\' || c >= utf8.RuneSelf {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(token[1 : len(token)-1]), true
+	}
+	var key string
+	err := json.Unmarshal(token, &key)
+	return key, err == nil
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index just past the JSON string starting at b[i]: past the first quote after it that an
+// even number of backslashes precedes (found with bytes.IndexByte, as a prompt is one long string).
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			break
+		}
+		i += q
+		escapes := 0
+		for k := i - 1; b[k] == '\\'; k-- {
+			escapes++
+		}
+		if escapes%2 == 0 {
+			return i + 1
+		}
+	}
+	return len(b)
+}
+
+// skipValue returns the index just past the JSON value starting at b[i].
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			i = skipString(b, i)
+			if depth == 0 {
+				return i
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+		i++
+	}
+	return i
 }
