@@ -44,10 +44,15 @@ func (p *OpenAIParser) TypedName() fwkplugin.TypedName {
 // decoding it: upstream decodes every event of every chunk.
 func (p *OpenAIParser) ParseResponse(ctx context.Context, body []byte, headers map[string]string, endOfStream bool) (*fwkrh.ParsedResponse, error) {
 	if len(body) > 0 && !mayNameUsage(body) && isEventStream(headers) {
-		return &fwkrh.ParsedResponse{}, nil
+		return noUsage, nil
 	}
 	return p.parseResponse(ctx, body, headers, endOfStream)
 }
+
+// noUsage is the answer for every chunk that names no usage, shared rather
+// than allocated per chunk: upstream's handler, the parser's one caller, only
+// reads it.
+var noUsage = &fwkrh.ParsedResponse{}
 
 // parseResponse is ParseResponse without the shortcut.
 func (p *OpenAIParser) parseResponse(ctx context.Context, body []byte, headers map[string]string, endOfStream bool) (*fwkrh.ParsedResponse, error) {

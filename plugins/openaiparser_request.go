@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
@@ -14,8 +15,9 @@ import (
 // into its API type and once into a generic map of every value, and its
 // Director then encodes that whole map again to forward the body: three full
 // passes over the prompt, each allocating a copy. Here the API type is
-// decoded as upstream decodes it (the same call on the same type), and the
-// payload map holds each top-level value as the raw bytes of the body; only
+// decoded as upstream decodes it (the same call on the same type; a chat's
+// messages with one read of each content, decodeChat), and the payload map
+// holds each top-level value as the raw bytes of the body; only
 // "model" and "stream", the values the Director and the handler read, are
 // decoded. The Director's model rewrite and re-encoding then work on that
 // map as on upstream's (sorted keys, compacted values).
@@ -56,6 +58,9 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 			return &scheduling.LLMRequestBody{Responses: &r}, true
 		}
 	case strings.HasSuffix(path, "/chat/completions"):
+		if r, ok := decodeChat(body); ok {
+			return &scheduling.LLMRequestBody{ChatCompletions: r}, true
+		}
 		var r scheduling.ChatCompletionsRequest
 		if json.Unmarshal(body, &r) == nil && len(r.Messages) > 0 {
 			return &scheduling.LLMRequestBody{ChatCompletions: &r}, true
@@ -72,6 +77,128 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 		}
 	}
 	return nil, false
+}
+
+// A chat's messages carry almost all of a long prompt's bytes, and encoding/json reads each message's content four
+// times: the document's validation and decoding, then, in upstream's Content.UnmarshalJSON, the content's own
+// validation and decoding. decodeChat reads it once after validating the document: it splits the messages with the
+// byte scanners below (eachMember, skipValue) and copies a plain string content (no escapes, valid UTF-8) as is,
+// which is what decoding it yields; every other member, message and content goes through encoding/json and
+// upstream's methods. Whatever it cannot decode exactly as encoding/json would (a key that could fold onto a field
+// name, a repeated key, a message that is not an object) leaves the body to json.Unmarshal.
+
+// decodeChat decodes a chat completions request as json.Unmarshal does into scheduling.ChatCompletionsRequest; ok
+// is false when the body is not valid JSON, does not decode, or is one decodeChat leaves to json.Unmarshal.
+func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
+	if !json.Valid(body) {
+		return nil, false
+	}
+	rest := make([]byte, 0, 256)
+	rest = append(rest, '{')
+	var messages []byte
+	complete := eachMember(body, func(rawKey []byte, key string, value []byte) bool {
+		switch {
+		case key == "messages" && messages == nil:
+			messages = value
+			return true
+		case key == "messages" || mayFoldOnto(key, "messages"):
+			return false
+		}
+		if len(rest) > 1 {
+			rest = append(rest, ',')
+		}
+		rest = append(append(append(rest, rawKey...), ':'), value...)
+		return true
+	})
+	if !complete || messages == nil {
+		return nil, false
+	}
+	r = &scheduling.ChatCompletionsRequest{}
+	if json.Unmarshal(append(rest, '}'), r) != nil {
+		return nil, false
+	}
+	if r.Messages, ok = decodeMessages(messages); !ok || len(r.Messages) == 0 {
+		return nil, false
+	}
+	return r, true
+}
+
+// decodeMessages decodes a valid JSON array of message objects; ok is false for anything else.
+func decodeMessages(b []byte) (msgs []scheduling.Message, ok bool) {
+	if len(b) < 2 || b[0] != '[' {
+		return nil, false
+	}
+	i := skipSpace(b, 1)
+	if b[i] == ']' {
+		return []scheduling.Message{}, true
+	}
+	for {
+		end := skipValue(b, i)
+		m, ok := decodeMessage(b[i:end])
+		if !ok {
+			return nil, false
+		}
+		msgs = append(msgs, m)
+		i = skipSpace(b, end)
+		if b[i] == ']' {
+			return msgs, true
+		}
+		i = skipSpace(b, i+1) // past the comma
+	}
+}
+
+// decodeMessage decodes a valid JSON object into a message; ok is false for anything else.
+func decodeMessage(b []byte) (m scheduling.Message, ok bool) {
+	var role, content []byte
+	complete := eachMember(b, func(_ []byte, key string, value []byte) bool {
+		switch {
+		case key == "role" && role == nil:
+			role = value
+		case key == "content" && content == nil:
+			content = value
+		case key == "role" || key == "content" || mayFoldOnto(key, "role") || mayFoldOnto(key, "content"):
+			return false
+		}
+		return true
+	})
+	if !complete {
+		return m, false
+	}
+	if role != nil && json.Unmarshal(role, &m.Role) != nil {
+		return m, false
+	}
+	switch {
+	case content == nil:
+	case isPlainString(content):
+		m.Content.Raw = string(content[1 : len(content)-1])
+	default:
+		if m.Content.UnmarshalJSON(content) != nil {
+			return m, false
+		}
+	}
+	return m, true
+}
+
+// isPlainString reports whether a valid JSON value is a string that decodes to its own bytes: no escapes, valid
+// UTF-8 (encoding/json replaces invalid bytes).
+func isPlainString(v []byte) bool {
+	if len(v) < 2 || v[0] != '"' {
+		return false
+	}
+	inner := v[1 : len(v)-1]
+	return bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner)
+}
+
+// mayFoldOnto reports whether encoding/json could match key to a field named name other than by equality: an
+// ASCII key equal to it under case folding, or any key outside ASCII (Unicode folding maps some letters onto ASCII
+// ones).
+func mayFoldOnto(key, name string) bool {
+	for i := 0; i < len(key); i++ {
+		if key[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	return strings.EqualFold(key, name)
 }
 
 // requestPath is the request's path as upstream's parser finds it: the
@@ -93,51 +220,66 @@ func requestPath(headers map[string]string) string {
 // valid JSON document (decodeRequestBody accepted it); ok is false if it is
 // not an object.
 func topLevelPayload(body []byte) (payload scheduling.PayloadMap, ok bool) {
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
+	payload = scheduling.PayloadMap{}
+	ok = eachMember(body, func(_ []byte, key string, value []byte) bool {
+		if key != "model" && key != "stream" {
+			payload[key] = json.RawMessage(value)
+			return true
+		}
+		var v any
+		if json.Unmarshal(value, &v) != nil {
+			return false
+		}
+		payload[key] = v
+		return true
+	})
+	if !ok {
 		return nil, false
 	}
-	payload = scheduling.PayloadMap{}
+	return payload, true
+}
+
+// eachMember calls f with each member of a valid JSON object: its key as written, the key decoded, and its value.
+// It stops when f returns false or the object ends, and reports whether it went through the whole object.
+func eachMember(body []byte, f func(rawKey []byte, key string, value []byte) bool) bool {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return false
+	}
 	i = skipSpace(body, i+1)
 	if i < len(body) && body[i] == '}' {
-		return payload, true
+		return true
 	}
 	for i < len(body) && body[i] == '"' {
 		keyEnd := skipString(body, i)
 		key, ok := unquoteKey(body[i:keyEnd])
 		if !ok {
-			return nil, false
+			return false
 		}
+		rawKey := body[i:keyEnd]
 		i = skipSpace(body, keyEnd)
 		if i >= len(body) || body[i] != ':' {
-			return nil, false
+			return false
 		}
 		start := skipSpace(body, i+1)
 		end := skipValue(body, start)
-		value := json.RawMessage(body[start:end:end])
-		if key == "model" || key == "stream" {
-			var v any
-			if json.Unmarshal(value, &v) != nil {
-				return nil, false
-			}
-			payload[key] = v
-		} else {
-			payload[key] = value
+		if !f(rawKey, key, body[start:end:end]) {
+			return false
 		}
 		i = skipSpace(body, end)
 		if i >= len(body) {
-			return nil, false
+			return false
 		}
 		switch body[i] {
 		case '}':
-			return payload, true
+			return true
 		case ',':
 			i = skipSpace(body, i+1)
 		default:
-			return nil, false
+			return false
 		}
 	}
-	return nil, false
+	return false
 }
 
 // unquoteKey decodes a JSON string token as encoding/json decodes an object
@@ -168,13 +310,20 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// skipString returns the index just past the JSON string starting at b[i].
+// skipString returns the index just past the JSON string starting at b[i]: past the first quote after it that an
+// even number of backslashes precedes (found with bytes.IndexByte, as a prompt is one long string).
 func skipString(b []byte, i int) int {
 	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			break
+		}
+		i += q
+		escapes := 0
+		for k := i - 1; b[k] == '\\'; k-- {
+			escapes++
+		}
+		if escapes%2 == 0 {
 			return i + 1
 		}
 	}

@@ -37,6 +37,21 @@ var requestBodies = []string{
 	`null`,
 	``,
 	"{\"model\":\"m\xff\",\"prompt\":\"bad utf-8 \xfe\"}",
+	// chats the byte scanners split and encoding/json would read otherwise
+	`{"model":"m","messages":[{"role":"user","content":"a"}],"messages":[{"content":"b"}]}`,
+	`{"model":"m","MESSAGES":[{"role":"user","content":"a"}]}`,
+	`{"model":"m","messages":[{"ROLE":"user","content":"a"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"a","content":[{"type":"text","text":"b"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","name":"n","content":"ends in a backslash \\","x":"\\\"q"}]}`,
+	`{"model":"m","messages":[null,{"role":null,"content":null},{}]}`,
+	`{"model":"m","messages":[{"role":7,"content":"a"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":7}]}`,
+	`{"model":"m","messages":["user"]}`,
+	`{"model":"m","messages":{"role":"user"}}`,
+	`{"model":"m","messages":[{"role":"user","content":"a"}],"chat_template":7}`,
+	`{"model":"m","m\u0065ssages":[{"role":"user","content":"escaped key"}],"tools":[{"type":"function"}]}`,
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"bad utf-8 \xfe\"}]}",
+	"{\"model\":\"m\",\"me\u017f\u017fages\":[{\"role\":\"user\",\"content\":\"folded key\"}]}",
 }
 
 // TestOpenAIParserRequestMatchesUpstream is the differential of ParseRequest against upstream's parser: see

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/pprof"
 	goruntime "runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -200,7 +202,7 @@ func (r *Runner) startDataLayer(ctx context.Context, opts *Options, p *process, 
 // selector (nil when none is installed).
 type requestPath struct {
 	admission requestcontrol.AdmissionController
-	director  *requestcontrol.Director
+	director  handlers.Director
 	parser    fwkrh.Parser
 	selector  ModelSelector
 	decisions *decisiontrace.Recorder // nil when the decision trace is off
@@ -210,6 +212,8 @@ type requestPath struct {
 	// view of its peers.
 	peers PeerExchanger
 	view  *replication.View
+	// hot reports Sluice's hot path (WithHotPath): the Director is a hotDirector.
+	hot bool
 }
 
 // newRequestPath builds the admission controller (a plugin one joins the
@@ -237,10 +241,12 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if err != nil {
 		return nil, err
 	}
+	requestPlugins := slices.Collect(maps.Values(configured))
 	if p, ok := admission.(fwkplugin.Plugin); ok {
 		rcConfig.AddPlugins(p)
+		requestPlugins = append(requestPlugins, p)
 	}
-	path := &requestPath{admission: admission, parser: parser}
+	path := &requestPath{admission: admission, parser: parser, hot: r.hotPath != nil && r.hotPath(opts)}
 	if x, ok := admission.(PeerExchanger); ok && exchange != nil {
 		path.peers, path.view = x, view
 	}
@@ -257,7 +263,11 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if n, ok := admission.(CandidateNarrower); ok {
 		directorCandidates, path.narrowing = n.NarrowCandidates(endpointCandidates), true
 	}
-	path.director = requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
+	director := requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
+	path.director = director
+	if path.hot {
+		path.director = &hotDirector{Director: director, chunks: chunkInterestOf(requestPlugins)}
+	}
 	return path, nil
 }
 
@@ -342,6 +352,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		clock:        r.clock,
 		decisions:    req.decisions,
 		requestIDs:   req.narrowing,
+		hot:          req.hot,
 	}
 	if r.extProcHandler != nil {
 		r.extProcHandler(handler)

@@ -47,11 +47,11 @@ type tracedStream struct {
 }
 
 func newTracedStream(s *shapingStream, rec *decisiontrace.Recorder) *tracedStream {
-	ctx, t := rec.Start(s.ExternalProcessor_ProcessServer.Context())
+	ctx, t := rec.Start(s.Context())
 	return &tracedStream{shapingStream: s, ctx: ctx, trace: t, header: rec.Header()}
 }
 
-// Context returns the stream's context with the request's trace.
+// Context returns the shaping stream's context (its logger, request ID and hot-path state) with the request's trace.
 func (s *tracedStream) Context() context.Context { return s.ctx }
 
 func (s *tracedStream) Recv() (*extprocv3.ProcessingRequest, error) {

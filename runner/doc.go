@@ -26,6 +26,11 @@
 //     first body byte, completeness) when its stream ends.
 //   - WithFlags: lets the binary add its own flags (e.g. Sluice admission's)
 //     and adjust the parsed options before they are validated.
+//   - WithHotPath: upstream's handler and Director less the per-chunk work
+//     whose result nothing reads: response-body plugins run only on the
+//     chunks they act on, and response body messages lose the filter metadata
+//     upstream would convert unread (hotpath.go). cmd/epp takes it with
+//     Sluice admission.
 //   - WithManagerSetup: in Kubernetes mode only, extends the controller
 //     manager's options before it is created (scheme, cache ByObject) and the
 //     manager after (extra controllers, e.g. the FlowControlPolicy reconciler).

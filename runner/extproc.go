@@ -58,10 +58,16 @@ type shapingServer struct {
 	decisions *decisiontrace.Recorder
 	// requestIDs puts each stream's request ID in its context (plugins.WithRequestID).
 	requestIDs bool
+	// hot takes Sluice's hot path (hotpath.go): each stream's context counts its chunks for the hotDirector, and
+	// response body messages lose the metadata upstream's handler would convert unread.
+	hot bool
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context()}
+	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context(), hot: s.hot}
+	if s.hot {
+		ss.ctx = withChunkCount(ss.ctx)
+	}
 	if shedders := shedders(s.shapers); len(shedders) > 0 {
 		ss.ctx = withShedQuietLogger(ss.ctx, func() bool {
 			for _, sh := range shedders {
@@ -114,6 +120,7 @@ type shapingStream struct {
 	ctx       context.Context
 	requestID string
 	selection *modelSelection // nil without a ModelSelector
+	hot       bool            // Sluice's hot path (hotpath.go)
 }
 
 // Context is the stream's context, with the shed-quiet logger when a shaper
@@ -137,6 +144,9 @@ func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
 		return req, err
 	}
 	validHeaderValues(req)
+	if s.hot {
+		dropResponseBodyMetadata(req)
+	}
 	h := req.GetRequestHeaders()
 	if h != nil {
 		s.requestID = ensureRequestID(h)

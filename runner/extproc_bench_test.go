@@ -63,7 +63,7 @@ func BenchmarkExtProcStream(b *testing.B) {
 
 // quietLogs sends the process's standard error, where the EPP logs (three lines per request at the default
 // verbosity, as in production), to the null device until the benchmark ends: the logging is still paid for.
-func quietLogs(b *testing.B) {
+func quietLogs(b testing.TB) {
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
 		b.Fatal(err)
@@ -78,9 +78,10 @@ func quietLogs(b *testing.B) {
 
 // startBenchEPP starts an EPP in static mode on servers (four idle ones when none are given), until b ends, and
 // returns its ext_proc handler: profile "upstream-default" is the EPP without configuration, "sluice" the EPP with
-// --sluice-admission (Sluice's default profile and admission), both with a model selector installed, as the binary
-// has in either mode.
-func startBenchEPP(b *testing.B, profile string, servers ...*runnertest.ModelServer) (extprocv3.ExternalProcessorServer, error) {
+// --sluice-admission (Sluice's default profile and admission) on Sluice's hot path, as cmd/epp runs it, and
+// "sluice-upstream-path" the same without the hot path; all with a model selector installed, as the binary has in
+// either mode.
+func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelServer) (extprocv3.ExternalProcessorServer, error) {
 	if len(servers) == 0 {
 		for range 4 {
 			servers = append(servers, runnertest.StartModelServer(b, "127.0.0.1:0"))
@@ -97,7 +98,7 @@ func startBenchEPP(b *testing.B, profile string, servers ...*runnertest.ModelSer
 		fmt.Sprintf("--metrics-port=%d", runnertest.FreePort(b)),
 		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=" + benchRefreshInterval.String(),
 	}
-	if profile == "sluice" {
+	if strings.HasPrefix(profile, "sluice") {
 		// Sluice admission dispatches only onto endpoints scraped within the staleness threshold; a loaded machine
 		// can delay the scrapes of idle endpoints past the default 200ms, and this benchmark measures the request
 		// path, not the scraper.
@@ -119,6 +120,7 @@ func startBenchEPP(b *testing.B, profile string, servers ...*runnertest.ModelSer
 				RefreshInterval: deps.Options.RefreshMetricsInterval, Logger: deps.Logger})
 		}).
 		WithResponseShapers(admission).
+		WithHotPath(func(*Options) bool { return profile == "sluice" && admission.Enabled() }).
 		WithModelSelector(func(context.Context, ModelSelectorDeps) (ModelSelector, error) { return keepModel{}, nil })
 	r.extProcHandler = func(h extprocv3.ExternalProcessorServer) { handlers <- h }
 	ctx, cancel := context.WithCancel(context.Background())
@@ -206,8 +208,14 @@ func headerList(kv ...string) *corev3.HeaderMap {
 
 // run plays the exchange through h with request ID id and checks that every chunk came back in order.
 func (x *streamedChat) run(h extprocv3.ExternalProcessorServer, id string) error {
+	return x.runRecording(h, id, nil)
+}
+
+// runRecording is run, handing record (when not nil) every answer the handler sends.
+func (x *streamedChat) runRecording(h extprocv3.ExternalProcessorServer, id string, record func(*extprocv3.ProcessingResponse)) error {
 	s := &x.stream
 	s.reset()
+	s.record = record
 	s.in = append(s.in,
 		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers: headerList(":method", "POST", ":path", "/v1/chat/completions", ":authority", "gateway",
@@ -231,6 +239,7 @@ type benchStream struct {
 	chunks  int // streamed response-body answers
 	done    bool
 	failure string
+	record  func(*extprocv3.ProcessingResponse) // nil: answers are only checked
 }
 
 func (s *benchStream) reset() {
@@ -250,6 +259,9 @@ func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
 }
 
 func (s *benchStream) Send(r *extprocv3.ProcessingResponse) error {
+	if s.record != nil {
+		s.record(r)
+	}
 	switch v := r.Response.(type) {
 	case *extprocv3.ProcessingResponse_ImmediateResponse:
 		s.failure = fmt.Sprintf("immediate response %d: %s", v.ImmediateResponse.GetStatus().GetCode(), v.ImmediateResponse.GetBody())

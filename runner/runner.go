@@ -51,6 +51,7 @@ type ManagerSetup struct {
 type Runner struct {
 	admission     AdmissionFactory
 	modelSelector ModelSelectorFactory
+	hotPath       func(opts *Options) bool
 	managerSetups []ManagerSetup
 	shapers       []ResponseShaper
 	flags         []func(fs *pflag.FlagSet)

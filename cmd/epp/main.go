@@ -86,6 +86,7 @@ func newRunner() *runner.Runner {
 			return admission.Start(ctx, env)
 		}).
 		WithResponseShapers(admission).
+		WithHotPath(func(*runner.Options) bool { return admission.Enabled() }).
 		WithManagerSetup(policySetup(admission)).
 		WithManagerSetup(rewrites.managerSetup())
 }

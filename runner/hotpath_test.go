@@ -1,0 +1,170 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
+	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
+
+	"github.com/sluice-gw/sluice/plugins"
+)
+
+// chunkRecorder is a response-body plugin of a given type that records the chunks it is handed (the test numbers
+// them in the usage's completion tokens).
+type chunkRecorder struct {
+	typ  string
+	seen []int
+}
+
+func (r *chunkRecorder) TypedName() fwkplugin.TypedName {
+	return fwkplugin.TypedName{Type: r.typ, Name: r.typ}
+}
+
+func (r *chunkRecorder) ResponseBody(_ context.Context, _ *fwksched.LLMRequest, resp *fwkrc.Response, _ *fwkdl.EndpointMetadata) {
+	r.seen = append(r.seen, resp.Usage.CompletionTokens)
+}
+
+// notResponseBody is a plugin without the response-body hook.
+type notResponseBody struct{}
+
+func (notResponseBody) TypedName() fwkplugin.TypedName {
+	return fwkplugin.TypedName{Type: "scorer-x", Name: "x"}
+}
+
+func TestChunkInterestOf(t *testing.T) {
+	rec := func(typ string) fwkplugin.Plugin { return &chunkRecorder{typ: typ} }
+	for _, tc := range []struct {
+		name    string
+		plugins []fwkplugin.Plugin
+		want    chunkInterest
+	}{
+		{"no plugins", nil, chunksNone},
+		{"plugins without the hook", []fwkplugin.Plugin{notResponseBody{}}, chunksNone},
+		{"end-only plugins", []fwkplugin.Plugin{rec(plugins.PrefixCacheType), rec(plugins.InFlightScorerType)}, chunksNone},
+		{"Sluice admission", []fwkplugin.Plugin{rec(plugins.PrefixCacheType), rec(plugins.FlowControlType)}, chunksFirst},
+		{"an unknown plugin", []fwkplugin.Plugin{rec(plugins.FlowControlType), rec("someone-elses-plugin")}, chunksEvery},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := chunkInterestOf(tc.plugins); got != tc.want {
+				t.Errorf("chunkInterestOf = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn drives upstream's Director behind the hot one through a
+// streamed response of four chunks and the end, and checks which the plugins were handed.
+func TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		interest chunkInterest
+		stream   bool  // the context is a hot-path stream's
+		want     []int // the chunks handed to the plugin; 4 is the end
+	}{
+		{"end only", chunksNone, true, []int{4}},
+		{"first chunk and end", chunksFirst, true, []int{0, 4}},
+		{"every chunk", chunksEvery, true, []int{0, 1, 2, 3, 4}},
+		{"outside a hot-path stream", chunksNone, false, []int{0, 1, 2, 3, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &chunkRecorder{typ: "recorder"}
+			cfg := requestcontrol.NewConfig()
+			cfg.AddPlugins(p)
+			d := &hotDirector{Director: requestcontrol.NewDirectorWithConfig(nil, nil, nil, nil, nil, cfg), chunks: tc.interest}
+			ctx := context.Background()
+			if tc.stream {
+				ctx = withChunkCount(ctx)
+			}
+			reqCtx := &handlers.RequestContext{Request: &handlers.Request{Headers: map[string]string{}}, Response: &handlers.Response{}}
+			for i := range 5 {
+				// A plugin's metadata from an earlier chunk does not outlive a skipped one, as with upstream's Director.
+				reqCtx.Response.DynamicMetadata = &structpb.Struct{}
+				reqCtx.Usage.CompletionTokens = i
+				reqCtx = d.HandleResponseBody(ctx, reqCtx, i == 4)
+				if reqCtx.Response.DynamicMetadata != nil {
+					t.Errorf("chunk %d: dynamic metadata %v left from an earlier chunk", i, reqCtx.Response.DynamicMetadata)
+				}
+			}
+			if fmt.Sprint(p.seen) != fmt.Sprint(tc.want) {
+				t.Errorf("the plugin saw chunks %v, want %v", p.seen, tc.want)
+			}
+		})
+	}
+}
+
+func TestDropResponseBodyMetadata(t *testing.T) {
+	md := func() *corev3.Metadata {
+		return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": {}}}
+	}
+	for _, tc := range []struct {
+		name string
+		req  *extprocv3.ProcessingRequest
+		kept bool
+	}{
+		{"request headers", &extprocv3.ProcessingRequest{MetadataContext: md(),
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}}}, true},
+		{"request body", &extprocv3.ProcessingRequest{MetadataContext: md(),
+			Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{}}}, true},
+		{"response headers (the plugins read them)", &extprocv3.ProcessingRequest{MetadataContext: md(),
+			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{}}}, true},
+		{"response body", &extprocv3.ProcessingRequest{MetadataContext: md(),
+			Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dropResponseBodyMetadata(tc.req)
+			if kept := tc.req.MetadataContext != nil; kept != tc.kept {
+				t.Errorf("metadata kept %v, want %v", kept, tc.kept)
+			}
+		})
+	}
+}
+
+// TestHotPathAnswersAsUpstreamPath plays the same streamed chats through the Sluice EPP with and without the hot
+// path: the proxy must get the same response-phase answers, chunk for chunk, and every request must be admitted (a
+// request whose reservation Sluice admission never released would hold its endpoint's capacity).
+func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two EPPs")
+	}
+	quietLogs(t)
+	answers := map[string][]*extprocv3.ProcessingResponse{}
+	for _, profile := range []string{"sluice", "sluice-upstream-path"} {
+		h, err := startBenchEPP(t, profile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chat := newStreamedChat(2<<10, 8)
+		for i := range 20 {
+			record := func(r *extprocv3.ProcessingResponse) {
+				switch r.Response.(type) {
+				case *extprocv3.ProcessingResponse_ResponseHeaders, *extprocv3.ProcessingResponse_ResponseBody:
+					if i == 0 {
+						answers[profile] = append(answers[profile], r)
+					}
+				}
+			}
+			if err := chat.runRecording(h, fmt.Sprintf("hot-%s-%d", profile, i), record); err != nil {
+				t.Fatalf("%s, request %d: %v", profile, i, err)
+			}
+		}
+	}
+	hot, upstream := answers["sluice"], answers["sluice-upstream-path"]
+	if len(hot) != len(upstream) || len(hot) != 1+8 {
+		t.Fatalf("%d response-phase answers on the hot path, %d on upstream's, want 9", len(hot), len(upstream))
+	}
+	for i := range hot {
+		if !proto.Equal(hot[i], upstream[i]) {
+			t.Errorf("answer %d: hot path %v, upstream's path %v", i, hot[i], upstream[i])
+		}
+	}
+}
