@@ -266,7 +266,8 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	director := requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
 	path.director = director
 	if path.hot {
-		path.director = &hotDirector{Director: director, chunks: chunkInterestOf(requestPlugins)}
+		chunks, observers := chunkInterestOf(requestPlugins)
+		path.director = &hotDirector{Director: director, chunks: chunks, observers: observers}
 	}
 	return path, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requestcontrol/requestdataproducer/inflightload"
@@ -70,20 +71,36 @@ var responseChunkInterest = map[string]chunkInterest{
 	inflightload.InFlightLoadProducerType: chunksNone,  // cleans up at the end
 }
 
-// chunkInterestOf is what the response-body plugins among ps act on, together.
-func chunkInterestOf(ps []fwkplugin.Plugin) chunkInterest {
+// chunkObserverTypes are the response-body plugins known to Sluice that act on every chunk but need nothing of the
+// Director's per-chunk work (the outlier filter times each chunk of a stream to judge its endpoint's pace): on the
+// chunks the others skip, the hot Director hands them the chunk itself, so they do not put every plugin back on every
+// chunk.
+var chunkObserverTypes = map[string]bool{
+	plugins.OutlierFilterType: true,
+}
+
+// chunkInterestOf is what the response-body plugins among ps act on, together, and the chunk observers among them
+// (chunkObserverTypes), which see every chunk whatever the interest.
+func chunkInterestOf(ps []fwkplugin.Plugin) (chunkInterest, []fwkrc.ResponseBody) {
 	interest := chunksNone
+	var observers []fwkrc.ResponseBody
 	for _, p := range ps {
-		if _, ok := p.(fwkrc.ResponseBody); !ok {
+		rb, ok := p.(fwkrc.ResponseBody)
+		if !ok {
 			continue
 		}
-		i, known := responseChunkInterest[p.TypedName().Type]
+		typ := p.TypedName().Type
+		if chunkObserverTypes[typ] {
+			observers = append(observers, rb)
+			continue
+		}
+		i, known := responseChunkInterest[typ]
 		if !known {
-			return chunksEvery
+			return chunksEvery, nil
 		}
 		interest = max(interest, i)
 	}
-	return interest
+	return interest, observers
 }
 
 // hotDirector is upstream's Director on the hot path: it runs the response-body plugins only on the chunks they act
@@ -92,6 +109,8 @@ func chunkInterestOf(ps []fwkplugin.Plugin) chunkInterest {
 type hotDirector struct {
 	*requestcontrol.Director
 	chunks chunkInterest
+	// observers see the chunks the Director skips (chunkObserverTypes); the Director runs them on the others.
+	observers []fwkrc.ResponseBody
 }
 
 var _ handlers.Director = (*hotDirector)(nil)
@@ -108,6 +127,16 @@ func (d *hotDirector) HandleResponseBody(ctx context.Context, reqCtx *handlers.R
 	c.n++
 	if d.chunks == chunksFirst && c.n == 1 {
 		return d.Director.HandleResponseBody(ctx, reqCtx, endOfStream)
+	}
+	if len(d.observers) > 0 {
+		resp := &fwkrc.Response{
+			RequestId: reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey],
+			Headers:   reqCtx.Response.Headers,
+			Usage:     reqCtx.Usage,
+		}
+		for _, o := range d.observers {
+			o.ResponseBody(ctx, reqCtx.SchedulingRequest, resp, reqCtx.TargetPod)
+		}
 	}
 	reqCtx.Response.DynamicMetadata = nil
 	return reqCtx

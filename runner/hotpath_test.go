@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -44,19 +46,23 @@ func (notResponseBody) TypedName() fwkplugin.TypedName {
 func TestChunkInterestOf(t *testing.T) {
 	rec := func(typ string) fwkplugin.Plugin { return &chunkRecorder{typ: typ} }
 	for _, tc := range []struct {
-		name    string
-		plugins []fwkplugin.Plugin
-		want    chunkInterest
+		name          string
+		plugins       []fwkplugin.Plugin
+		want          chunkInterest
+		wantObservers int
 	}{
-		{"no plugins", nil, chunksNone},
-		{"plugins without the hook", []fwkplugin.Plugin{notResponseBody{}}, chunksNone},
-		{"end-only plugins", []fwkplugin.Plugin{rec(plugins.PrefixCacheType), rec(plugins.InFlightScorerType)}, chunksNone},
-		{"Sluice admission", []fwkplugin.Plugin{rec(plugins.PrefixCacheType), rec(plugins.FlowControlType)}, chunksFirst},
-		{"an unknown plugin", []fwkplugin.Plugin{rec(plugins.FlowControlType), rec("someone-elses-plugin")}, chunksEvery},
+		{"no plugins", nil, chunksNone, 0},
+		{"plugins without the hook", []fwkplugin.Plugin{notResponseBody{}}, chunksNone, 0},
+		{"end-only plugins", []fwkplugin.Plugin{rec(plugins.PrefixCacheType), rec(plugins.InFlightScorerType)}, chunksNone, 0},
+		{"Sluice admission", []fwkplugin.Plugin{rec(plugins.PrefixCacheType), rec(plugins.FlowControlType)}, chunksFirst, 0},
+		{"the outlier filter observes every chunk", []fwkplugin.Plugin{rec(plugins.FlowControlType), rec(plugins.OutlierFilterType)},
+			chunksFirst, 1},
+		{"an unknown plugin", []fwkplugin.Plugin{rec(plugins.FlowControlType), rec("someone-elses-plugin")}, chunksEvery, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := chunkInterestOf(tc.plugins); got != tc.want {
-				t.Errorf("chunkInterestOf = %d, want %d", got, tc.want)
+			got, observers := chunkInterestOf(tc.plugins)
+			if got != tc.want || len(observers) != tc.wantObservers {
+				t.Errorf("chunkInterestOf = %d with %d observers, want %d with %d", got, len(observers), tc.want, tc.wantObservers)
 			}
 		})
 	}
@@ -78,9 +84,11 @@ func TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &chunkRecorder{typ: "recorder"}
+			observer := &chunkRecorder{typ: plugins.OutlierFilterType}
 			cfg := requestcontrol.NewConfig()
-			cfg.AddPlugins(p)
-			d := &hotDirector{Director: requestcontrol.NewDirectorWithConfig(nil, nil, nil, nil, nil, cfg), chunks: tc.interest}
+			cfg.AddPlugins(p, observer)
+			d := &hotDirector{Director: requestcontrol.NewDirectorWithConfig(nil, nil, nil, nil, nil, cfg), chunks: tc.interest,
+				observers: []fwkrc.ResponseBody{observer}}
 			ctx := context.Background()
 			if tc.stream {
 				ctx = withChunkCount(ctx)
@@ -97,6 +105,9 @@ func TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn(t *testing.T) {
 			}
 			if fmt.Sprint(p.seen) != fmt.Sprint(tc.want) {
 				t.Errorf("the plugin saw chunks %v, want %v", p.seen, tc.want)
+			}
+			if want := []int{0, 1, 2, 3, 4}; fmt.Sprint(observer.seen) != fmt.Sprint(want) {
+				t.Errorf("the chunk observer saw chunks %v, want each once: %v", observer.seen, want)
 			}
 		})
 	}
@@ -163,8 +174,25 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 		t.Fatalf("%d response-phase answers on the hot path, %d on upstream's, want 9", len(hot), len(upstream))
 	}
 	for i := range hot {
+		sortSetHeaders(hot[i])
+		sortSetHeaders(upstream[i])
 		if !proto.Equal(hot[i], upstream[i]) {
 			t.Errorf("answer %d: hot path %v, upstream's path %v", i, hot[i], upstream[i])
+		}
+	}
+}
+
+// sortSetHeaders orders the headers an answer sets by name: upstream's handler sets response headers from a map, so
+// their order differs from one answer to the next on either path.
+func sortSetHeaders(r *extprocv3.ProcessingResponse) {
+	for _, m := range []*extprocv3.HeaderMutation{
+		r.GetResponseHeaders().GetResponse().GetHeaderMutation(),
+		r.GetResponseBody().GetResponse().GetHeaderMutation(),
+	} {
+		if m != nil {
+			slices.SortFunc(m.SetHeaders, func(a, b *corev3.HeaderValueOption) int {
+				return strings.Compare(a.GetHeader().GetKey(), b.GetHeader().GetKey())
+			})
 		}
 	}
 }
