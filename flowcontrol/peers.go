@@ -165,15 +165,7 @@ func (c *Controller) DispatchWaitingElsewhere(take func(id string) (endpoint str
 			Waited: now.Sub(it.enqueuedAt)}, nil)
 		n++
 	}
-	var sample QueueSample
-	if n > 0 {
-		c.endOpLocked(now)
-		sample = c.queueSampleLocked(now)
-	}
-	c.mu.Unlock()
-	if n > 0 {
-		c.recorder.RecordQueue(sample)
-	}
+	c.unlockAfterDispatch(now, n)
 	return n
 }
 

@@ -195,7 +195,12 @@ func (c *Controller) unreserveLocked(r reservation) {
 // dispatchFreedAndUnlock dispatches onto headroom a reservation change may have freed, then releases the lock (held
 // by the caller) and reports metrics.
 func (c *Controller) dispatchFreedAndUnlock(now time.Time) {
-	n := c.dispatchLocked(now)
+	c.unlockAfterDispatch(now, c.dispatchLocked(now))
+}
+
+// unlockAfterDispatch releases the lock (held by the caller) after n requests were dispatched from the queues, and
+// reports the queues' metrics when any was.
+func (c *Controller) unlockAfterDispatch(now time.Time, n int) {
 	var sample QueueSample
 	if n > 0 {
 		c.endOpLocked(now)
