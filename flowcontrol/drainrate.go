@@ -77,7 +77,8 @@ func (d *drainEstimator) rate() (float64, bool) {
 func retryAfter(estimate, lo, hi time.Duration, jitter, u float64) time.Duration {
 	s := math.Ceil(clampF(estimate.Seconds(), lo.Seconds(), hi.Seconds()))
 	s += math.Floor(u * (jitter*s + 1))
-	return time.Duration(clampF(s, lo.Seconds(), math.Floor(hi.Seconds()))) * time.Second
+	// At least 1: a bound under a second must not turn a 429 into Retry-After: 0.
+	return time.Duration(max(1, clampF(s, lo.Seconds(), math.Floor(hi.Seconds())))) * time.Second
 }
 
 func clampF(v, lo, hi float64) float64 {

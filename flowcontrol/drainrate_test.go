@@ -26,6 +26,7 @@ func TestRetryAfter(t *testing.T) {
 		{"a spread below a second rounds to the estimate mostly", s, s, 30 * s, 0.2, 0.8, s},
 		{"jitter spreads above min", s, s, 30 * s, 0.5, 0.99, 2 * s},
 		{"saturating estimate", math.MaxInt64, s, 60 * s, 0.2, 0.5, 60 * s},
+		{"bounds under a second still give one", 100 * time.Millisecond, 500 * time.Millisecond, 500 * time.Millisecond, 0.2, 0.5, s},
 	} {
 		if got := retryAfter(tc.estimate, tc.lo, tc.hi, tc.jitter, tc.u); got != tc.want {
 			t.Errorf("%s: retryAfter(%v, [%v,%v], +%v, u=%v) = %v, want %v", tc.name, tc.estimate, tc.lo, tc.hi,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -92,7 +93,16 @@ type peerSender struct {
 func (p *peerSender) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	outs := map[string]chan []byte{}
+	type sender struct {
+		out    chan []byte
+		cancel context.CancelFunc
+	}
+	outs := map[string]sender{}
+	defer func() {
+		for _, s := range outs {
+			s.cancel()
+		}
+	}()
 	ticker := p.clock.NewTicker(p.interval)
 	defer ticker.Stop()
 	for {
@@ -105,18 +115,26 @@ func (p *peerSender) Start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, peer := range p.view.Peers() {
-			out, ok := outs[peer]
+		peers := p.view.Peers()
+		for peer, s := range outs {
+			if !slices.Contains(peers, peer) { // gone (a rollout replaced it): its sender and connection end
+				s.cancel()
+				delete(outs, peer)
+			}
+		}
+		for _, peer := range peers {
+			s, ok := outs[peer]
 			if !ok {
-				out = make(chan []byte, 1)
-				outs[peer] = out
-				wg.Go(func() { p.sendTo(ctx, peer, out) })
+				sctx, cancel := context.WithCancel(ctx)
+				s = sender{out: make(chan []byte, 1), cancel: cancel}
+				outs[peer] = s
+				wg.Go(func() { p.sendTo(sctx, peer, s.out) })
 			}
 			select {
-			case <-out: // superseded
+			case <-s.out: // superseded
 			default:
 			}
-			out <- wire
+			s.out <- wire
 		}
 	}
 }

@@ -66,7 +66,14 @@ type heardSummary struct {
 type sentRequest struct {
 	endpoint, owner string
 	seq             uint64
+	at              time.Time
 }
+
+// sentTTL is how long a request sent to a peer's endpoint is counted without its end being reported (Done). Its end
+// is reported with the response, also after errors and client disconnects; the bound keeps a record whose end was
+// lost from holding a peer's seat for good. A request streaming longer is still counted by its owner, whose scrapes
+// show it as load the owner did not send.
+const sentTTL = 2 * time.Minute
 
 // NewExchange returns self's side of the exchange; a peer's summary counts for timeout after it arrives.
 func NewExchange(self string, timeout time.Duration) *Exchange {
@@ -90,11 +97,17 @@ func (x *Exchange) Heard(s Summary, now time.Time) {
 	x.peers[s.From] = heardSummary{Summary: s, at: now}
 }
 
-// liveLocked drops the summaries of peers silent for the timeout.
+// liveLocked drops the summaries of peers silent for the timeout, and the records of requests sent to peers older than
+// sentTTL.
 func (x *Exchange) liveLocked(now time.Time) {
 	for p, h := range x.peers {
 		if now.Sub(h.at) >= x.timeout {
 			delete(x.peers, p)
+		}
+	}
+	for id, r := range x.sent {
+		if now.Sub(r.at) >= sentTTL {
+			delete(x.sent, id)
 		}
 	}
 }
@@ -223,7 +236,7 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 	if bestFree <= 0 {
 		return "", false
 	}
-	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1}
+	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now}
 	return best, true
 }
 

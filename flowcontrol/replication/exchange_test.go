@@ -126,6 +126,47 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 	}
 }
 
+// TestSummaryWireBoundsSeats: admission walks a peer's seats one by one under its lock, so a summary claiming more
+// than maxWireSeats, in one count or summed over a list, is refused.
+func TestSummaryWireBoundsSeats(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    Summary
+		ok   bool
+	}{
+		{"at the bound", Summary{From: "b", Seats: maxWireSeats, Idle: []EndpointCount{{"e", maxWireSeats}}}, true},
+		{"seats", Summary{From: "b", Seats: maxWireSeats + 1}, false},
+		{"Critical waiting", Summary{From: "b", CriticalWaiting: maxWireSeats + 1}, false},
+		{"one idle endpoint", Summary{From: "b", Idle: []EndpointCount{{"e", 1<<31 - 1}}}, false},
+		{"idle seats summed", Summary{From: "b", Idle: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
+		{"sent summed", Summary{From: "b", Sent: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
+	} {
+		wire, err := tc.s.AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParseSummary(wire); (err == nil) != tc.ok {
+			t.Errorf("%s: ParseSummary error %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+// TestExchangeSentExpires: a request sent to a peer whose end is never reported stops being counted after sentTTL.
+func TestExchangeSentExpires(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := NewExchange("a", time.Hour)
+	a.Heard(Summary{From: "b", Seq: 1, Idle: []EndpointCount{{"b-ep", 1}}, Acks: []Ack{{"a", 0}}}, t0)
+	if _, ok := a.Take("lost", t0); !ok {
+		t.Fatal("took no seat")
+	}
+	if own := a.Next(Summary{}, t0.Add(sentTTL-time.Second)); len(own.Sent) != 1 || !a.Sent("lost") {
+		t.Fatalf("before sentTTL the summary tells of %v, want the request", own.Sent)
+	}
+	if own := a.Next(Summary{}, t0.Add(sentTTL)); len(own.Sent) != 0 || a.Sent("lost") {
+		t.Fatalf("after sentTTL the summary still tells of %v", own.Sent)
+	}
+}
+
 // Summaries cross the network from peers: any bytes parse to an error or to a summary that encodes back to them.
 func FuzzParseSummary(f *testing.F) {
 	wire, _ := Summary{From: "a", Seq: 3, Idle: []EndpointCount{{"e", 1}}, Acks: []Ack{{"b", 2}}}.AppendBinary(nil)

@@ -16,6 +16,11 @@ const wireVersion = 1
 // maxWireEntries bounds each list a received summary may hold: a corrupt or hostile length cannot allocate much.
 const maxWireEntries = 1 << 16
 
+// maxWireSeats bounds a received summary's seat count, its Critical requests waiting, and the seats of each of its
+// endpoint lists summed: admission walks them seat by seat under its lock (Exchange.Take, the reserve's sizing), so a
+// corrupt or hostile count must not make that walk long.
+const maxWireSeats = 1 << 16
+
 // AppendBinary appends s's wire form to b.
 func (s Summary) AppendBinary(b []byte) ([]byte, error) {
 	b = append(b, wireVersion)
@@ -57,9 +62,15 @@ func ParseSummary(b []byte) (Summary, error) {
 	s.SeatFrees = float64(math.Float32frombits(r.uint32()))
 	s.Seats = r.count()
 	s.CriticalWaiting = r.count()
+	s.Seats = r.seats(s.Seats)
+	s.CriticalWaiting = r.seats(s.CriticalWaiting)
 	for _, list := range []*[]EndpointCount{&s.Idle, &s.Sent} {
+		total := 0
 		for range r.entries() {
-			*list = append(*list, EndpointCount{Endpoint: r.string(), N: r.count()})
+			e := EndpointCount{Endpoint: r.string(), N: r.count()}
+			total += e.N
+			r.seats(total)
+			*list = append(*list, e)
 		}
 	}
 	for range r.entries() {
@@ -125,6 +136,15 @@ func (r *reader) count() int {
 		return 0
 	}
 	return int(v)
+}
+
+// seats checks that a seat count read is at most maxWireSeats, and returns it.
+func (r *reader) seats(n int) int {
+	if n > maxWireSeats {
+		r.err = cmpErr(r.err, fmt.Errorf("%d seats, more than %d", n, maxWireSeats))
+		return 0
+	}
+	return n
 }
 
 // entries reads a list length, at most maxWireEntries.
