@@ -32,7 +32,17 @@ func (f *FlowControl) HearPeer(s replication.Summary) {
 	now := f.clock.Now()
 	f.peers.Heard(s, now)
 	f.applyPeers()
-	f.ctrl.DispatchWaitingElsewhere(func(id string) (string, bool) { return f.peers.Take(id, now) })
+	if f.steersElsewhere() {
+		f.ctrl.DispatchWaitingElsewhere(func(id string) (string, bool) { return f.peers.Take(id, now) })
+	}
+}
+
+// steersElsewhere reports whether a request sent to a peer's endpoint is scheduled there: candidate narrowing locates
+// only that endpoint for it, and the headroom filter keeps only it. With neither (narrowing off and no headroom
+// filter in the configuration) the scheduler would place it anywhere while the peer counts it on its endpoint, so
+// no request is sent to a peer.
+func (f *FlowControl) steersElsewhere() bool {
+	return f.narrowing.Load() || f.filtering.Load()
 }
 
 // applyPeers hands the controller the live peers' figures (none when no peer is live: it decides alone).
@@ -53,7 +63,7 @@ func (f *FlowControl) applyPeers() {
 // sendElsewhere dispatches req to a peer's endpoint with an idle seat when it is a Critical request that would wait
 // here; ok is false when it is not, or no peer reported an idle seat.
 func (f *FlowControl) sendElsewhere(req flowcontrol.Request) (d flowcontrol.Decision, ok bool) {
-	if f.peers == nil || !f.ctrl.CriticalWouldWait(req) {
+	if f.peers == nil || !f.steersElsewhere() || !f.ctrl.CriticalWouldWait(req) {
 		return d, false
 	}
 	endpoint, ok := f.peers.Take(req.ID, f.clock.Now())

@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -159,87 +160,101 @@ func TestFlowControlOwnedShareEjected(t *testing.T) {
 // would wait on a's one endpoint goes at once to b's idle seat; b, told of it, holds that seat for it and gives it to
 // its own waiting request only once a says it ended. Without a live peer, a decides alone and its Critical waits.
 func TestFlowControlPeerExchange(t *testing.T) {
-	clk := clocktesting.NewFakeClock(fcT0)
-	pool := &fakePool{}
-	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
-	peers := []string{"epp-a:9003", "epp-b:9003"}
-	cfg := flowcontrol.DefaultConfig()
-	cfg.Endpoint.Concurrency = 1
-	replica := func(self string) *FlowControl {
-		view, err := replication.NewView(self, peers, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range peers {
-			view.Heard(p, clk.Now())
-		}
-		fc, err := NewFlowControl(cfg, FlowControlOptions{}, FlowControlDeps{Endpoints: pool, Clock: clk,
-			Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Second)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
-		if err := fc.SyncEndpoints(); err != nil {
-			t.Fatal(err)
-		}
-		return fc
-	}
-	a, b := replica("epp-a:9003"), replica("epp-b:9003")
-	send := func(from, to *FlowControl) {
-		t.Helper()
-		wire, err := from.PeerSummary().AppendBinary(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := replication.ParseSummary(wire)
-		if err != nil {
-			t.Fatal(err)
-		}
-		to.HearPeer(s)
-	}
-	type outcome struct {
-		done      bool
-		err       error
-		endpoints []string
-	}
-	submit := func(fc *FlowControl, id string, priority int) *outcome {
-		o := &outcome{}
-		fc.Submit(requestContext(id, "t", 10, nil), priority, func(err error, _ bool) {
-			o.done, o.err = true, err
-			sd, _ := fc.headroom.get(id)
-			o.endpoints = sd.decision.Endpoints
+	// steer: the headroom filter is attached. Without it (and without candidate narrowing) nothing would schedule a
+	// request sent to a peer's endpoint there, so none is sent.
+	for _, steer := range []bool{true, false} {
+		t.Run(fmt.Sprintf("steer=%v", steer), func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(fcT0)
+			pool := &fakePool{}
+			pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
+			peers := []string{"epp-a:9003", "epp-b:9003"}
+			cfg := flowcontrol.DefaultConfig()
+			cfg.Endpoint.Concurrency = 1
+			replica := func(self string) *FlowControl {
+				view, err := replication.NewView(self, peers, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range peers {
+					view.Heard(p, clk.Now())
+				}
+				fc, err := NewFlowControl(cfg, FlowControlOptions{}, FlowControlDeps{Endpoints: pool, Clock: clk,
+					Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Second)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if steer {
+					fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+				}
+				if err := fc.SyncEndpoints(); err != nil {
+					t.Fatal(err)
+				}
+				return fc
+			}
+			a, b := replica("epp-a:9003"), replica("epp-b:9003")
+			send := func(from, to *FlowControl) {
+				t.Helper()
+				wire, err := from.PeerSummary().AppendBinary(nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, err := replication.ParseSummary(wire)
+				if err != nil {
+					t.Fatal(err)
+				}
+				to.HearPeer(s)
+			}
+			type outcome struct {
+				done      bool
+				err       error
+				endpoints []string
+			}
+			submit := func(fc *FlowControl, id string, priority int) *outcome {
+				o := &outcome{}
+				fc.Submit(requestContext(id, "t", 10, nil), priority, func(err error, _ bool) {
+					o.done, o.err = true, err
+					sd, _ := fc.headroom.get(id)
+					o.endpoints = sd.decision.Endpoints
+				})
+				return o
+			}
+			send(a, b)
+			send(b, a)
+
+			mine := submit(a, "a-c1", 1)
+			if !mine.done || mine.err != nil || (steer && len(mine.endpoints) != 1) {
+				t.Fatalf("a's first Critical request: %+v, want it dispatched to a's endpoint", mine)
+			}
+			sent := submit(a, "a-c2", 1)
+			if !steer {
+				if sent.done {
+					t.Fatalf("a's second Critical request %+v went to b's endpoint with nothing to schedule it there", sent)
+				}
+				return
+			}
+			if !sent.done || sent.err != nil || len(sent.endpoints) != 1 || sent.endpoints[0] == mine.endpoints[0] {
+				t.Fatalf("a's second Critical request: %+v, want it dispatched at once to b's endpoint", sent)
+			}
+			send(a, b) // b learns of a-c2 on its endpoint
+			waiting := submit(b, "b-s1", 0)
+			if waiting.done {
+				t.Fatalf("b's Standard request %+v was dispatched onto the seat a's Critical request holds", waiting)
+			}
+			a.ResponseBody(context.Background(), &fwksched.LLMRequest{RequestId: "a-c2"}, &fwkrc.Response{EndOfStream: true}, nil)
+			send(a, b) // b learns that it ended
+			if !waiting.done || waiting.err != nil {
+				t.Fatalf("b's Standard request %+v, want it dispatched once a's request ended", waiting)
+			}
+
+			// b falls silent: a decides alone, on its own endpoint, and its next Critical request waits there.
+			clk.Step(2 * time.Second)
+			pool.set(refreshed(pool.PodList(allEndpoints), clk.Now())...)
+			if err := a.SyncEndpoints(); err != nil {
+				t.Fatal(err)
+			}
+			if alone := submit(a, "a-c3", 1); alone.done {
+				t.Fatalf("with b silent, a's Critical request %+v went elsewhere, want it waiting", alone)
+			}
 		})
-		return o
-	}
-	send(a, b)
-	send(b, a)
-
-	mine := submit(a, "a-c1", 1)
-	if !mine.done || mine.err != nil || len(mine.endpoints) != 1 {
-		t.Fatalf("a's first Critical request: %+v, want it dispatched to a's endpoint", mine)
-	}
-	sent := submit(a, "a-c2", 1)
-	if !sent.done || sent.err != nil || len(sent.endpoints) != 1 || sent.endpoints[0] == mine.endpoints[0] {
-		t.Fatalf("a's second Critical request: %+v, want it dispatched at once to b's endpoint", sent)
-	}
-	send(a, b) // b learns of a-c2 on its endpoint
-	waiting := submit(b, "b-s1", 0)
-	if waiting.done {
-		t.Fatalf("b's Standard request %+v was dispatched onto the seat a's Critical request holds", waiting)
-	}
-	a.ResponseBody(context.Background(), &fwksched.LLMRequest{RequestId: "a-c2"}, &fwkrc.Response{EndOfStream: true}, nil)
-	send(a, b) // b learns that it ended
-	if !waiting.done || waiting.err != nil {
-		t.Fatalf("b's Standard request %+v, want it dispatched once a's request ended", waiting)
-	}
-
-	// b falls silent: a decides alone, on its own endpoint, and its next Critical request waits there.
-	clk.Step(2 * time.Second)
-	pool.set(refreshed(pool.PodList(allEndpoints), clk.Now())...)
-	if err := a.SyncEndpoints(); err != nil {
-		t.Fatal(err)
-	}
-	if alone := submit(a, "a-c3", 1); alone.done {
-		t.Fatalf("with b silent, a's Critical request %+v went elsewhere, want it waiting", alone)
 	}
 }
