@@ -44,7 +44,12 @@ func (c *Controller) SetPeers(p Peers) {
 		if load == e.peer {
 			continue
 		}
-		freed = freed || load < e.peer
+		if load < e.peer {
+			// A peer's request there ended: as one of this replica's ending, it frees a slot, and a request sent
+			// beyond the learned limit that starts now confirms the limit rather than disproving it (probeStarted).
+			freed = true
+			e.endedNs = now.UnixNano()
+		}
 		e.peer = load
 		e.refresh(c.cfg.Endpoint)
 		e.noteFull(now)

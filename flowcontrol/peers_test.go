@@ -72,6 +72,24 @@ func TestPeerLoadTakesSeats(t *testing.T) {
 	})
 }
 
+// TestPeerEndIsAnEnd: a peer's request ending on an endpoint is an end there, as one of this replica's would be, so a
+// request sent beyond a learned slot limit that starts then confirms the limit instead of disproving it.
+func TestPeerEndIsAnEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 0))
+		h.c.SetPeers(Peers{Load: map[string]int{"a": 2}})
+		h.step(time.Second)
+		h.c.SetPeers(Peers{Load: map[string]int{"a": 1}})
+		h.c.mu.Lock()
+		ended := h.c.endpoints[h.c.endpointIndex["a"]].endedNs
+		h.c.mu.Unlock()
+		if want := h.clk.Now().UnixNano(); ended != want {
+			t.Fatalf("endedNs %d after a peer's request ended, want now (%d)", ended, want)
+		}
+	})
+}
+
 // TestCriticalElsewhere: a Critical request that would wait here is reported so (CriticalWouldWait), and one that
 // waits is handed to a peer's endpoint when one is found (DispatchWaitingElsewhere), in order, as Dispatched there;
 // other bands and requests with headroom here are not.
