@@ -10,63 +10,44 @@ import (
 // waits the dispatch rate is the arrival rate, not the pool's capacity; an idle spell therefore leaves the last
 // measured drain rate intact instead of decaying it to zero (which would make every burst look hopeless).
 //
-// All methods take the time explicitly; the Controller calls advance at the start of every operation.
+// It is a rateMeter of dispatched cost whose clock runs only while backlogged. All methods take the time
+// explicitly; the Controller calls advance at the start of every operation.
 type drainEstimator struct {
-	window float64 // time constant in seconds
-	// cost and busy are exponentially decayed sums: dispatched cost, and seconds spent backlogged.
-	cost, busy float64
-	last       time.Time
+	meter      rateMeter // dispatched cost per second of backlogged time
 	backlogged bool
 }
 
 func newDrainEstimator(window time.Duration) drainEstimator {
-	return drainEstimator{window: window.Seconds()}
+	return drainEstimator{meter: newRateMeter(window)}
 }
 
-// advance accounts the time since the previous call, in the backlog state set by setBacklogged.
+// advance accounts the time since the previous call, in the backlog state set by setBacklogged: time spent with
+// nothing waiting passes without decaying what was measured.
 func (d *drainEstimator) advance(now time.Time) {
-	if d.last.IsZero() || !now.After(d.last) {
-		if d.last.IsZero() {
-			d.last = now
-		}
+	if !d.backlogged && !d.meter.last.IsZero() && now.After(d.meter.last) {
+		d.meter.last = now
 		return
 	}
-	dt := now.Sub(d.last).Seconds()
-	d.last = now
-	if !d.backlogged {
-		return
-	}
-	decay := math.Exp(-dt / d.window)
-	d.cost *= decay
-	d.busy = d.busy*decay + d.window*(1-decay)
+	d.meter.advance(now)
 }
 
-// setWindow changes the time constant. Both decayed sums are rescaled by the ratio of the windows: the rate (their
-// quotient) is unchanged, and the evidence gathered keeps the same fraction of a window.
-func (d *drainEstimator) setWindow(window time.Duration) {
-	w := window.Seconds()
-	if w == d.window {
-		return
-	}
-	r := w / d.window
-	d.cost *= r
-	d.busy *= r
-	d.window = w
-}
+// setWindow changes the time constant, keeping the measured rate and the fraction of a window of evidence gathered.
+func (d *drainEstimator) setWindow(window time.Duration) { d.meter.setWindow(window) }
 
 // setBacklogged records whether requests are waiting from now on.
 func (d *drainEstimator) setBacklogged(b bool) { d.backlogged = b }
 
 // add records cost dispatched while backlogged.
-func (d *drainEstimator) add(cost float64) { d.cost += cost }
+func (d *drainEstimator) add(cost float64) { d.meter.events += cost }
 
 // rate returns the drain rate in cost units per second, and false until a tenth of a window of backlogged time has
 // been observed (too little evidence to predict waits from).
 func (d *drainEstimator) rate() (float64, bool) {
-	if d.busy < d.window/10 || d.cost <= 0 {
+	m := &d.meter
+	if m.span < m.window/10 || m.events <= 0 {
 		return 0, false
 	}
-	return d.cost / d.busy, true
+	return m.events / m.span, true
 }
 
 // retryAfter turns an estimated time-until-admission into an RFC 9110 delay-seconds value: clamp the estimate to

@@ -121,8 +121,8 @@ func TestDrainEstimatorSetWindow(t *testing.T) {
 		if ok != tc.wantKnown || (ok && math.Abs(after-before)/before > 1e-9) {
 			t.Errorf("%s: rate %v (known %v) after setWindow, want %v (known %v)", tc.name, after, ok, before, tc.wantKnown)
 		}
-		if d.window != tc.window.Seconds() {
-			t.Errorf("%s: window %vs, want %v", tc.name, d.window, tc.window)
+		if d.meter.window != tc.window.Seconds() {
+			t.Errorf("%s: window %vs, want %v", tc.name, d.meter.window, tc.window)
 		}
 	}
 }
