@@ -32,9 +32,17 @@ func (p *OpenAIParser) ParseRequest(ctx context.Context, body []byte, headers ma
 	if !ok {
 		return p.OpenAIParser.ParseRequest(ctx, body, headers)
 	}
-	payload, ok := topLevelPayload(body)
+	forwarded := forwardedBodyOf(ctx)
+	longFrom := -1
+	if forwarded != nil {
+		longFrom = forwarded.longFrom
+	}
+	payload, long, ok := topLevelPayload(body, longFrom)
 	if !ok {
 		return p.OpenAIParser.ParseRequest(ctx, body, headers)
+	}
+	if forwarded != nil {
+		forwarded.split(payload, long)
 	}
 	parsed.Payload = payload
 	stream, _ := payload["stream"].(bool)
@@ -216,14 +224,24 @@ func requestPath(headers map[string]string) string {
 // topLevelPayload splits a JSON object into its members: each value as the
 // raw bytes of body (json.RawMessage, which encodes as itself), except
 // "model" and "stream", decoded as encoding/json decodes them into a map. A
-// repeated key keeps its last value, as in encoding/json. body must be a
-// valid JSON document (decodeRequestBody accepted it); ok is false if it is
-// not an object.
-func topLevelPayload(body []byte) (payload scheduling.PayloadMap, ok bool) {
+// repeated key keeps its last value, as in encoding/json. A value of
+// longFrom bytes or more (unless longFrom is negative) goes to long instead of
+// the payload (see ForwardedBody). body must be a valid JSON document (decodeRequestBody
+// accepted it); ok is false if it is not an object.
+func topLevelPayload(body []byte, longFrom int) (payload scheduling.PayloadMap, long map[string]json.RawMessage, ok bool) {
 	payload = scheduling.PayloadMap{}
 	ok = eachMember(body, func(_ []byte, key string, value []byte) bool {
 		if key != "model" && key != "stream" {
+			if longFrom >= 0 && len(value) >= longFrom {
+				if long == nil {
+					long = map[string]json.RawMessage{}
+				}
+				long[key] = value
+				delete(payload, key)
+				return true
+			}
 			payload[key] = json.RawMessage(value)
+			delete(long, key)
 			return true
 		}
 		var v any
@@ -234,9 +252,9 @@ func topLevelPayload(body []byte) (payload scheduling.PayloadMap, ok bool) {
 		return true
 	})
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
-	return payload, true
+	return payload, long, true
 }
 
 // eachMember calls f with each member of a valid JSON object: its key as written, the key decoded, and its value.

@@ -67,7 +67,8 @@ func TestOpenAIParserRequestMatchesUpstream(t *testing.T) {
 	}
 }
 
-// FuzzOpenAIParserRequest holds ParseRequest to upstream's parser on any body, for every API.
+// FuzzOpenAIParserRequest holds ParseRequest to upstream's parser on any body, for every API, and the body a
+// ForwardedBody encodes to upstream's Director's encoding (sameForwardedBody, every member left out).
 func FuzzOpenAIParserRequest(f *testing.F) {
 	for _, body := range requestBodies {
 		f.Add([]byte(body))
@@ -76,6 +77,9 @@ func FuzzOpenAIParserRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, path := range requestPaths {
 			if err := sameParse(parser, path, body); err != nil {
+				t.Fatalf("path %q, body %q: %v", path, body, err)
+			}
+			if err := sameForwardedBody(parser, path, body, 0); err != nil {
 				t.Fatalf("path %q, body %q: %v", path, body, err)
 			}
 		}

@@ -101,6 +101,7 @@ var sluicePlugins = map[string]fwkplugin.FactoryFunc{
 	SaturationScorerType:       SaturationScorerFactory,
 	RoundRobinPickerType:       RoundRobinPickerFactory,
 	OutlierFilterType:          OutlierFilterFactory,
+	MetricsSourceType:          MetricsSourceFactory,
 }
 
 // Default returns a Registry holding every upstream in-tree plugin type and

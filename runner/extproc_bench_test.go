@@ -37,7 +37,7 @@ func BenchmarkExtProcStream(b *testing.B) {
 	quietLogs(b)
 	shapes := []struct{ promptBytes, chunks int }{
 		{2 << 10, 16}, {2 << 10, 128}, {2 << 10, 1024}, // a 512-token chat, answers of 16 to 1024 tokens
-		{1 << 10, 16}, {16 << 10, 16}, {64 << 10, 16}, {220 << 10, 16}, // prompts of 256 to 56k tokens
+		{1 << 10, 16}, {8 << 10, 16}, {16 << 10, 16}, {64 << 10, 16}, {220 << 10, 16}, {256 << 10, 16}, // prompts of 256 to 64k tokens
 	}
 	for _, profile := range []string{"upstream-default", "sluice"} {
 		h, err := startBenchEPP(b, profile)

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
@@ -15,7 +16,8 @@ import (
 )
 
 // Sluice's hot path (WithHotPath): what upstream's handler and Director do for every streamed response chunk, less
-// the work whose result nothing reads. Every chunk crosses the EPP. Upstream's Director runs every response-body
+// the work whose result nothing reads, and the request body is forwarded without the Director's second encoding of
+// its long members (HandleRequest). Every chunk crosses the EPP. Upstream's Director runs every response-body
 // plugin on each one (deriving a logger and timing each plugin per chunk) whether any plugin acts on it or not, and
 // upstream's handler converts each message's filter metadata into generic maps, which it reads only on the request
 // and the response headers. On the hot path the Director hears only the chunks its plugins act on, and response
@@ -114,6 +116,26 @@ type hotDirector struct {
 }
 
 var _ handlers.Director = (*hotDirector)(nil)
+
+// HandleRequest implements handlers.Director: upstream's Director, which encodes the payload map again to forward
+// the body, with the long members of the body left out of that map and encoded here without encoding/json's scanner
+// (plugins.ForwardedBody), byte for byte the body upstream's Director forwards.
+func (d *hotDirector) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
+	ctx, forwarded := plugins.WithForwardedBody(ctx)
+	reqCtx, err := d.Director.HandleRequest(ctx, reqCtx)
+	if err != nil {
+		return reqCtx, err
+	}
+	body, ok, err := forwarded.Encode()
+	if err != nil {
+		return reqCtx, errcommon.Error{Code: errcommon.Internal, Msg: "Error marshalling request body"} // upstream's words
+	}
+	if ok {
+		reqCtx.Request.RawBody = body
+		reqCtx.RequestSize = len(body)
+	}
+	return reqCtx, nil
+}
 
 // HandleResponseBody implements handlers.Director.
 func (d *hotDirector) HandleResponseBody(ctx context.Context, reqCtx *handlers.RequestContext, endOfStream bool) *handlers.RequestContext {

@@ -2,7 +2,9 @@ package benchsuite
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -58,7 +60,15 @@ type RealTime struct {
 	// Settle is the pause between readiness and load, for the EPP's first
 	// metrics scrapes (DefaultSettle when zero).
 	Settle time.Duration
+	// EPPCPUProfile, if set, takes a CPU profile of every EPP replica over
+	// the load (from its /debug/pprof/profile) into the run folder as
+	// EPPCPUProfileFile (epp-<k>.cpu.pprof with replicas), for
+	// `go tool pprof`.
+	EPPCPUProfile bool
 }
+
+// EPPCPUProfileFile is the name of the EPP's CPU profile in a run folder.
+const EPPCPUProfileFile = "epp.cpu.pprof"
 
 var _ Engine = (*RealTime)(nil)
 
@@ -308,9 +318,18 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 	var samples []QueueSample
 	var wg sync.WaitGroup
 	wg.Go(func() { samples = r.sample(sampleCtx, began) })
+	profiled := make(chan error, 1)
+	if r.e.EPPCPUProfile {
+		go func() { profiled <- r.profileEPPs(ctx) }()
+	} else {
+		profiled <- nil
+	}
 	lg, err := loadgen.Run(ctx, cfg)
 	stopSampling()
 	wg.Wait()
+	if perr := <-profiled; perr != nil && err == nil {
+		err = fmt.Errorf("profiling the EPP: %w", perr)
+	}
 	cpuAfter, cpuAfterErr := r.cpu()
 	if err != nil {
 		return nil, err
@@ -353,6 +372,47 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		res.Admission = admissionCounters(page)
 	}
 	return res, nil
+}
+
+// profileEPPs saves each EPP replica's CPU profile over the load's
+// duration (the scenario's, without the drain) into the run folder.
+func (r *realRun) profileEPPs(ctx context.Context) error {
+	seconds := max(1, int(r.sc.Duration.Seconds()))
+	client := &http.Client{Timeout: time.Duration(seconds)*time.Second + time.Minute}
+	defer client.CloseIdleConnections()
+	errs := make([]error, len(r.eppMetrics))
+	var wg sync.WaitGroup
+	for k, metrics := range r.eppMetrics {
+		file := EPPCPUProfileFile
+		if len(r.eppMetrics) > 1 {
+			file = fmt.Sprintf("epp-%d.cpu.pprof", k)
+		}
+		url := strings.TrimSuffix(metrics, "/metrics") + "/debug/pprof/profile?seconds=" + strconv.Itoa(seconds)
+		wg.Go(func() { errs[k] = saveURL(ctx, client, url, filepath.Join(r.dir, file)) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// saveURL writes the body of a GET of url to path.
+func saveURL(ctx context.Context, client *http.Client, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
 }
 
 // cpu reads the CPU time each process has used so far.

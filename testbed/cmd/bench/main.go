@@ -71,6 +71,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		scaleSizes  = fs.String("scale-sizes", joinInts(benchsuite.DefaultScaleSizes), "scale study: comma-separated fleet sizes (an EPP takes minutes at 1000 servers)")
 		scaleRate   = fs.Float64("scale-rate", benchsuite.DefaultScaleRatePerServer, "scale study: Poisson requests per second per server")
 		scaleDur    = fs.Duration("scale-duration", benchsuite.DefaultScaleDuration, "scale study: virtual issuing window of every run")
+		eppProfile  = fs.Bool("epp-cpu-profile", false, "real-time engine: save each EPP's CPU profile over the load into its run folder ("+benchsuite.EPPCPUProfileFile+", for go tool pprof)")
 		seedList    = fs.String("seeds", "", "seed sweep (virtual engine): also run every scenario with each of these comma-separated load seeds and report Sluice's ratios across them")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -147,7 +148,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	bar := benchsuite.NewProgressBar(stderr, isTerminal(stderr) && *engineName == engineRealTime, scenarios)
 	var engine benchsuite.Engine = &benchsuite.Virtual{}
 	if *engineName == engineRealTime {
-		engine = &benchsuite.RealTime{Bin: *bin, OutDir: *out, OnLoadStart: bar.LoadStarted, OnRecord: bar.Record}
+		engine = &benchsuite.RealTime{Bin: *bin, OutDir: *out, OnLoadStart: bar.LoadStarted, OnRecord: bar.Record, EPPCPUProfile: *eppProfile}
 	}
 
 	runs := 0

@@ -1,0 +1,97 @@
+package plugins
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+)
+
+// forwardedBodies are long bodies for the ForwardedBody cases beside requestBodies: what compaction and escaping
+// act on (whitespace between tokens, <, >, &, U+2028 and U+2029 raw and escaped, escaped quotes and backslashes next
+// to them), a long member repeated, and long members of every API.
+var forwardedBodies = []string{
+	`{ "stream" : true,"messages" : [ {"role" : "user", "content" : "` + strings.Repeat("a <b> & \u2028 \u2029 \\\" \\\\ \\u003c é ", 60) + `"} ] , "model":"m", "max_tokens" : 5 }`,
+	`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}],"messages":[{"role":"user","content":"short"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"short"}],"tools":[` + strings.Repeat(`{"type":"function","function":{"name":"f","parameters":{"a":[1, 2.50, -3e2, true, null]}}},`, 30) + `{}]}`,
+	`{"model":"m","prompt":"` + strings.Repeat("p\t<&>", 400) + `","zz":1,"AA":{"b":"c"}}`,
+	`{"model":"m","input":["` + strings.Repeat("e", 1500) + `", "` + strings.Repeat("f", 100) + `"]}`,
+}
+
+// TestForwardedBodyEncodesAsTheDirector: under WithForwardedBody, the payload map the Director encodes holds only
+// the short members, and Encode writes, byte for byte, what json.Marshal of the whole map (upstream's Director's
+// encoding) writes after the Director's model rewrite. Long members are left out from longMember bytes, and from
+// every size (threshold 0).
+func TestForwardedBodyEncodesAsTheDirector(t *testing.T) {
+	parser := newTestOpenAIParser(t)
+	for _, longFrom := range []int{longMember, 0} {
+		for _, path := range requestPaths {
+			for _, body := range append(forwardedBodies, requestBodies...) {
+				if err := sameForwardedBody(parser, path, []byte(body), longFrom); err != nil {
+					t.Errorf("long from %d bytes, path %q, body %.80q: %v", longFrom, path, body, err)
+				}
+			}
+		}
+	}
+}
+
+// sameForwardedBody parses body with and without a ForwardedBody leaving members of longFrom bytes or more out, does
+// what upstream's Director does with each payload (the model rewritten, the map encoded), and reports a difference
+// in the forwarded bytes, or a long member left in the map the Director sees.
+func sameForwardedBody(p *OpenAIParser, path string, body []byte, longFrom int) error {
+	headers := map[string]string{}
+	if path != "" {
+		headers[":path"] = path
+	}
+	want, wantErr := p.ParseRequest(context.Background(), body, headers)
+	ctx, forwarded := WithForwardedBody(context.Background())
+	forwarded.longFrom = longFrom
+	got, gotErr := p.ParseRequest(ctx, body, headers)
+	if gotErr != nil || wantErr != nil {
+		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+			return fmt.Errorf("error %v, without a ForwardedBody %v", gotErr, wantErr)
+		}
+		return nil
+	}
+	director := func(payload scheduling.RequestPayload) ([]byte, error) {
+		m := payload.(scheduling.PayloadMap)
+		if _, ok := m["model"].(string); ok {
+			m["model"] = "rewritten <&>"
+		}
+		for k, v := range m {
+			if raw, ok := v.(json.RawMessage); ok && longFrom > 0 && len(raw) >= longFrom {
+				return nil, fmt.Errorf("member %q of %d bytes left in the payload map", k, len(raw))
+			}
+		}
+		return json.Marshal(m)
+	}
+	wantBody, err := json.Marshal(func() scheduling.PayloadMap {
+		m := want.Payload.(scheduling.PayloadMap)
+		if _, ok := m["model"].(string); ok {
+			m["model"] = "rewritten <&>"
+		}
+		return m
+	}())
+	if err != nil {
+		return err
+	}
+	directorBody, err := director(got.Payload)
+	if err != nil {
+		return err
+	}
+	gotBody, ok, err := forwarded.Encode()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		gotBody = directorBody // nothing left out: the Director's encoding is the body
+	}
+	if !bytes.Equal(gotBody, wantBody) {
+		return fmt.Errorf("forwarded\n%s\nupstream's Director forwards\n%s", gotBody, wantBody)
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package plugins
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
+	sourcehttp "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/http"
+	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
+)
+
+// MetricsSourceType is Sluice's metrics data source: upstream's metrics-data-source (the same HTTP polling, the same
+// parameters and output) reading only what an extractor can use of a histogram or a summary.
+//
+// Why: the EPP scrapes every server every 50 ms, and upstream's source parses the whole page with expfmt. A vLLM page
+// is mostly histogram buckets (four latency histograms, ~95 of the simulator's ~140 lines), and no extractor reads
+// them: upstream's core-metrics-extractor takes a sample's gauge or counter value (0 for a histogram or a summary)
+// and Sluice's extractors read gauges. Parsing the page was most of the EPP's background CPU (see "The EPP's own cost
+// per request" in testbed/bench/scenarios/README.md).
+const MetricsSourceType = "sluice-metrics-data-source"
+
+// metricsSourceAPIConfig is the JSON schema of MetricsSourceType's parameters, upstream's metrics-data-source's.
+type metricsSourceAPIConfig struct {
+	Scheme             string `json:"scheme"`
+	Path               string `json:"path"`
+	InsecureSkipVerify bool   `json:"insecureSkipVerify"`
+}
+
+// MetricsSourceFactory builds a MetricsSourceType data source from its parameters; unset ones take upstream's
+// defaults (http, /metrics, certificates not verified).
+func MetricsSourceFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) (fwkplugin.Plugin, error) {
+	api := metricsSourceAPIConfig{Scheme: "http", Path: "/metrics", InsecureSkipVerify: true}
+	if err := decodeParams(raw, &api); err != nil {
+		return nil, fmt.Errorf("parsing %s parameters: %w", MetricsSourceType, err)
+	}
+	if name == "" {
+		name = MetricsSourceType
+	}
+	return sourcehttp.NewHTTPDataSource(api.Scheme, api.Path, api.InsecureSkipVerify, MetricsSourceType, name,
+		parseMetricsPage, sourcemetrics.PrometheusMetricType)
+}
+
+// parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the samples of each
+// histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
+// all an extractor reading sample values finds there. A page whose only defects are in the samples left out parses.
+// expfmt panics on some malformed pages (a line "{}" after a comment); that is an error here, not the end of the
+// process, as the page comes from a model server.
+func parseMetricsPage(r io.Reader) (families any, err error) {
+	page, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			families, err = nil, fmt.Errorf("malformed metrics page: %v", p)
+		}
+	}()
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	return parser.TextToMetricFamilies(bytes.NewReader(withoutDistributionDetail(page)))
+}
+
+// withoutDistributionDetail returns page without the sample lines of its histograms and summaries (as declared by
+// their TYPE lines) other than the _count ones: a histogram's buckets and sum, a summary's quantiles and sum. A
+// sample goes where expfmt sends it: a line is left out only when no family of its own name exists (expfmt looks that
+// up first; a summary's quantile is its own family's), else kept. Every other line is kept as it is. It works in place.
+func withoutDistributionDetail(page []byte) []byte {
+	out := page[:0]
+	var family []byte // the histogram or summary the last TYPE line declared, if any
+	var summary bool
+	named := map[string]bool{} // the names of comment lines and of the samples kept: families that may exist
+	for rest := page; len(rest) > 0; {
+		line := rest
+		next := len(rest)
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, next = rest[:i], i+1
+		}
+		keep := rest[:next]
+		rest = rest[next:]
+		text := bytes.TrimLeft(line, " \t")
+		switch {
+		case len(text) == 0:
+		case text[0] == '#':
+			f := bytes.Fields(text[1:])
+			if len(f) >= 2 && (string(f[0]) == "TYPE" || string(f[0]) == "HELP") {
+				named[string(f[1])] = true
+			}
+			if len(f) >= 3 && string(f[0]) == "TYPE" {
+				t := string(f[2])
+				family, summary = nil, t == "summary"
+				if t == "histogram" || summary {
+					family = f[1]
+				}
+			}
+		default:
+			name := sampleName(text)
+			if family != nil && isDistributionDetail(name, family, summary) && (bytes.Equal(name, family) || !named[string(name)]) {
+				continue
+			}
+			named[string(name)] = true
+		}
+		out = append(out, keep...)
+	}
+	return out
+}
+
+// sampleName is the metric name a sample line starts with.
+func sampleName(line []byte) []byte {
+	if i := bytes.IndexAny(line, "{ \t"); i >= 0 {
+		return line[:i]
+	}
+	return line
+}
+
+// isDistributionDetail reports whether a sample named name is one of family's other than its count: a histogram's
+// _bucket or _sum, a summary's quantile (the family's own name) or _sum.
+func isDistributionDetail(name, family []byte, summary bool) bool {
+	if summary && bytes.Equal(name, family) {
+		return true
+	}
+	suffix, ok := bytes.CutPrefix(name, family)
+	return ok && (string(suffix) == "_sum" || !summary && string(suffix) == "_bucket")
+}
