@@ -125,9 +125,12 @@ func slowServerFigures(recs []loadgen.Record, server string, fault time.Duration
 }
 
 // TestOutlierPaceEjectsNoHealthyServer: fleets without a fault, each under a load that stresses the pace (busy
-// batches, long and mixed prompts, two GPU classes 3x apart in step time), route every request the same with every
-// chunk reported as without: the pace detection ejected no server. Fails with slowGaps 5 or 6 (the a10g fleet's
-// bursts: steps in a row that compute long prompts).
+// batches, long and mixed prompts, two GPU classes 3x apart in step time, requests waiting for a slot at about twice the
+// slot-limited fleet's capacity), route every request the same with every chunk reported as without: the pace
+// detection ejected no server. Fails with slowGaps 5 or 6 (the a10g fleet's bursts: steps in a row that compute long
+// prompts); with stalls unexplained by the prompts sent (all but the chaos fleet), explained at 128 prompt tokens
+// per usual gap instead of 64 (the a10g loads), or without a stream's end starting the prefill of a request that
+// waited for its slot (the slot-limited fleet).
 func TestOutlierPaceEjectsNoHealthyServer(t *testing.T) {
 	mixed := `
 api: chat
@@ -149,6 +152,8 @@ classes:
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalBursty, Rate: 30, BurstOn: time.Second, BurstOff: 4 * time.Second}}},
 		{"uniform h100 fleet, busy batches", Config{Fleet: "h100:3", Mix: mustMix(t, mixed),
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 40}}},
+		{"slot-limited a10g fleet, long prompts waiting for a slot", Config{Servers: chaosFleet(t), Mix: mustMix(t, mixed),
+			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 8}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
