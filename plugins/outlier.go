@@ -162,14 +162,21 @@ func (f *OutlierFilter) Filter(ctx context.Context, _ *fwksched.CycleState, _ *f
 // PreRequest implements fwkrc.PreRequest: the request is dispatched to its endpoint with its prompt, whose prefill
 // there may stall the endpoint's streams for a while (outlier.Pace.Dispatch).
 func (f *OutlierFilter) PreRequest(_ context.Context, req *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
-	if req == nil || result == nil {
-		return
+	if target := primaryTarget(result); req != nil && target != nil {
+		f.pace.Dispatch(f.clock.Now(), req.RequestId, EndpointName(target.GetMetadata()), promptTokens(req))
+	}
+}
+
+// primaryTarget is the endpoint the request is sent to: the first of the primary profile's targets, or nil.
+func primaryTarget(result *fwksched.SchedulingResult) fwksched.Endpoint {
+	if result == nil {
+		return nil
 	}
 	primary := result.ProfileResults[result.PrimaryProfileName]
-	if primary == nil || len(primary.TargetEndpoints) == 0 || primary.TargetEndpoints[0] == nil {
-		return
+	if primary == nil || len(primary.TargetEndpoints) == 0 {
+		return nil
 	}
-	f.pace.Dispatch(f.clock.Now(), req.RequestId, EndpointName(primary.TargetEndpoints[0].GetMetadata()), promptTokens(req))
+	return primary.TargetEndpoints[0]
 }
 
 // promptTokens estimates the request's prompt tokens as upstream's token estimator does: its tokenized prompt, or
