@@ -21,7 +21,8 @@ import (
 // prompts, more load, a pause of the EPP or the proxy that carries the chunks), none of them is the outlier.
 //
 // A stall: an endpoint with streams under way that sends nothing for SlowFactor times its usual gap. On a healthy
-// server only a prefill makes a step that long, and a prefill is of a prompt the EPP sent there: Dispatch records
+// server only a prefill makes a step that long (or a pause of its process, which a stall cannot tell apart),
+// and a prefill is of a prompt the EPP sent there: Dispatch records
 // each request sent to the endpoint with its prompt's length, and the endpoint may be computing prefills until
 // prefillUntil, each prompt taking at most its tokens at prefillTokensPerStep per usual gap, one after the other
 // from its dispatch, or, for the oldest request still waiting for its first chunk, from the next end of a stream
@@ -32,9 +33,9 @@ import (
 //
 // The window of a stream's gaps judges a slowed server whose silences stay explained (long prompts keep arriving
 // there), as it did before stalls were judged. Why several gaps, and the median of a stream's recent gaps rather
-// than a run of slow ones: a step that computes another request's long prompt delays every stream of the batch once, while a
-// slowed server delays every step; and a chunk delayed on its way (a busy proxy, a busy EPP) makes one gap long and
-// the next one short, which must not reset the count.
+// than a run of slow ones: a step that computes another request's long prompt delays every stream of the batch
+// once, while a slowed server delays every step; and a chunk delayed on its way (a busy proxy, a busy EPP) makes one
+// gap long and the next one short, which must not reset the count.
 //
 // The usual gap is the mean of the endpoint's normal gaps (below SlowFactor times it, on streams with no slow gap
 // in their window) over about the last paceMemory of them, judged from paceWarmup on. Slow gaps do not move it, so a
@@ -131,9 +132,9 @@ func NewPace(d *Detector) *Pace {
 	}
 }
 
-// Dispatch records that request id, of about tokens prompt tokens, was sent to endpoint at now: until its first
-// chunk (or End) its prefill may stall the endpoint's streams, which explains their stall. An empty id or endpoint
-// is ignored.
+// Dispatch records that request id, of about tokens prompt tokens, was sent to endpoint at now: its prefill may
+// stall the endpoint's streams for as long as its tokens take at the slowest rate, from now, or, while it waits for
+// its first chunk, from the next end of a stream there (see Pace). An empty id or endpoint is ignored.
 func (p *Pace) Dispatch(now time.Time, id, endpoint string, tokens int) {
 	if p.factor == 0 || id == "" || endpoint == "" {
 		return
