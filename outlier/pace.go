@@ -2,33 +2,48 @@ package outlier
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 )
 
 // Pace finds the endpoints that became slow, from the pace of their streamed responses, and ejects them through
 // its Detector (ObserveSlow). A gap is the time between two chunks of one stream; a slow gap is at least SlowFactor
-// times the endpoint's usual gap. An endpoint is slow when SlowGaps of the last 2·SlowGaps-1 gaps of one of its
-// streams were slow (the median of its recent gaps is), while most of the other endpoints streaming are at their
-// normal pace.
+// times the endpoint's usual gap. An endpoint is slow, while most of the other endpoints streaming are at their
+// normal pace, when all of its streams stall with nothing it was sent to explain it (below), or when SlowGaps of the
+// last 2·SlowGaps-1 gaps of one of its streams were slow (the median of its recent gaps is).
 //
 // Why the gap between chunks: a model server streams a chunk per token, one per engine step, so the gap is the
 // server's step time. It does not grow with the server's queue, as the time to the first chunk does, nor with the
 // request's own prompt, computed before its first chunk. Why the endpoint's own usual gap rather than its peers':
 // a pool of mixed GPUs holds servers 3x apart in step time by design; a server several times slower than itself
-// is not normal. Why several gaps, and the median of a stream's recent gaps rather than a run of slow ones: a step
-// that computes another request's long prompt delays every stream of the batch once, while a slowed server delays
-// every step; and a chunk delayed on its way (a busy proxy, a busy EPP) makes one gap long and the next one short,
-// which must not reset the count. Why most peers at their normal pace: when the whole pool slows down together (a
-// burst of long prompts, more load), none of them is the outlier.
+// is not normal. Why most peers at their normal pace: when the whole pool slows down together (a burst of long
+// prompts, more load, a pause of the EPP or the proxy that carries the chunks), none of them is the outlier.
+//
+// A stall: an endpoint with streams under way that sends nothing for SlowFactor times its usual gap. On a healthy
+// server only a prefill makes a step that long (or a pause of its process, which a stall cannot tell apart),
+// and a prefill is of a prompt the EPP sent there: Dispatch records
+// each request sent to the endpoint with its prompt's length, and the endpoint may be computing prefills until
+// prefillUntil, each prompt taking at most its tokens at prefillTokensPerStep per usual gap, one after the other
+// from its dispatch, or, for the oldest request still waiting for its first chunk, from the next end of a stream
+// there (a slot-limited server starts a waiting request when a running one ends). A silence of SlowFactor usual
+// gaps counted from the later of the latest chunk and prefillUntil is unexplained: the endpoint is slow at once, at
+// the pick or admission snapshot that sees it (Stalled), or at the chunk that ends it, before the slowed server's
+// first slow chunk arrives.
+//
+// The window of a stream's gaps judges a slowed server whose silences stay explained (long prompts keep arriving
+// there), as it did before stalls were judged. Why several gaps, and the median of a stream's recent gaps rather
+// than a run of slow ones: a step that computes another request's long prompt delays every stream of the batch
+// once, while a slowed server delays every step; and a chunk delayed on its way (a busy proxy, a busy EPP) makes one
+// gap long and the next one short, which must not reset the count.
 //
 // The usual gap is the mean of the endpoint's normal gaps (below SlowFactor times it, on streams with no slow gap
 // in their window) over about the last paceMemory of them, judged from paceWarmup on. Slow gaps do not move it, so a
-// slow-down does not become the server's normal while it lasts. A stall counts before the chunk that ends it: at a
-// pick (Stalled), a stream one slow gap short that has sent nothing for SlowFactor times the usual gap counts the
-// gap under way as slow, so a server that slowed down is left out before its slow chunks arrive. Once reported, an
-// endpoint is on probation until a stream of it has a whole window of normal gaps: meanwhile one slow gap or stall
-// reports it again (the Detector ejects it again if its ejection is over), as one 5xx after a 5xx ejection does.
+// slow-down does not become the server's normal while it lasts. A stream one slow gap short of its window's count
+// that has sent nothing for SlowFactor times the usual gap counts the gap under way as slow at a pick (Stalled).
+// Once reported, an endpoint is on probation until a stream of it has a whole window of normal gaps: meanwhile one
+// slow gap or stall reports it again (the Detector ejects it again if its ejection is over), as one 5xx after a
+// 5xx ejection does.
 //
 // Non-streamed responses give no gaps: one chunk, at the end. A Pace is safe for concurrent use; one mutex guards
 // it, taken before the Detector's.
@@ -60,11 +75,21 @@ const (
 	// paceIdle forgets the pace of an endpoint that sent nothing for so long that it probably left the pool; if it
 	// had not, it learns its usual gap again.
 	paceIdle = 10 * time.Minute
+	// prefillTokensPerStep is the fewest prompt tokens a server computes in the time of one decode step (its usual
+	// gap), of the GPU classes known: an A10G computes about 70 (18 ms step, 4k tokens/s), an H100 about 150 (6 ms,
+	// 25k tokens/s). A prompt of T tokens delays the endpoint's streams by at most T/prefillTokensPerStep usual gaps.
+	prefillTokensPerStep = 64
+	// stallHorizon bounds how long a silence counts as a stall: a stream whose end was never reported is silent
+	// for ever, and an endpoint that slowed down sends its slow chunks well within it.
+	stallHorizon = 2 * time.Second
 )
 
 type stream struct {
 	endpoint string
-	last     time.Time // latest chunk
+	last     time.Time // latest chunk, or the dispatch while pending
+	// pending: dispatched (Dispatch) and no chunk yet, its prompt of tokens (estimated) waiting for or in prefill.
+	pending bool
+	tokens  int
 	// history holds whether each of the stream's last gaps was slow, the latest in bit 0.
 	history uint64
 	judged  int // gaps judged, up to the window's length
@@ -80,12 +105,22 @@ type endpointPace struct {
 	// slow gap (or stall) reports it again, as the first 5xx after an ejection does.
 	reported bool
 	suspects int // streams of it among the suspects
+	open     int // streams under way: a chunk seen, not ended
+	// queue holds the requests dispatched to it and not streaming yet (pending), oldest first: waiting for a slot,
+	// or in prefill.
+	queue []*stream
+	// prefillUntil is when the prefills it may be computing end, at the slowest rate (prefillTokensPerStep): its
+	// streams' silence counts from then.
+	prefillUntil time.Time
 }
 
-// EndpointEjection is an ejection of Endpoint.
+// EndpointEjection is an ejection of Endpoint by its pace, against its Usual gap: by a stall, All of its streams or
+// one of them Silent so long; or by a window of slow gaps (Silent 0).
 type EndpointEjection struct {
 	Endpoint string
 	Ejection
+	All           bool
+	Silent, Usual time.Duration
 }
 
 // NewPace returns a Pace that ejects slow endpoints through d, by d's SlowFactor and SlowGaps; with SlowFactor 0
@@ -97,31 +132,66 @@ func NewPace(d *Detector) *Pace {
 	}
 }
 
-// Chunk records a chunk of request id's streamed response, sent by endpoint, at now. When the gap since the
-// stream's previous chunk ejects the endpoint, Chunk returns the ejection; else the zero Ejection. An empty id or
-// endpoint is ignored.
-func (p *Pace) Chunk(now time.Time, id, endpoint string) Ejection {
+// Dispatch records that request id, of about tokens prompt tokens, was sent to endpoint at now: its prefill may
+// stall the endpoint's streams for as long as its tokens take at the slowest rate, from now, or, while it waits for
+// its first chunk, from the next end of a stream there (see Pace). An empty id or endpoint is ignored.
+func (p *Pace) Dispatch(now time.Time, id, endpoint string, tokens int) {
 	if p.factor == 0 || id == "" || endpoint == "" {
-		return Ejection{}
+		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pruneLocked(now)
-	e := p.endpoints[endpoint]
-	if e == nil {
-		e = &endpointPace{}
-		p.endpoints[endpoint] = e
+	if s := p.streams[id]; s != nil {
+		p.dropLocked(now, id, s)
 	}
+	e := p.endpointLocked(endpoint)
+	s := &stream{endpoint: endpoint, last: now, pending: true, tokens: tokens}
+	p.streams[id] = s
+	e.queue = append(e.queue, s)
+	e.prefill(now, tokens)
+}
+
+// Chunk records a chunk of request id's streamed response, sent by endpoint, at now. When the gap since the
+// stream's previous chunk, or the endpoint's silence before it (an unexplained stall: All), ejects the endpoint,
+// Chunk returns the ejection; else the zero EndpointEjection. An empty id or endpoint is ignored.
+func (p *Pace) Chunk(now time.Time, id, endpoint string) EndpointEjection {
+	if p.factor == 0 || id == "" || endpoint == "" {
+		return EndpointEjection{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pruneLocked(now)
+	e := p.endpointLocked(endpoint)
+	stalled, silent := p.stalledLocked(e, now), now.Sub(e.last)
+	ej := p.chunkLocked(now, id, endpoint, e, stalled)
+	if ej.Reason == NotEjected {
+		return EndpointEjection{}
+	}
+	out := EndpointEjection{Endpoint: endpoint, Ejection: ej, All: stalled, Usual: e.usual}
+	if stalled {
+		out.Silent = silent
+	}
+	return out
+}
+
+// chunkLocked records the chunk of Chunk on e, whose streams had stalled before it if stalled.
+func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, stalled bool) Ejection {
 	e.last = now
 	s := p.streams[id]
-	if s == nil || s.endpoint != endpoint {
+	if s != nil && s.endpoint != endpoint {
+		p.dropLocked(now, id, s)
+		s = nil
+	}
+	if s == nil || s.pending {
 		if s != nil {
-			p.unsuspectLocked(s)
+			e.dequeue(s)
 		}
 		s = &stream{endpoint: endpoint, last: now}
 		p.streams[id] = s
+		e.open++
 		p.suspectLocked(s)
-		return Ejection{}
+		return p.stallLocked(now, endpoint, e, stalled)
 	}
 	gap := now.Sub(s.last)
 	s.last = now
@@ -147,10 +217,58 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) Ejection {
 		return Ejection{}
 	}
 	e.slowAt = now
-	if !e.reported && bits.OnesCount64(s.history) < p.gaps {
+	if !e.reported && !stalled && bits.OnesCount64(s.history) < p.gaps {
 		return Ejection{}
 	}
 	return p.reportLocked(now, endpoint, e)
+}
+
+// stallLocked reports endpoint slow when its streams had stalled before the chunk at now.
+func (p *Pace) stallLocked(now time.Time, endpoint string, e *endpointPace, stalled bool) Ejection {
+	if !stalled {
+		return Ejection{}
+	}
+	e.slowAt = now
+	return p.reportLocked(now, endpoint, e)
+}
+
+// endpointLocked returns endpoint's pace, new if unknown.
+func (p *Pace) endpointLocked(endpoint string) *endpointPace {
+	e := p.endpoints[endpoint]
+	if e == nil {
+		e = &endpointPace{}
+		p.endpoints[endpoint] = e
+	}
+	return e
+}
+
+// prefill extends, at now, the time e may spend computing prefills by a prompt of tokens, at the slowest rate.
+func (e *endpointPace) prefill(now time.Time, tokens int) {
+	if e.prefillUntil.Before(now) {
+		e.prefillUntil = now
+	}
+	e.prefillUntil = e.prefillUntil.Add(e.usual * time.Duration(tokens) / prefillTokensPerStep)
+}
+
+// dequeue removes s from e's pending requests.
+func (e *endpointPace) dequeue(s *stream) {
+	if i := slices.Index(e.queue, s); i >= 0 {
+		e.queue = slices.Delete(e.queue, i, i+1)
+	}
+}
+
+// stalledLocked reports whether e's streams stalled, unexplained, at now: it has streams under way and has sent
+// nothing for SlowFactor times its usual gap (up to stallHorizon: a stream whose end was never reported is not a
+// stall) since its latest chunk or since the prefills it may be computing end, whichever is later.
+func (p *Pace) stalledLocked(e *endpointPace, now time.Time) bool {
+	return p.silentLocked(e, now) && p.slowLocked(e, now.Sub(e.prefillUntil))
+}
+
+// silentLocked reports whether e, with streams under way, has sent nothing for SlowFactor times its usual gap (up
+// to stallHorizon) at now.
+func (p *Pace) silentLocked(e *endpointPace, now time.Time) bool {
+	quiet := now.Sub(e.last)
+	return e.n >= paceWarmup && e.open > 0 && p.slowLocked(e, quiet) && quiet <= stallHorizon
 }
 
 // window is the mask of a stream's last 2·SlowGaps-1 gaps in its history.
@@ -217,15 +335,16 @@ func (p *Pace) normalPeersLocked(now time.Time, endpoint string) bool {
 			continue
 		}
 		active++
-		if e.suspects == 0 && !e.normalAt.IsZero() && !e.normalAt.Before(e.slowAt) {
+		if e.suspects == 0 && !e.normalAt.IsZero() && !e.normalAt.Before(e.slowAt) && !p.silentLocked(e, now) {
 			normal++
 		}
 	}
 	return normal > 0 && 2*normal > active
 }
 
-// Stalled ejects, at now, the endpoints of the streams one slow gap short of slow that have sent nothing for
-// SlowFactor times their endpoint's usual gap (see Pace), and returns the ejections it started.
+// Stalled ejects, at now, the endpoints whose streams stalled (see Pace): all of an endpoint's streams silent for
+// SlowFactor times its usual gap with no prefill to explain it, or a stream one slow gap short of slow silent as
+// long; it returns the ejections it started.
 func (p *Pace) Stalled(now time.Time) []EndpointEjection {
 	if p.factor == 0 {
 		return nil
@@ -233,28 +352,53 @@ func (p *Pace) Stalled(now time.Time) []EndpointEjection {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var started []EndpointEjection
+	report := func(name string, e *endpointPace, all bool, last time.Time) {
+		if ej := p.reportLocked(now, name, e); ej.Reason != NotEjected {
+			started = append(started, EndpointEjection{Endpoint: name, Ejection: ej, All: all, Silent: now.Sub(last), Usual: e.usual})
+		}
+	}
+	for name, e := range p.endpoints {
+		if p.stalledLocked(e, now) {
+			report(name, e, true, e.last)
+		}
+	}
 	for s := range p.suspects {
 		e := p.endpoints[s.endpoint]
 		if e == nil || e.n < paceWarmup || !p.slowLocked(e, now.Sub(s.last)) {
 			continue
 		}
-		if ej := p.reportLocked(now, s.endpoint, e); ej.Reason != NotEjected {
-			started = append(started, EndpointEjection{Endpoint: s.endpoint, Ejection: ej})
-		}
+		report(s.endpoint, e, false, s.last)
 	}
 	return started
 }
 
-// End forgets request id's stream: its response ended.
-func (p *Pace) End(id string) {
+// End forgets request id's stream at now: its response ended.
+func (p *Pace) End(now time.Time, id string) {
 	if p.factor == 0 {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if s := p.streams[id]; s != nil {
-		p.unsuspectLocked(s)
-		delete(p.streams, id)
+		p.dropLocked(now, id, s)
+	}
+}
+
+// dropLocked forgets stream s of request id at now.
+func (p *Pace) dropLocked(now time.Time, id string, s *stream) {
+	p.unsuspectLocked(s)
+	delete(p.streams, id)
+	e := p.endpoints[s.endpoint]
+	switch {
+	case e == nil:
+	case s.pending:
+		e.dequeue(s)
+	default:
+		// A slot freed: the oldest request waiting for one may start its prefill.
+		e.open--
+		if len(e.queue) > 0 {
+			e.prefill(now, e.queue[0].tokens)
+		}
 	}
 }
 
@@ -267,8 +411,7 @@ func (p *Pace) pruneLocked(now time.Time) {
 	p.lastPruned = now
 	for id, s := range p.streams {
 		if now.Sub(s.last) > streamIdle {
-			p.unsuspectLocked(s)
-			delete(p.streams, id)
+			p.dropLocked(now, id, s)
 		}
 	}
 	for name, e := range p.endpoints {

@@ -7,11 +7,13 @@ import (
 	"time"
 )
 
-// paceStep is one event at ms: a chunk of stream id from endpoint ep; the end of stream id (end); a Stalled check
-// (stall), want naming the endpoints it ejects; or a pick among a, b and c (pick), want naming those left out.
+// paceStep is one event at ms: a chunk of stream id from endpoint ep; the dispatch of request id to ep with a
+// prompt of tokens (tokens > 0); the end of stream id (end); a Stalled check (stall), want naming the endpoints it
+// ejects; or a pick among a, b and c (pick), want naming those left out.
 type paceStep struct {
 	ms     int
 	id, ep string
+	tokens int
 	end    bool
 	stall  bool
 	pick   bool
@@ -41,15 +43,25 @@ func paced(parts ...[]paceStep) []paceStep {
 	return all
 }
 
-func pick(ms int, want ...string) []paceStep  { return []paceStep{{ms: ms, pick: true, want: want}} }
+func pick(ms int, want ...string) []paceStep { return []paceStep{{ms: ms, pick: true, want: want}} }
+func end(ms int, id string) []paceStep       { return []paceStep{{ms: ms, id: id, end: true}} }
+
+// dispatch is request id sent to ep at ms with a prompt of tokens.
+func dispatch(ms int, id, ep string, tokens int) []paceStep {
+	return []paceStep{{ms: ms, id: id, ep: ep, tokens: tokens}}
+}
+
+// prefilling is a prompt sent to ep at ms so long that its prefill may last past the row's end: it explains every
+// stall of ep, so that only a stream's slow gaps judge it.
+func prefilling(ep string, ms int) []paceStep { return dispatch(ms, "long-"+ep, ep, 1<<20) }
 func stall(ms int, want ...string) []paceStep { return []paceStep{{ms: ms, stall: true, want: want}} }
 
 var paceConfig = Config{Consecutive5xx: 5, BaseEjectionTime: time.Second, MaxEjectionTime: 3 * time.Second,
 	MaxEjectionPercent: 50, SlowFactor: 4, SlowGaps: 3}
 
-// warm is a warm-up of ep's pace: a stream of paceWarmup+8 gaps of gap ms from 0.
+// warm is a warm-up of ep's pace: a stream of paceWarmup+8 gaps of gap ms from 0, ended at its last chunk.
 func warm(ep string, gap int) []paceStep {
-	return streamOf("warm-"+ep, ep, 0, repeat(paceWarmup+8, gap)...)
+	return append(streamOf("warm-"+ep, ep, 0, repeat(paceWarmup+8, gap)...), end((paceWarmup+8)*gap, "warm-"+ep)...)
 }
 
 // Warm-ups end at 40 gaps of 20 ms: 800 ms. The chaos fleet's a10g-like server steps 18-35 ms, 180-350 ms slowed 10x.
@@ -62,7 +74,7 @@ func TestPace(t *testing.T) {
 			streamOf("s", "a", 0, 10, 10, 10, 200, 200, 200, 200), warm("b", 20), pick(1000),
 		)},
 		{name: "three slow gaps eject while a peer is normal", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800, 200, 200, 200), pick(1200), pick(1400, "a"),
 			pick(2399, "a"), pick(2400),
 		)},
@@ -71,12 +83,12 @@ func TestPace(t *testing.T) {
 			streamOf("s", "a", 800, 200, 20, 20, 200, 20, 20, 200, 20, 20, 200), pick(2000),
 		)},
 		{name: "a delayed chunk does not reset the count", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800, 200, 200, 10), pick(1211), // the second slow chunk came late, the next right after
 			[]paceStep{{ms: 1409, id: "s", ep: "a"}}, pick(1409, "a"),
 		)},
 		{name: "slow gaps of different streams do not add up", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
 			streamOf("s1", "a", 800, 200, 200), streamOf("s2", "a", 810, 200, 200), streamOf("s3", "a", 820, 200, 200), pick(1300),
 		)},
 		{name: "the whole pool slowing down ejects nothing", steps: paced(
@@ -85,20 +97,20 @@ func TestPace(t *testing.T) {
 		)},
 		{name: "a slower GPU is judged by its own pace", steps: paced(
 			warm("h100", 6), warm("a10g", 20), streamOf("a10g-2", "a10g", 800, repeat(100, 20)...),
-			streamOf("h", "h100", 240, repeat(300, 6)...), pick(2100),
+			streamOf("h", "h100", 240, repeat(300, 6)...), end(2040, "h"), pick(2100),
 			streamOf("slowed", "a10g", 2100, 200, 200, 200), pick(2700, "a10g"),
 		)},
 		{name: "a stall ejects before its chunk", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800, 200, 200), stall(1279), pick(1279), stall(1280, "a"), pick(1280, "a"),
 			stall(1281), // one ejection, reported once
 		)},
 		{name: "an ended stream does not stall", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800, 200, 200), []paceStep{{ms: 1201, id: "s", end: true}}, stall(1300), pick(1300),
 		)},
 		{name: "still slow after the ejection: ejected again, for longer; a normal pace starts over", steps: paced(
-			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(480, 20)...),
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(480, 20)...),
 			streamOf("s", "a", 800, repeat(12, 200)...), // ejected at 1400, for 1 s; again at 2400 for 2 s
 			pick(2399, "a"), pick(2400, "a"), pick(4399, "a"),
 			// On probation, two normal gaps do not start over, and one slow gap ejects again (the 3rd in a row: 3 s).
@@ -106,6 +118,40 @@ func TestPace(t *testing.T) {
 			// A window of normal gaps ends the probation: slow again, it takes three slow gaps, for a first ejection.
 			streamOf("u", "a", 7640, 20, 20, 20, 20, 20, 200, 200), pick(8140),
 			[]paceStep{{ms: 8340, id: "u", ep: "a"}}, pick(8340, "a"), pick(9339, "a"), pick(9340),
+		)},
+		{name: "all of an endpoint's streams stalled with no prefill sent there: ejected at once", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 200), streamOf("t", "a", 810, 200), stall(889), pick(889), stall(890, "a"), pick(890, "a"),
+		)},
+		// Prefill at the slowest rate: 64 tokens per usual gap (20 ms), stall at 4 usual gaps (80 ms).
+		{name: "a long prompt sent there explains its stall for as long as its prefill may take", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800), dispatch(850, "p", "a", 1000), stall(999), stall(1242), stall(1243, "a"),
+		)},
+		{name: "a short prompt delays the stall by its prefill only", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800), dispatch(850, "q", "a", 64), stall(880), stall(949), stall(950, "a"),
+		)},
+		{name: "the prefills of a burst add up", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800), dispatch(850, "q1", "a", 64), dispatch(850, "q2", "a", 64),
+			dispatch(851, "q3", "a", 64), stall(989), stall(990, "a"),
+		)},
+		{name: "an end lets the oldest waiting request start its prefill", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800, 20, 20), streamOf("t", "a", 800, 20, 20), dispatch(805, "q", "a", 640),
+			end(841, "s"), stall(1284), stall(1285, "a"), // without the end: at 1085
+		)},
+		{name: "the whole pool stalling together ejects nothing", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("s", "a", 800, 200), streamOf("t", "b", 800, 200), stall(880), stall(999),
+		)},
+		{name: "a slower GPU's silence is judged by its own pace", steps: paced(
+			warm("h100", 6), warm("a10g", 20), streamOf("h", "h100", 240, repeat(200, 6)...),
+			streamOf("g", "a10g", 800, 60, 60, 60), stall(859), stall(919), stall(979),
+		)},
+		{name: "a stream whose end was lost stalls nothing past the stall horizon", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(120, 20)...),
+			streamOf("s", "a", 800), stall(2801),
 		)},
 		{name: "a server growing busier is learnt", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(300, 20)...),
@@ -159,7 +205,9 @@ func runPace(t *testing.T, d *Detector, p *Pace, steps []paceStep) {
 				t.Fatalf("step %d at %d ms: stalls ejected %v, want %v", i, s.ms, got, s.want)
 			}
 		case s.end:
-			p.End(s.id)
+			p.End(now, s.id)
+		case s.tokens > 0:
+			p.Dispatch(now, s.id, s.ep, s.tokens)
 		default:
 			p.Chunk(now, s.id, s.ep)
 		}

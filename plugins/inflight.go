@@ -104,14 +104,9 @@ func (s *InFlightScorer) Score(_ context.Context, _ *fwksched.CycleState, _ *fwk
 
 // PreRequest implements fwkrc.PreRequest: the request counts on the endpoint it was sent to.
 func (s *InFlightScorer) PreRequest(_ context.Context, req *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
-	if req == nil || result == nil {
-		return
+	if target := primaryTarget(result); req != nil && target != nil {
+		s.tracker.Start(s.clock.Now(), req.RequestId, EndpointName(target.GetMetadata()))
 	}
-	primary := result.ProfileResults[result.PrimaryProfileName]
-	if primary == nil || len(primary.TargetEndpoints) == 0 || primary.TargetEndpoints[0] == nil {
-		return
-	}
-	s.tracker.Start(s.clock.Now(), req.RequestId, EndpointName(primary.TargetEndpoints[0].GetMetadata()))
 }
 
 // ResponseBody implements fwkrc.ResponseBody: at the end of the response the request stops counting.

@@ -24,6 +24,7 @@ const OutlierFilterType = "sluice-outlier-filter"
 
 var (
 	_ fwksched.Filter      = (*OutlierFilter)(nil)
+	_ fwkrc.PreRequest     = (*OutlierFilter)(nil)
 	_ fwkrc.ResponseHeader = (*OutlierFilter)(nil)
 	_ fwkrc.ResponseBody   = (*OutlierFilter)(nil)
 )
@@ -43,7 +44,8 @@ type outlierAPIConfig struct {
 	// all). Default 50.
 	MaxEjectionPercent *int `json:"maxEjectionPercent,omitempty"`
 	// SlowFactor: a gap between two chunks of a streamed response at least this many times its server's usual gap
-	// is slow; 0 turns slow detection off. Default 4.
+	// is slow, and a server all of whose streams are silent this long, with no prompt sent there whose prefill
+	// explains it, is ejected while most other servers' pace is normal; 0 turns slow detection off. Default 4.
 	SlowFactor *float64 `json:"slowFactor,omitempty"`
 	// SlowGaps: this many of the last 2·slowGaps-1 gaps of one stream, slow, eject its server while most other
 	// servers' pace is normal (1-32). Default 7.
@@ -82,7 +84,8 @@ func (c outlierAPIConfig) config() outlier.Config {
 // It also watches the pace of every streamed response (the gaps between its chunks) and leaves out, the same way, an
 // endpoint that became several times slower than its usual pace while its peers did not (outlier.Pace): a slowed
 // server's metrics stay fresh and its queue grows slowly, so the load scorers keep sending it requests that wait
-// behind its slow steps.
+// behind its slow steps. It learns, in PreRequest, each request sent to an endpoint and its prompt's length: the
+// prefills that explain a healthy server's long steps.
 //
 // List it after filters that pick servers by what they serve (sluice-served-model-filter) and before filters that
 // narrow by load (sluice-headroom-filter): the failing server always looks idle, so a load filter run first could
@@ -156,6 +159,40 @@ func (f *OutlierFilter) Filter(ctx context.Context, _ *fwksched.CycleState, _ *f
 	return kept
 }
 
+// PreRequest implements fwkrc.PreRequest: the request is dispatched to its endpoint with its prompt, whose prefill
+// there may stall the endpoint's streams for a while (outlier.Pace.Dispatch).
+func (f *OutlierFilter) PreRequest(_ context.Context, req *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
+	if target := primaryTarget(result); req != nil && target != nil {
+		f.pace.Dispatch(f.clock.Now(), req.RequestId, EndpointName(target.GetMetadata()), promptTokens(req))
+	}
+}
+
+// primaryTarget is the endpoint the request is sent to: the first of the primary profile's targets, or nil.
+func primaryTarget(result *fwksched.SchedulingResult) fwksched.Endpoint {
+	if result == nil {
+		return nil
+	}
+	primary := result.ProfileResults[result.PrimaryProfileName]
+	if primary == nil || len(primary.TargetEndpoints) == 0 {
+		return nil
+	}
+	return primary.TargetEndpoints[0]
+}
+
+// promptTokens estimates the request's prompt tokens as upstream's token estimator does: its tokenized prompt, or
+// about 4 bytes of its body (or prompt text) per token.
+func promptTokens(req *fwksched.LLMRequest) int {
+	switch {
+	case req.TokenizedPrompt != nil:
+		return len(req.TokenizedPrompt.TokenIDs)
+	case req.RequestSizeBytes > 0:
+		return req.RequestSizeBytes / 4
+	case req.Body != nil:
+		return len(req.Body.PromptText()) / 4
+	}
+	return 0
+}
+
 // ResponseHeader implements fwkrc.ResponseHeader: the response's status counts for the endpoint that sent it. An
 // ejection is logged, once per ejection: it is the operator's sign of a failing server.
 func (f *OutlierFilter) ResponseHeader(ctx context.Context, _ *fwksched.LLMRequest, resp *fwkrc.Response, target *fwkdl.EndpointMetadata) {
@@ -184,20 +221,29 @@ func (f *OutlierFilter) ResponseBody(ctx context.Context, req *fwksched.LLMReque
 		id = req.RequestId
 	}
 	if resp.EndOfStream || target == nil {
-		f.pace.End(id)
+		f.pace.End(f.clock.Now(), id)
 		return
 	}
-	endpoint := EndpointName(target)
-	if e := f.pace.Chunk(f.clock.Now(), id, endpoint); e.Reason != outlier.NotEjected {
-		f.ejected(ctx, endpoint, e, "Endpoint ejected: its streams became slow against its usual pace")
+	if e := f.pace.Chunk(f.clock.Now(), id, EndpointName(target)); e.Reason != outlier.NotEjected {
+		f.paced(ctx, e, "Endpoint ejected: its streams became slow against its usual pace")
 	}
 }
 
 // ejectStalled ejects the endpoints whose streams stalled (outlier.Pace.Stalled) at now.
 func (f *OutlierFilter) ejectStalled(ctx context.Context, now time.Time) {
 	for _, e := range f.pace.Stalled(now) {
-		f.ejected(ctx, e.Endpoint, e.Ejection, "Endpoint ejected: a stream of it stalled against its usual pace")
+		f.paced(ctx, e, "Endpoint ejected: a stream of it stalled against its usual pace")
 	}
+}
+
+// paced counts and logs an ejection by the pace (msg, unless all the endpoint's streams stalled).
+func (f *OutlierFilter) paced(ctx context.Context, e outlier.EndpointEjection, msg string) {
+	kv := []any{"usualGap", e.Usual.String()}
+	if e.All {
+		msg = "Endpoint ejected: all its streams stalled, with no prefill sent there to explain it"
+		kv = append(kv, "silentFor", e.Silent.String())
+	}
+	f.ejected(ctx, e.Endpoint, e.Ejection, msg, kv...)
 }
 
 // ejected counts and logs an ejection, once per ejection: it is the operator's sign of a failing or slowed server.

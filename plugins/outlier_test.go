@@ -203,41 +203,48 @@ func chunk(f *OutlierFilter, ep fwksched.Endpoint, id string, end bool) {
 	f.ResponseBody(context.Background(), &fwksched.LLMRequest{RequestId: id}, &fwkrc.Response{RequestId: id, EndOfStream: end}, ep.GetMetadata())
 }
 
-// TestOutlierFilterPace: streamed responses time their endpoint's pace; a server whose stream slows down to 10x its
-// usual gap is left out after slowGaps slow gaps, or as soon as the gap under way is slow once the earlier ones were
-// (a stall); a non-streamed response (one call, at its end) times nothing.
+// TestOutlierFilterPace: streamed responses time their endpoint's pace; a server whose streams all stall, with no
+// long prompt sent to it that its prefill would explain, is left out once the silence is 4x its usual gap; a long
+// prompt dispatched to it (PreRequest) explains its silence until the prompt's first chunk; a non-streamed response
+// (one call, at its end) times nothing.
 func TestOutlierFilterPace(t *testing.T) {
 	clk := clocktesting.NewFakeClock(fcT0)
-	f, eps := newOutlierFilter(t, `{"slowGaps": 2}`, clk)
+	f, eps := newOutlierFilter(t, "", clk)
 	kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
 	// Every server streams at 20 ms a chunk; non-streamed answers come and go.
-	for range 100 {
-		clk.Step(20 * time.Millisecond)
-		for i, ep := range eps {
-			chunk(f, ep, fmt.Sprint("warm-", i), false)
-			chunk(f, ep, "whole", true)
+	step := func(n int, servers ...int) {
+		for range n {
+			clk.Step(20 * time.Millisecond)
+			for _, i := range servers {
+				chunk(f, eps[i], fmt.Sprint("warm-", i), false)
+				chunk(f, eps[i], "whole", true)
+			}
 		}
 	}
+	step(100, 0, 1, 2)
 	if n := kept(); n != 3 {
 		t.Fatalf("at a steady pace: %d kept, want 3", n)
 	}
-	// Server 0 slows down 10x: one slow gap, then a stall of the second.
-	for range 10 {
-		clk.Step(20 * time.Millisecond)
-		chunk(f, eps[1], "warm-1", false)
-		chunk(f, eps[2], "warm-2", false)
+	// A long prompt (2 KB, about 512 tokens: a prefill of up to 8 usual gaps) sent to server 0 stalls its streams
+	// for 200 ms.
+	f.PreRequest(t.Context(), &fwksched.LLMRequest{RequestId: "long", RequestSizeBytes: 2 << 10}, &fwksched.SchedulingResult{
+		PrimaryProfileName: "default", ProfileResults: map[string]*fwksched.ProfileRunResult{"default": {TargetEndpoints: eps[:1]}}})
+	step(10, 1, 2)
+	if n := kept(); n != 3 {
+		t.Fatalf("stalled by a long prompt's prefill: %d kept, want 3", n)
 	}
+	chunk(f, eps[0], "long", false)
 	chunk(f, eps[0], "warm-0", false)
+	chunk(f, eps[0], "long", true)
+	// Then server 0 slows down 10x: its stream stalls with nothing to explain it, while its peers keep their pace.
+	step(3, 1, 2)
+	clk.Step(19 * time.Millisecond)
 	if n := kept(); n != 3 {
-		t.Fatalf("after one slow gap: %d kept, want 3", n)
-	}
-	clk.Step(79 * time.Millisecond)
-	if n := kept(); n != 3 {
-		t.Fatalf("a gap under way below 4x the usual: %d kept, want 3", n)
+		t.Fatalf("a silence below 4x the usual gap: %d kept, want 3", n)
 	}
 	clk.Step(time.Millisecond)
 	if n := kept(); n != 2 {
-		t.Fatalf("a gap under way at 4x the usual after a slow one: %d kept, want 2", n)
+		t.Fatalf("a silence of 4x the usual gap with no prefill to explain it: %d kept, want 2", n)
 	}
 	// The stream ends: its server stays ejected for the base ejection time, then is picked again.
 	chunk(f, eps[0], "warm-0", true)

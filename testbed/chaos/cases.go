@@ -105,10 +105,10 @@ func Cases() []Case {
 			Name:  "server-slow-10x",
 			Fault: "server 0 serves 10x slower (every engine step); its metrics stay fresh",
 			Modes: both,
-			// The outlier filter ejects it once 7 of the last 13 gaps of a stream of it were 4x its usual gap, then lets
-			// one request through as each ejection ends (1 s, 2 s, ...), ejected again as its streams are still slow: told
-			// apart by the shortest ejection's gap, on the full timeline (the short one's 1.5 s window holds about
-			// as long as detection takes).
+			// The outlier filter ejects it once all its streams sent nothing for 4x its usual gap with no prompt sent
+			// there to explain it (or 7 of the last 13 gaps of a stream of it were 4x its usual gap), then lets one
+			// request through as each ejection ends (1 s, 2 s, ...), ejected again as its streams are still slow: told
+			// apart by the shortest ejection's gap, on the full timeline.
 			MustLeaveOnFull: true,
 			ProbeGap:        outlier.DefaultBaseEjectionTime,
 			LeaveBySend:     true,

@@ -126,8 +126,9 @@ type Leave struct {
 	// answers can know nothing before it.
 	First time.Duration
 	// Probes counts the attempts that reached the endpoint after the first
-	// gap of at least the probe gap between two of its attempts: an outlier
-	// detector letting one request through as each ejection ends.
+	// gap of at least the probe gap between two of its attempts (or the
+	// fault and its first attempt): an outlier detector letting one request
+	// through as each ejection ends.
 	Probes int
 	// Share is the fraction of the window's attempts that went there.
 	Share float64
@@ -167,16 +168,23 @@ func TrafficLeft(recs []loadgen.Record, endpoint string, from, to, probeGap time
 	last := there[len(there)-1]
 	l.Left = last < to-quiet
 	l.First = there[0] - from
+	// The fault counts as the attempt before the first: an endpoint left out before any request reached it gets
+	// only probes.
 	left := len(there)
 	if probeGap > 0 {
-		for i := 1; i < len(there); i++ {
-			if there[i]-there[i-1] >= probeGap {
+		prev := from
+		for i, at := range there {
+			if at-prev >= probeGap {
 				left = i
 				break
 			}
+			prev = at
 		}
 	}
-	l.After, l.Probes = there[left-1]-from, len(there)-left
+	if left > 0 {
+		l.After = there[left-1] - from
+	}
+	l.Probes = len(there) - left
 	return l
 }
 

@@ -53,8 +53,8 @@ func TestErrorCode(t *testing.T) {
 // TestTrafficLeft: an attempt counts for the endpoint it reached (served
 // by it, or its 502), at its first byte back; traffic has left when none
 // reached it in the window's last third (a second at most); with a probe
-// gap, attempts after the first such gap between two of its attempts are
-// probes, which After leaves out.
+// gap, attempts after the first such gap between two of its attempts (or
+// the fault and its first attempt) are probes, which After leaves out.
 func TestTrafficLeft(t *testing.T) {
 	const bad, good = "10.0.0.1:8000", "10.0.0.2:8000"
 	served := func(start, ttft time.Duration, ep string) loadgen.Record {
@@ -83,6 +83,8 @@ func TestTrafficLeft(t *testing.T) {
 		{"before the window", []loadgen.Record{served(ms(500), ms(100), bad), served(ms(1500), ms(50), good)}, 0, false, Leave{Left: true, Share: 0}},
 		{"without a probe gap a probe is traffic", probes, 0, false, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
 		{"a probe after the gap", probes, 500 * time.Millisecond, false, Leave{Left: true, After: ms(200), First: ms(100), Probes: 1, Share: 0.6}},
+		{"only probes: left out before any attempt reached it", probes[2:], 500 * time.Millisecond, false,
+			Leave{Left: true, After: 0, First: ms(1000), Probes: 1, Share: 1.0 / 3}},
 		{"gaps shorter than the probe gap", probes, time.Second, false, Leave{Left: true, After: ms(1000), First: ms(100), Share: 0.6}},
 		{"timed by sending", []loadgen.Record{served(ms(1200), ms(900), bad), served(ms(1500), ms(50), good)},
 			0, true, Leave{Left: true, After: ms(200), First: ms(200), Share: 0.5}},

@@ -261,6 +261,7 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 		end = main.Config.Duration
 	}
 	if r.faulty != "" {
+		res.FaultAt = r.leave
 		l := TrafficLeft(all, r.faulty, r.leave.Sub(r.started), end, c.ProbeGap, c.LeaveBySend)
 		res.Leave = &l
 		if (c.MustLeave || c.MustLeaveOnFull && r.Timeline == FullTimeline) && !l.Left {
@@ -312,6 +313,9 @@ type Result struct {
 	// endpoint's) and Leave how traffic left it.
 	Faulty string `json:"faulty,omitempty"`
 	Leave  *Leave `json:"leave,omitempty"`
+	// FaultAt is when the fault on Faulty began, by the wall clock: what
+	// the processes' logs (an ejection's time) are read against.
+	FaultAt time.Time `json:"fault_at,omitzero"`
 	// Critical TTFT p99 before the fault and during it (and how many
 	// Critical requests succeeded during it).
 	CriticalBefore  time.Duration `json:"critical_ttft_p99_before_ns"`

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
@@ -43,9 +44,9 @@ func chaosFleet(t *testing.T) []engine.Config {
 
 // TestOutlierPaceLeavesASlowedServer is the chaos case server-slow-10x in virtual time: server 0 of the chaos fleet
 // serves 10x slower from 10 s to the end of a 30 s load of 8 requests/s. With every chunk reported, the outlier
-// filter leaves it out once SlowGaps of a stream's last gaps were slow (then lets a probe through as each
-// ejection ends); with only the first chunk reported (no pace to judge), the load scorers keep sending it some
-// requests, which wait behind its slow steps. The figures are logged.
+// filter leaves it out once its streams stall with no prefill sent there to explain it (then lets a probe through as
+// each ejection ends), within the metrics staleness window; with only the first chunk reported (no pace to judge),
+// the load scorers keep sending it some requests, which wait behind its slow steps. The figures are logged.
 func TestOutlierPaceLeavesASlowedServer(t *testing.T) {
 	const fault = 10 * time.Second
 	cfg := Config{
@@ -74,12 +75,19 @@ func TestOutlierPaceLeavesASlowedServer(t *testing.T) {
 		t.Errorf("pace detection: %d requests to the slowed server, Critical TTFT p99 %v; without it %d, %v: want fewer and lower",
 			with.there, with.criticalP99, without.there, without.criticalP99)
 	}
+	// Issue 20's target: traffic leaves a faulty server within one metrics staleness window.
+	if with := figures[true]; with.left > flowcontrol.DefaultMetricsStalenessThreshold {
+		t.Errorf("pace detection: traffic left the slowed server %v after the fault, want within %v",
+			with.left, flowcontrol.DefaultMetricsStalenessThreshold)
+	}
 }
 
 type slowFigures struct {
 	total, there, probes int
-	left                 time.Duration // from the fault to the last request there before a 1 s gap
-	criticalP99          time.Duration
+	// left is the time from the fault to the last request there before a gap of 1 s, the base ejection time (0 when
+	// the first came 1 s after the fault or later); probes counts those after it.
+	left        time.Duration
+	criticalP99 time.Duration
 }
 
 // slowServerFigures counts the attempts sent from fault on, those routed to server, and the Critical TTFT p99.
@@ -101,12 +109,13 @@ func slowServerFigures(recs []loadgen.Record, server string, fault time.Duration
 		}
 	}
 	slices.Sort(at)
+	// The fault counts as a request there: a server left out before any request reached it gets only probes.
+	f.probes = len(at)
 	for i, t := range at {
-		if i+1 < len(at) && at[i+1]-t >= time.Second {
-			f.left, f.probes = t, len(at)-i-1
+		if t-f.left >= time.Second {
 			break
 		}
-		f.left = t
+		f.left, f.probes = t, len(at)-i-1
 	}
 	if len(critical) > 0 {
 		slices.Sort(critical)
@@ -116,9 +125,12 @@ func slowServerFigures(recs []loadgen.Record, server string, fault time.Duration
 }
 
 // TestOutlierPaceEjectsNoHealthyServer: fleets without a fault, each under a load that stresses the pace (busy
-// batches, long and mixed prompts, two GPU classes 3x apart in step time), route every request the same with every
-// chunk reported as without: the pace detection ejected no server. Fails with slowGaps 5 or 6 (the a10g fleet's
-// bursts: steps in a row that compute long prompts).
+// batches, long and mixed prompts, two GPU classes 3x apart in step time, requests waiting for a slot at about twice the
+// slot-limited fleet's capacity), route every request the same with every chunk reported as without: the pace
+// detection ejected no server. Fails with slowGaps 5 or 6 (the a10g fleet's bursts: steps in a row that compute long
+// prompts); with stalls unexplained by the prompts sent (all but the chaos fleet), explained at 128 prompt tokens
+// per usual gap instead of 64 (the a10g loads), or without a stream's end starting the prefill of a request that
+// waited for its slot (the slot-limited fleet).
 func TestOutlierPaceEjectsNoHealthyServer(t *testing.T) {
 	mixed := `
 api: chat
@@ -140,6 +152,8 @@ classes:
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalBursty, Rate: 30, BurstOn: time.Second, BurstOff: 4 * time.Second}}},
 		{"uniform h100 fleet, busy batches", Config{Fleet: "h100:3", Mix: mustMix(t, mixed),
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 40}}},
+		{"slot-limited a10g fleet, long prompts waiting for a slot", Config{Servers: chaosFleet(t), Mix: mustMix(t, mixed),
+			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 8}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
