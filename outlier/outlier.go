@@ -29,6 +29,9 @@ type Config struct {
 	// SlowGaps is how many of a stream's last 2·SlowGaps-1 gaps must be slow to eject its endpoint while a peer's
 	// pace is normal (1-32).
 	SlowGaps int
+	// EjectOnStall ejects an endpoint at once when all of its streams stall with no prefill sent there to explain it
+	// (see Pace); off, only SlowGaps slow gaps of one stream eject it. It needs SlowFactor.
+	EjectOnStall bool
 }
 
 // Defaults: Envoy's consecutive_5xx (5) and max_ejection_percent of the pool scaled for a pool of a few model
@@ -60,6 +63,7 @@ func DefaultConfig() Config {
 		MaxEjectionPercent:  DefaultMaxEjectionPercent,
 		SlowFactor:          DefaultSlowFactor,
 		SlowGaps:            DefaultSlowGaps,
+		EjectOnStall:        true,
 	}
 }
 

@@ -261,7 +261,7 @@ func (e *endpointPace) dequeue(s *stream) {
 // nothing for SlowFactor times its usual gap (up to stallHorizon: a stream whose end was never reported is not a
 // stall) since its latest chunk or since the prefills it may be computing end, whichever is later.
 func (p *Pace) stalledLocked(e *endpointPace, now time.Time) bool {
-	return p.silentLocked(e, now) && p.slowLocked(e, now.Sub(e.prefillUntil))
+	return p.d.cfg.EjectOnStall && p.silentLocked(e, now) && p.slowLocked(e, now.Sub(e.prefillUntil))
 }
 
 // silentLocked reports whether e, with streams under way, has sent nothing for SlowFactor times its usual gap (up

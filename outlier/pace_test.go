@@ -57,7 +57,7 @@ func prefilling(ep string, ms int) []paceStep { return dispatch(ms, "long-"+ep, 
 func stall(ms int, want ...string) []paceStep { return []paceStep{{ms: ms, stall: true, want: want}} }
 
 var paceConfig = Config{Consecutive5xx: 5, BaseEjectionTime: time.Second, MaxEjectionTime: 3 * time.Second,
-	MaxEjectionPercent: 50, SlowFactor: 4, SlowGaps: 3}
+	MaxEjectionPercent: 50, SlowFactor: 4, SlowGaps: 3, EjectOnStall: true}
 
 // warm is a warm-up of ep's pace: a stream of paceWarmup+8 gaps of gap ms from 0, ended at its last chunk.
 func warm(ep string, gap int) []paceStep {
@@ -167,6 +167,20 @@ func TestPace(t *testing.T) {
 			runPace(t, d, NewPace(d), tt.steps)
 		})
 	}
+}
+
+// TestPaceStallRuleOff: with EjectOnStall off, a server whose streams all stall is left to its streams' slow gaps.
+func TestPaceStallRuleOff(t *testing.T) {
+	cfg := paceConfig
+	cfg.EjectOnStall = false
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPace(t, d, NewPace(d), paced(
+		warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+		streamOf("s", "a", 800, 200), streamOf("t", "a", 810, 200), stall(890), pick(890), pick(1100),
+	))
 }
 
 // growing returns n gaps growing evenly from from to to ms.

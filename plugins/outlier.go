@@ -45,11 +45,15 @@ type outlierAPIConfig struct {
 	MaxEjectionPercent *int `json:"maxEjectionPercent,omitempty"`
 	// SlowFactor: a gap between two chunks of a streamed response at least this many times its server's usual gap
 	// is slow, and a server all of whose streams are silent this long, with no prompt sent there whose prefill
-	// explains it, is ejected while most other servers' pace is normal; 0 turns slow detection off. Default 4.
+	// explains it, is ejected while most other servers' pace is normal (see ejectOnStall); 0 turns slow detection
+	// off. Default 4.
 	SlowFactor *float64 `json:"slowFactor,omitempty"`
 	// SlowGaps: this many of the last 2·slowGaps-1 gaps of one stream, slow, eject its server while most other
 	// servers' pace is normal (1-32). Default 7.
 	SlowGaps *int `json:"slowGaps,omitempty"`
+	// EjectOnStall: a server all of whose streams are silent for slowFactor times its usual gap, with no prompt sent
+	// there whose prefill explains it, is ejected at once; false leaves slow servers to slowGaps. Default true.
+	EjectOnStall *bool `json:"ejectOnStall,omitempty"`
 }
 
 func (c outlierAPIConfig) config() outlier.Config {
@@ -74,6 +78,9 @@ func (c outlierAPIConfig) config() outlier.Config {
 	}
 	if c.SlowGaps != nil {
 		cfg.SlowGaps = *c.SlowGaps
+	}
+	if c.EjectOnStall != nil {
+		cfg.EjectOnStall = *c.EjectOnStall
 	}
 	return cfg
 }

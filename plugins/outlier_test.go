@@ -28,9 +28,10 @@ func TestOutlierFilterFactory(t *testing.T) {
 		err          string
 	}{
 		{name: "defaults", params: "", want: outlier.DefaultConfig()},
-		{name: "all set", params: `{"consecutive5xx": 3, "localConsecutive5xx": 0, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34, "slowFactor": 6.5, "slowGaps": 2}`,
+		{name: "all set", params: `{"consecutive5xx": 3, "localConsecutive5xx": 0, "baseEjectionTime": "2s", "maxEjectionTime": "1m", "maxEjectionPercent": 34, "slowFactor": 6.5, "slowGaps": 2, "ejectOnStall": false}`,
 			want: outlier.Config{Consecutive5xx: 3, BaseEjectionTime: 2 * time.Second, MaxEjectionTime: time.Minute, MaxEjectionPercent: 34, SlowFactor: 6.5, SlowGaps: 2}},
 		{name: "slow detection off", params: `{"slowFactor": 0}`, want: func() outlier.Config { c := outlier.DefaultConfig(); c.SlowFactor = 0; return c }()},
+		{name: "stall rule off", params: `{"ejectOnStall": false}`, want: func() outlier.Config { c := outlier.DefaultConfig(); c.EjectOnStall = false; return c }()},
 		{name: "slow factor below 1", params: `{"slowFactor": 0.5}`, err: "slowFactor must be 0 (off) or at least 1, got 0.5"},
 		{name: "no slow gaps", params: `{"slowGaps": 0}`, err: "slowGaps must be within 1-32, got 0"},
 		{name: "local rule above the full count", params: `{"consecutive5xx": 3, "localConsecutive5xx": 4}`, err: "localConsecutive5xx must be within 0 (off) and consecutive5xx (3), got 4"},
