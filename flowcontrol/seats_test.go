@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -502,4 +503,51 @@ func TestEjectedSeatsReserveNothing(t *testing.T) {
 		synctest.Wait()
 		waiting.wantWaiting(t) // a's freed seat is Critical's reserve; b's idle seats are not
 	})
+}
+
+// TestRankByKVRoom: under the Critical reserve a KV-bound endpoint ranks by its occupancy over the seats its KV cache
+// has room for (kvRoomFill of what fills it), not over the most it has run: a request goes where it starts at once,
+// not to a server whose cache is nearly full while another has room. An endpoint whose KV cache holds all its seats,
+// or whose KV use is unknown, ranks by its seats as before.
+func TestRankByKVRoom(t *testing.T) {
+	// Each endpoint first queues at 11 running (tentative seats: 11) with its KV use at full, then runs occupied
+	// requests with KV use kv: the running count over KV use is what fills its cache.
+	for _, tc := range []struct {
+		name     string
+		full     float64 // KV use at the scrape that showed 11 running and a queue
+		occupied int
+		kv       float64
+		want     float64 // the rank
+	}{
+		// Fills at 11 requests: room for int(0.9 * 11) = 9; 9 of them are taken.
+		{name: "kv-bound, room taken", full: 1.0, occupied: 9, kv: 0.82, want: 1},
+		{name: "kv-bound, room left", full: 1.0, occupied: 6, kv: 0.55, want: 6.0 / 9},
+		// Fills at 55 requests: its 11 seats all fit.
+		{name: "room for every seat", full: 0.2, occupied: 10, kv: 0.18, want: 10.0 / 11},
+		// Reports no KV use: only its seats say anything.
+		{name: "no KV use reported", full: 0, occupied: 9, kv: 0, want: 9.0 / 11},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				// A Critical request arrives and ends: the reserve is on, schedulers rank by seats.
+				h.scrape(ep("a", 0))
+				critical := h.admit(1, "t", 1)
+				critical.wantOutcome(t, Dispatched, ReasonNone)
+				h.c.Release(critical.req.ID)
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 11, WaitingQueue: 1, KVCacheUsage: tc.full})
+				// Two scrapes in a row show the requests of another sender: the occupancy.
+				for range 2 {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: tc.occupied, KVCacheUsage: tc.kv})
+				}
+				got := make([]float64, 1)
+				h.c.Saturations("", []string{"a"}, got)
+				if math.Abs(got[0]-tc.want) > 0.01 {
+					t.Fatalf("rank %.3f, want %.3f", got[0], tc.want)
+				}
+			})
+		})
+	}
 }
