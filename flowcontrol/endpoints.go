@@ -225,6 +225,16 @@ func (e *endpointState) roomSeats() int {
 	return min(e.seats, max(1, int(math.Min(kvRoomFill*e.learner.perKV, math.MaxInt32))))
 }
 
+// slotBound is the endpoint's learned slot limit when its KV cache has room for that many requests (roomSeats), else
+// 0: a running count that plateaus where the KV cache fills is the KV cache's limit for the current mix, not a
+// number of slots other endpoints of the pool would share.
+func (e *endpointState) slotBound() int {
+	if n := e.learner.slots; n > 0 && (e.learner.perKV <= 0 || kvRoomFill*e.learner.perKV >= float64(n)) {
+		return n
+	}
+	return 0
+}
+
 // kvRoomFill is the share of what fills an endpoint's KV cache (concurrencyLearner.perKV, the running count over KV
 // use) a request still starts in at once there: a KV-bound server holding 90% of it waits for blocks to free before
 // it admits another prompt (measured in testbed/bench/scenarios/README.md, "KV room").

@@ -551,3 +551,61 @@ func TestRankByKVRoom(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolSlotsCap: once one endpoint of the pool has shown its slot limit, under the Critical reserve a lower band
+// sends an endpoint whose own limit is unknown, and that was never seen running more, no more than that limit: the
+// request beyond it would wait inside the server and take its first free slot ahead of Critical. Critical may go
+// beyond it (and so show an endpoint that runs more); an endpoint seen running more, or the pool outside the reserve,
+// is not capped.
+func TestPoolSlotsCap(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		bRan      int  // the most endpoint b was seen running before
+		reserveOn bool // Critical traffic is active when the requests arrive
+		priority  int  // of the request that finds b at a's limit
+		wantWait  bool // it waits in the EPP; else it is dispatched to b
+	}{
+		{name: "capped at the pool's limit", reserveOn: true, priority: 0, wantWait: true},
+		{name: "Critical goes beyond it", reserveOn: true, priority: 1},
+		{name: "seen running more", bRan: 3, reserveOn: true, priority: 0},
+		{name: "no Critical traffic", priority: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0 }))
+				h.scrape(ep("a", 0), Endpoint{Name: "b", Running: tc.bRan})
+				h.step(50 * time.Millisecond)
+				h.scrape(ep("a", 0), ep("b", 0))
+				if tc.reserveOn {
+					critical := h.admit(1, "t", 1)
+					critical.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Release(critical.req.ID)
+				}
+				// Two streamed requests start on each endpoint.
+				for _, name := range []string{"a", "a", "b", "b"} {
+					h.seq++
+					cl := h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Bind(cl.req.ID, name)
+					h.c.Started(cl.req.ID)
+				}
+				// a shows a request waiting at the two it runs, twice: its slot limit is 2, the pool's.
+				for range 2 {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: 1}, Endpoint{Name: "b", Running: 2})
+				}
+				if h.c.poolSlots != 2 {
+					t.Fatalf("pool slots %d, want 2", h.c.poolSlots)
+				}
+				cl := h.admit(tc.priority, "t", 1)
+				if tc.wantWait {
+					cl.wantWaiting(t)
+					return
+				}
+				if d := cl.wantOutcome(t, Dispatched, ReasonNone); len(d.Endpoints) != 1 || d.Endpoints[0] != "b" {
+					t.Fatalf("dispatched to %v, want [b]", d.Endpoints)
+				}
+			})
+		})
+	}
+}
