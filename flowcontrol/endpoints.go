@@ -219,17 +219,23 @@ func (e *endpointState) freeSeats() int { return max(0, e.seats-e.occupancy()) }
 // keeps for them admits a new prompt only once blocks free, or preempts the newest request as decoding runs out of
 // blocks, so a request ranks such a server by its room, not its seats, and goes where it starts at once.
 func (e *endpointState) roomSeats() int {
+	return min(e.seats, max(1, int(math.Min(e.kvRoom(), math.MaxInt32))))
+}
+
+// kvRoom is how many requests of the current mix fit in kvRoomFill of the endpoint's KV cache (+Inf while its KV use
+// is unknown or it reports none).
+func (e *endpointState) kvRoom() float64 {
 	if e.learner.perKV <= 0 {
-		return e.seats
+		return math.Inf(1)
 	}
-	return min(e.seats, max(1, int(math.Min(kvRoomFill*e.learner.perKV, math.MaxInt32))))
+	return kvRoomFill * e.learner.perKV
 }
 
 // slotBound is the endpoint's learned slot limit when its KV cache has room for that many requests (roomSeats), else
 // 0: a running count that plateaus where the KV cache fills is the KV cache's limit for the current mix, not a
 // number of slots other endpoints of the pool would share.
 func (e *endpointState) slotBound() int {
-	if n := e.learner.slots; n > 0 && (e.learner.perKV <= 0 || kvRoomFill*e.learner.perKV >= float64(n)) {
+	if n := e.learner.slots; n > 0 && float64(n) <= e.kvRoom() {
 		return n
 	}
 	return 0
