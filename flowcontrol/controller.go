@@ -80,6 +80,9 @@ type Controller struct {
 	// seat-bound endpoint holds its seat there, dispatch to release: what the seat reserve is sized from (seats.go).
 	criticalArrivals rateMeter
 	holdTime         time.Duration
+	// poolSlots is the smallest slot limit learned on any endpoint at the latest scrape (0 when none): what lower
+	// bands take for the limit of an endpoint whose own is not known yet, under the Critical reserve (poolSlotsCap).
+	poolSlots int
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.
 	droppedMissing int
 	// recovery follows, per band, the overload episodes snapshots find it in (no endpoint below its ceiling, or

@@ -53,7 +53,11 @@
 // has run) until its plateau is learned, and lower bands leave idle a
 // reserve of seats on the endpoints that have been full recently, sized from the observed Critical arrival rate and
 // the rate seats free, as Kubernetes API Priority and Fairness keeps seats for a priority level (seats.go): a Critical
-// arrival finds one free rather than waiting for a running request to end. Large-batch servers, whose requests
+// arrival finds one free rather than waiting for a running request to end. No scrape shows a limit before a request
+// waits there, and that request takes the first slot to free there ahead of Critical; so under the reserve a lower
+// band sends an endpoint whose own limit is not known, and that never ran more, no more than the smallest slot limit
+// learned in the pool (Critical may go beyond it, and shows it wrong if it starts at once). Schedulers rank a KV-bound
+// endpoint by the seats its KV cache has room for, so requests go where they start at once. Large-batch servers, whose requests
 // contend in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
 // Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
 // and requests whose end was never reported stop counting after three scrapes.

@@ -71,8 +71,8 @@ type endpointState struct {
 	// time over the pending time threshold; satReserve, what the Critical reserve judges by, is sat without the KV
 	// term (seats stand for KV there) and with pending over the pending threshold; satBurst is sat with the burst
 	// tier's thresholds; satRank is Saturation without the started requests, satRankSeats the same with the
-	// occupancy over the seats in place of the KV term, which rankAt completes with the pending prompts for
-	// schedulers. Refresh them after changing any count.
+	// occupancy over the seats its KV cache has room for (roomSeats) in place of the KV term, which rankAt completes
+	// with the pending prompts for schedulers. Refresh them after changing any count.
 	sat, satReserve, satBurst, satRank, satRankSeats float64
 	scrapedNs                                        int64 // ScrapedAt in Unix nanoseconds; math.MinInt64 when unknown
 }
@@ -156,7 +156,7 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 	rank := queueSaturation(e.Endpoint, e.reserved-e.started, th)
 	e.satRank, e.satRankSeats = max(rank, kv), rank
 	if e.seats > 0 {
-		e.satRankSeats = max(rank, float64(e.occupancy())/float64(e.seats))
+		e.satRankSeats = max(rank, float64(e.occupancy())/float64(e.roomSeats()))
 	}
 	if e.pending == 0 {
 		e.pendingDoneNs = 0
@@ -212,6 +212,39 @@ func (e *endpointState) probeStarted(r reservation, now time.Time, th EndpointTh
 
 // freeSeats is how many of its seats the endpoint has free.
 func (e *endpointState) freeSeats() int { return max(0, e.seats-e.occupancy()) }
+
+// roomSeats is how many of its seats (at least 1) the endpoint's KV cache has room for: those a request starts in at
+// once and keeps its blocks in while it decodes, up to kvRoomFill of what fills its KV cache. A KV-bound server's
+// seats (the most it has run) count requests of a moment when they were short; one holding more than its KV cache
+// keeps for them admits a new prompt only once blocks free, or preempts the newest request as decoding runs out of
+// blocks, so a request ranks such a server by its room, not its seats, and goes where it starts at once.
+func (e *endpointState) roomSeats() int {
+	return min(e.seats, max(1, int(math.Min(e.kvRoom(), math.MaxInt32))))
+}
+
+// kvRoom is how many requests of the current mix fit in kvRoomFill of the endpoint's KV cache (+Inf while its KV use
+// is unknown or it reports none).
+func (e *endpointState) kvRoom() float64 {
+	if e.learner.perKV <= 0 {
+		return math.Inf(1)
+	}
+	return kvRoomFill * e.learner.perKV
+}
+
+// slotBound is the endpoint's learned slot limit when its KV cache has room for that many requests (roomSeats), else
+// 0: a running count that plateaus where the KV cache fills is the KV cache's limit for the current mix, not a
+// number of slots other endpoints of the pool would share.
+func (e *endpointState) slotBound() int {
+	if n := e.learner.slots; n > 0 && float64(n) <= e.kvRoom() {
+		return n
+	}
+	return 0
+}
+
+// kvRoomFill is the share of what fills an endpoint's KV cache (concurrencyLearner.perKV, the running count over KV
+// use) a request still starts in at once there: a KV-bound server holding 90% of it waits for blocks to free before
+// it admits another prompt (measured in testbed/bench/scenarios/README.md, "KV room").
+const kvRoomFill = 0.9
 
 // firstChunkOr is the learned first-chunk time, or fallback while nothing is learned here yet (a new endpoint, or
 // one back from a gap): a threshold then stands in for one prompt until its first chunk teaches the endpoint's time.

@@ -25,7 +25,7 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, reserve, seatsFull, now) {
+		if e.Ejected || !c.mayTakeLocked(e, band, reserve, seatsFull, now) {
 			continue
 		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -44,12 +44,26 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 // mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot), and it
 // takes a free seat of a seat-bound endpoint only if the seats are not down to their reserve (seatsFull, for bands
 // below Critical under the Critical reserve). A request beyond the seats, where the capacity allows it, takes no seat
-// Critical could have.
-func (c *Controller) mayTakeLocked(e *endpointState, reserve, seatsFull bool, now time.Time) bool {
+// Critical could have. Under the reserve a lower band also keeps to the pool's slot limit where the endpoint's own is
+// not known (poolSlotsCapLocked).
+func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, seatsFull bool, now time.Time) bool {
 	if !e.hasSlot(reserve) {
 		return false
 	}
+	if reserve && band != Critical && c.poolSlotsCapLocked(e) {
+		return false
+	}
 	return e.freeSeats() == 0 || !seatsFull || !c.seatBoundLocked(e, now)
+}
+
+// poolSlotsCapLocked reports whether e holds as many requests as the smallest slot limit learned in the pool while
+// its own limit is not known and it has never been seen running more: under the Critical reserve a lower band sends it
+// no more. No scrape shows a server's slot limit before a request waits there, and that request takes the first slot
+// to free there ahead of any Critical request; the endpoints of a pool usually run one configuration, so the limit
+// one has shown is the likeliest of the others. A Critical request may still go beyond it, and one that starts at
+// once there shows the endpoint running more (learner.maxRunning), which lifts the cap for good.
+func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
+	return c.poolSlots > 0 && e.known == 0 && e.learner.maxRunning <= c.poolSlots && e.occupancy() >= c.poolSlots
 }
 
 // seatsFullLocked reports whether the seat-bound endpoints are down to their reserve of idle seats for Critical, so
@@ -86,7 +100,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {

@@ -80,7 +80,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		states[i].tally(r, +1)
 	}
 	c.endpoints, c.endpointIndex = states, index
-	c.newestScrapeNs = math.MinInt64
+	c.newestScrapeNs, c.poolSlots = math.MinInt64, 0
 	for i := range states {
 		e := &states[i]
 		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
@@ -94,6 +94,9 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		}
 		e.refresh(c.cfg.Endpoint)
 		e.noteFull(now)
+		if n := e.slotBound(); n > 0 && (c.poolSlots == 0 || n < c.poolSlots) {
+			c.poolSlots = n
+		}
 	}
 	c.dispatchLocked(now)
 	c.trackBlockedLocked(now)

@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -502,4 +503,109 @@ func TestEjectedSeatsReserveNothing(t *testing.T) {
 		synctest.Wait()
 		waiting.wantWaiting(t) // a's freed seat is Critical's reserve; b's idle seats are not
 	})
+}
+
+// TestRankByKVRoom: under the Critical reserve a KV-bound endpoint ranks by its occupancy over the seats its KV cache
+// has room for (kvRoomFill of what fills it), not over the most it has run: a request goes where it starts at once,
+// not to a server whose cache is nearly full while another has room. An endpoint whose KV cache holds all its seats,
+// or whose KV use is unknown, ranks by its seats as before.
+func TestRankByKVRoom(t *testing.T) {
+	// Each endpoint first queues at 11 running (tentative seats: 11) with its KV use at full, then runs occupied
+	// requests with KV use kv: the running count over KV use is what fills its cache.
+	for _, tc := range []struct {
+		name     string
+		full     float64 // KV use at the scrape that showed 11 running and a queue
+		occupied int
+		kv       float64
+		want     float64 // the rank
+	}{
+		// Fills at 11 requests: room for int(0.9 * 11) = 9; 9 of them are taken.
+		{name: "kv-bound, room taken", full: 1.0, occupied: 9, kv: 0.82, want: 1},
+		{name: "kv-bound, room left", full: 1.0, occupied: 6, kv: 0.55, want: 6.0 / 9},
+		// Fills at 55 requests: its 11 seats all fit.
+		{name: "room for every seat", full: 0.2, occupied: 10, kv: 0.18, want: 10.0 / 11},
+		// Reports no KV use: only its seats say anything.
+		{name: "no KV use reported", full: 0, occupied: 9, kv: 0, want: 9.0 / 11},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				// A Critical request arrives and ends: the reserve is on, schedulers rank by seats.
+				h.scrape(ep("a", 0))
+				critical := h.admit(1, "t", 1)
+				critical.wantOutcome(t, Dispatched, ReasonNone)
+				h.c.Release(critical.req.ID)
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 11, WaitingQueue: 1, KVCacheUsage: tc.full})
+				// Two scrapes in a row show the requests of another sender: the occupancy.
+				for range 2 {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: tc.occupied, KVCacheUsage: tc.kv})
+				}
+				got := make([]float64, 1)
+				h.c.Saturations("", []string{"a"}, got)
+				if math.Abs(got[0]-tc.want) > 0.01 {
+					t.Fatalf("rank %.3f, want %.3f", got[0], tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestPoolSlotsCap: once one endpoint of the pool has shown its slot limit, under the Critical reserve a lower band
+// sends an endpoint whose own limit is unknown, and that was never seen running more, no more than that limit: the
+// request beyond it would wait inside the server and take its first free slot ahead of Critical. Critical may go
+// beyond it (and so show an endpoint that runs more); an endpoint seen running more, or the pool outside the reserve,
+// is not capped.
+func TestPoolSlotsCap(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		bRan      int  // the most endpoint b was seen running before
+		reserveOn bool // Critical traffic is active when the requests arrive
+		priority  int  // of the request that finds b at a's limit
+		wantWait  bool // it waits in the EPP; else it is dispatched to b
+	}{
+		{name: "capped at the pool's limit", reserveOn: true, priority: 0, wantWait: true},
+		{name: "Critical goes beyond it", reserveOn: true, priority: 1},
+		{name: "seen running more", bRan: 3, reserveOn: true, priority: 0},
+		{name: "no Critical traffic", priority: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0 }))
+				h.scrape(ep("a", 0), Endpoint{Name: "b", Running: tc.bRan})
+				h.step(50 * time.Millisecond)
+				h.scrape(ep("a", 0), ep("b", 0))
+				if tc.reserveOn {
+					critical := h.admit(1, "t", 1)
+					critical.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Release(critical.req.ID)
+				}
+				// Two streamed requests start on each endpoint.
+				for _, name := range []string{"a", "a", "b", "b"} {
+					h.seq++
+					cl := h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Bind(cl.req.ID, name)
+					h.c.Started(cl.req.ID)
+				}
+				// a shows a request waiting at the two it runs, twice: its slot limit is 2, the pool's.
+				for range 2 {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: 1}, Endpoint{Name: "b", Running: 2})
+				}
+				if h.c.poolSlots != 2 {
+					t.Fatalf("pool slots %d, want 2", h.c.poolSlots)
+				}
+				cl := h.admit(tc.priority, "t", 1)
+				if tc.wantWait {
+					cl.wantWaiting(t)
+					return
+				}
+				if d := cl.wantOutcome(t, Dispatched, ReasonNone); len(d.Endpoints) != 1 || d.Endpoints[0] != "b" {
+					t.Fatalf("dispatched to %v, want [b]", d.Endpoints)
+				}
+			})
+		})
+	}
 }
