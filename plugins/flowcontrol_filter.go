@@ -160,7 +160,7 @@ func (h *HeadroomFilter) keepAffine(ctx context.Context, fc *FlowControl, band f
 		if keep[i] || scores[i] < best+affinityMargin || ep.GetMetadata() == nil {
 			continue
 		}
-		if fc.ctrl.MayExceedHeadroom(band, EndpointName(ep.GetMetadata())) {
+		if name := EndpointName(ep.GetMetadata()); fc.ctrl.MayExceedHeadroom(band, name) || fc.mayUsePeerEndpoint(band, name) {
 			keep[i] = true
 			added++
 		}
