@@ -225,6 +225,7 @@ type FlowControl struct {
 	// sharedPrefix is the attached PrefixCache whose inserts the peer exchange carries (flowcontrol_peers.go); nil
 	// without peers or without exactly one.
 	sharedPrefix atomic.Pointer[PrefixCache]
+	prefixBlocks sharedBlocks
 
 	// warm is closed once a snapshot holds an endpoint that has been scraped, or Run stops; until then, and at most
 	// until warmUntil, Admit holds arrivals (FlowControlOptions.WarmUp).

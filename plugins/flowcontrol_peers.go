@@ -2,6 +2,9 @@ package plugins
 
 import (
 	"strings"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/flowcontrol/replication"
@@ -34,10 +37,14 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
 	}
 	if pc := f.sharedPrefix.Load(); pc != nil {
-		inserts, _ := pc.index.TakeInserts()
+		inserts, dropped := pc.index.TakeInserts()
+		sent := 0
 		for _, in := range inserts {
 			own.Prefix = append(own.Prefix, replication.BlockInserts{Pod: in.Pod.String(), Hashes: in.Hashes})
+			sent += len(in.Hashes)
 		}
+		f.prefixBlocks.sent.Add(uint64(sent))
+		f.prefixBlocks.dropped.Add(uint64(dropped))
 	}
 	return f.peers.Next(own, now)
 }
@@ -132,4 +139,37 @@ func (f *FlowControl) routedToPeer(id, endpoint string) {
 	if f.peers != nil && endpoint != "" && !f.ctrl.HasEndpoint(endpoint) {
 		f.peers.SentTo(id, endpoint, f.clock.Now())
 	}
+}
+
+// sharedBlocks counts the prefix blocks this replica's summaries carried, and those its bound dropped.
+type sharedBlocks struct{ sent, dropped atomic.Uint64 }
+
+// The peer exchange's admission metrics, read at scrape time from the exchange and the adapter's counters.
+var (
+	peerRequestsDesc = prometheus.NewDesc("sluice_peer_requests_sent_total",
+		"Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would "+
+			"have waited here took an idle seat a peer offered) or prefix_affinity (the peer's endpoint held much more "+
+			"of the prompt).", []string{"reason"}, nil)
+	peerPrefixBlocksDesc = prometheus.NewDesc("sluice_peer_prefix_blocks_total",
+		"Prompt blocks this replica's prefix index inserted, by outcome: sent to the peers in a summary, or dropped "+
+			"because a summary carries at most DefaultSharedPrefixBlocks.", []string{"outcome"}, nil)
+)
+
+// peerCollector exports the peer exchange's admission metrics of fc (registered only when fc has peers).
+type peerCollector struct{ fc *FlowControl }
+
+var _ prometheus.Collector = peerCollector{}
+
+func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- peerRequestsDesc
+	ch <- peerPrefixBlocksDesc
+}
+
+func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.fc.peers.Counts()
+	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.IdleSeat), "idle_seat")
+	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.PrefixAffinity), "prefix_affinity")
+	b := &c.fc.prefixBlocks
+	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.sent.Load()), "sent")
+	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.dropped.Load()), "dropped")
 }

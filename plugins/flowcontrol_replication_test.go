@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -360,5 +361,23 @@ func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
 	a.fc.ResponseBody(context.Background(), request("a3"), &fwkrc.Response{EndOfStream: true}, nil)
 	if s := a.fc.PeerSummary(); len(s.Sent) != 0 {
 		t.Fatalf("a3 ended, a's summary still tells of %v", s.Sent)
+	}
+
+	// a sent one request to b's endpoint, for prefix affinity, and no prefix block (its scheduler routed nothing
+	// through a's prefix index here); b's summaries carried the blocks of the prompt it routed, and dropped none.
+	want := `
+# HELP sluice_peer_requests_sent_total Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would have waited here took an idle seat a peer offered) or prefix_affinity (the peer's endpoint held much more of the prompt).
+# TYPE sluice_peer_requests_sent_total counter
+sluice_peer_requests_sent_total{reason="idle_seat"} 0
+sluice_peer_requests_sent_total{reason="prefix_affinity"} 1
+`
+	if err := testutil.CollectAndCompare(peerCollector{a.fc}, strings.NewReader(want), "sluice_peer_requests_sent_total"); err != nil {
+		t.Fatal(err)
+	}
+	if sent, dropped := b.fc.prefixBlocks.sent.Load(), b.fc.prefixBlocks.dropped.Load(); sent == 0 || dropped != 0 {
+		t.Fatalf("b's summaries carried %d prefix blocks and dropped %d, want some and none", sent, dropped)
+	}
+	if n := testutil.CollectAndCount(peerCollector{b.fc}, "sluice_peer_prefix_blocks_total"); n != 2 {
+		t.Fatalf("%d series of prefix blocks, want sent and dropped", n)
 	}
 }

@@ -66,6 +66,21 @@ type Exchange struct {
 	seq   uint64
 	peers map[string]heardSummary
 	sent  map[string]sentRequest // this replica's requests on peers' endpoints, by request ID
+	// taken and routed count the requests this replica sent to peers' endpoints, by Take and by SentTo (Counts).
+	taken, routed uint64
+}
+
+// Counts are how many requests a replica sent to peers' endpoints since it started: to idle seats its peers offered
+// (Take), and where prefix affinity placed them (SentTo).
+type Counts struct {
+	IdleSeat, PrefixAffinity uint64
+}
+
+// Counts returns the requests this replica sent to peers' endpoints so far.
+func (x *Exchange) Counts() Counts {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return Counts{IdleSeat: x.taken, PrefixAffinity: x.routed}
 }
 
 type heardSummary struct {
@@ -249,6 +264,7 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 		return "", false
 	}
 	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now}
+	x.taken++
 	return best, true
 }
 
@@ -261,6 +277,7 @@ func (x *Exchange) SentTo(id, endpoint string, now time.Time) {
 	defer x.mu.Unlock()
 	if _, ok := x.sent[id]; !ok {
 		x.sent[id] = sentRequest{endpoint: endpoint, seq: x.seq + 1, at: now}
+		x.routed++
 	}
 }
 

@@ -194,3 +194,22 @@ func FuzzParseSummary(f *testing.F) {
 		}
 	})
 }
+
+// TestExchangeCounts: requests sent to peers' endpoints count by how they went there, each once.
+func TestExchangeCounts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := NewExchange("a", time.Hour)
+	a.Heard(Summary{From: "b", Seq: 1, Idle: []EndpointCount{{"b-ep", 1}}, Acks: []Ack{{"a", 0}}}, t0)
+	if _, ok := a.Take("c1", t0); !ok {
+		t.Fatal("took no seat")
+	}
+	a.SentTo("c1", "b-ep", t0) // already recorded by Take: neither re-recorded nor counted again
+	a.SentTo("p1", "b-ep", t0)
+	a.SentTo("p1", "b-ep", t0)
+	if got := a.Counts(); got != (Counts{IdleSeat: 1, PrefixAffinity: 1}) {
+		t.Fatalf("counts %+v, want one of each", got)
+	}
+	if own := a.Next(Summary{}, t0); len(own.Sent) != 1 || own.Sent[0].N != 2 {
+		t.Fatalf("summary tells of %v, want 2 requests on b-ep", own.Sent)
+	}
+}
