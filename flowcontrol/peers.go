@@ -204,10 +204,12 @@ func (c *Controller) MayUsePeerEndpoint(band Band, name string) bool {
 	return band == Critical || !c.criticalReserveLocked(c.clock.Now())
 }
 
-// HasEndpoint reports whether endpoint name is one of this controller's (in its latest snapshot).
-func (c *Controller) HasEndpoint(name string) bool {
+// IsPeerEndpoint reports whether endpoint name is not one of this controller's (in its latest snapshot) while some peer
+// is live: a request sent there runs on a peer's endpoint. Without a live peer every endpoint is this replica's to
+// decide on, and none is a peer's.
+func (c *Controller) IsPeerEndpoint(name string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.endpointIndex[name]
-	return ok
+	_, own := c.endpointIndex[name]
+	return !own && c.peers.ReserveShare != nil
 }

@@ -191,3 +191,19 @@ func TestMayUsePeerEndpoint(t *testing.T) {
 		}
 	})
 }
+
+// TestIsPeerEndpoint: an endpoint not in this controller's snapshot is a peer's only while a peer is live.
+func TestIsPeerEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 0))
+		if h.c.IsPeerEndpoint("peer-ep") {
+			t.Fatal("with no live peer, peer-ep is a peer's")
+		}
+		h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool / 2 }})
+		if !h.c.IsPeerEndpoint("peer-ep") || h.c.IsPeerEndpoint("a") {
+			t.Fatalf("with a live peer: peer-ep a peer's %v, a a peer's %v; want true, false",
+				h.c.IsPeerEndpoint("peer-ep"), h.c.IsPeerEndpoint("a"))
+		}
+	})
+}

@@ -133,10 +133,10 @@ func (f *FlowControl) mayUsePeerEndpoint(band flowcontrol.Band, name string) boo
 	return f.peers != nil && f.steersElsewhere() && f.ctrl.MayUsePeerEndpoint(band, name)
 }
 
-// routedToPeer records request id, which the scheduler placed on endpoint, as sent to a peer's endpoint when endpoint
-// is not this replica's, so that the owner counts it.
+// routedToPeer records request id, which the scheduler placed on endpoint, as sent to a peer's endpoint when a peer
+// owns it, so that the owner counts it.
 func (f *FlowControl) routedToPeer(id, endpoint string) {
-	if f.peers != nil && endpoint != "" && !f.ctrl.HasEndpoint(endpoint) {
+	if f.peers != nil && endpoint != "" && f.ctrl.IsPeerEndpoint(endpoint) {
 		f.peers.SentTo(id, endpoint, f.clock.Now())
 	}
 }
