@@ -195,18 +195,7 @@ func TestFlowControlPeerExchange(t *testing.T) {
 				return fc
 			}
 			a, b := replica("epp-a:9003"), replica("epp-b:9003")
-			send := func(from, to *FlowControl) {
-				t.Helper()
-				wire, err := from.PeerSummary().AppendBinary(nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				s, err := replication.ParseSummary(wire)
-				if err != nil {
-					t.Fatal(err)
-				}
-				to.HearPeer(s)
-			}
+			send := func(from, to *FlowControl) { sendSummary(t, from, to) }
 			type outcome struct {
 				done      bool
 				err       error
@@ -305,20 +294,8 @@ func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
 		return r
 	}
 	a, b := newReplica("epp-a:9003"), newReplica("epp-b:9003")
-	send := func(from, to *FlowControl) {
-		t.Helper()
-		wire, err := from.PeerSummary().AppendBinary(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := replication.ParseSummary(wire)
-		if err != nil {
-			t.Fatal(err)
-		}
-		to.HearPeer(s)
-	}
-	send(a.fc, b.fc)
-	send(b.fc, a.fc)
+	sendSummary(t, a.fc, b.fc)
+	sendSummary(t, b.fc, a.fc)
 	all := []fwksched.Endpoint{sched["10.0.0.1:8000"], sched["10.0.0.2:8000"]}
 	system := chatMsg("system", strings.Repeat("You are a careful assistant. ", 40))
 	request := func(id string) *fwksched.LLMRequest { return chatRequest(id, system, chatMsg("user", "Summarise.")) }
@@ -343,7 +320,7 @@ func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
 	if got := candidates("a2"); !slices.Equal(got, own) {
 		t.Fatalf("before b's summary a keeps %v, want %v", got, own)
 	}
-	send(b.fc, a.fc)
+	sendSummary(t, b.fc, a.fc)
 	if got := candidates("a3"); len(got) != 2 {
 		t.Fatalf("after b's summary a keeps %v, want its own endpoint and %s, which holds the prompt", got, peer)
 	}
@@ -380,4 +357,18 @@ sluice_peer_requests_sent_total{reason="prefix_affinity"} 1
 	if n := testutil.CollectAndCount(peerCollector{b.fc}, "sluice_peer_prefix_blocks_total"); n != 2 {
 		t.Fatalf("%d series of prefix blocks, want sent and dropped", n)
 	}
+}
+
+// sendSummary hands from's next peer summary, through its wire form, to to.
+func sendSummary(t *testing.T, from, to *FlowControl) {
+	t.Helper()
+	wire, err := from.PeerSummary().AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := replication.ParseSummary(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to.HearPeer(s)
 }
