@@ -121,12 +121,12 @@ func (p *peerSender) Start(ctx context.Context) error {
 		}
 		peers := p.view.Peers()
 		for peer, s := range outs {
-			if !slices.Contains(peers, peer) { // gone (a rollout replaced it): its sender, connection and series end
+			if !slices.Contains(peers, peer) { // gone (a rollout replaced it): its sender and connection end
 				s.cancel()
 				delete(outs, peer)
-				p.traffic.forget(peer)
 			}
 		}
+		p.traffic.keep(peers)
 		for _, peer := range peers {
 			s, ok := outs[peer]
 			if !ok {

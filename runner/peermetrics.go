@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,13 +41,25 @@ var exchangeTraffic = sync.OnceValues(func() (*peerTraffic, error) {
 	return t, crmetrics.Registry.Register(t)
 })
 
-func (t *peerTraffic) countsLocked(peer string) *peerCounts {
-	c := t.peers[peer]
-	if c == nil {
-		c = &peerCounts{}
-		t.peers[peer] = c
+// keep makes peers the peers counted: each gets its series, and any other loses its own (it left the list). The
+// sender calls it every interval with the peer list; a summary counted for a peer not in it is not counted, so a
+// summary received while its sender leaves the list cannot bring back a series.
+func (t *peerTraffic) keep(peers []string) {
+	if t == nil {
+		return
 	}
-	return c
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for p := range t.peers {
+		if !slices.Contains(peers, p) {
+			delete(t.peers, p)
+		}
+	}
+	for _, p := range peers {
+		if t.peers[p] == nil {
+			t.peers[p] = &peerCounts{}
+		}
+	}
 }
 
 // sent counts a summary of n bytes sent to peer.
@@ -56,9 +69,10 @@ func (t *peerTraffic) sent(peer string, n int) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c := t.countsLocked(peer)
-	c.sent++
-	c.bytes += uint64(n)
+	if c := t.peers[peer]; c != nil {
+		c.sent++
+		c.bytes += uint64(n)
+	}
 }
 
 // received counts a summary taken in from peer.
@@ -68,7 +82,9 @@ func (t *peerTraffic) received(peer string) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.countsLocked(peer).received++
+	if c := t.peers[peer]; c != nil {
+		c.received++
+	}
 }
 
 // refusedOne counts a summary that did not parse.
@@ -79,16 +95,6 @@ func (t *peerTraffic) refusedOne() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.refused++
-}
-
-// forget drops peer's series: it left the peer list.
-func (t *peerTraffic) forget(peer string) {
-	if t == nil {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.peers, peer)
 }
 
 func (t *peerTraffic) Describe(ch chan<- *prometheus.Desc) {

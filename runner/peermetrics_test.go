@@ -7,10 +7,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// TestPeerTrafficMetrics: each peer has its own series of summaries and bytes sent and summaries received until it
-// leaves the peer list; summaries that did not parse are counted without a peer.
+// TestPeerTrafficMetrics: each peer of the list has its own series of summaries and bytes sent and summaries received
+// until it leaves the list, and nothing counted for another brings one back; summaries that did not parse are counted
+// without a peer.
 func TestPeerTrafficMetrics(t *testing.T) {
 	tr := newPeerTraffic()
+	tr.received("epp-b:9003") // before the sender's first interval: not a peer yet, not counted
+	tr.keep([]string{"epp-b:9003", "epp-c:9003"})
 	tr.sent("epp-b:9003", 60)
 	tr.sent("epp-b:9003", 75)
 	tr.sent("epp-c:9003", 60)
@@ -36,9 +39,10 @@ sluice_peer_summaries_refused_total 1
 	if err := testutil.CollectAndCompare(tr, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
 	}
-	tr.forget("epp-c:9003")
-	if n := testutil.CollectAndCount(tr, "sluice_peer_summaries_sent_total"); n != 1 {
-		t.Fatalf("%d series of summaries sent after epp-c left, want 1", n)
+	tr.keep([]string{"epp-b:9003"})
+	tr.received("epp-c:9003") // received while epp-c left the list: it does not bring its series back
+	if n := testutil.CollectAndCount(tr, "sluice_peer_summaries_received_total"); n != 1 {
+		t.Fatalf("%d series of summaries received after epp-c left, want 1", n)
 	}
 	var none *peerTraffic
 	none.sent("x", 1) // a nil peerTraffic counts nothing and does not panic
