@@ -182,3 +182,34 @@ func (c *Controller) pooledReserveLocked(arrivals, frees float64, seats int) int
 	pool := reserveSeats(arrivals+p.CriticalRate, frees+p.SeatFrees, (seats+p.Seats)/2) + p.CriticalWaiting
 	return min(p.ReserveShare(pool, seats), seats/2)
 }
+
+// MayUsePeerEndpoint reports whether a request of band may go to endpoint name when it is not one of this controller's
+// (a peer owns it) and some peer is live: for prefix affinity, a prompt a peer's endpoint holds much more of than any
+// of this replica's. The band rules are MayExceedHeadroom's: never a band shed when saturated (a holdback band such
+// as Sheddable), and only Critical while the Critical reserve is active. Whether the endpoint can take it is the
+// scheduler's to weigh (its load is scraped by every replica, and the prefix guard cuts an overloaded endpoint's
+// match); the owner counts the request on its seats once a summary tells of it (Peers.Load).
+func (c *Controller) MayUsePeerEndpoint(band Band, name string) bool {
+	if band >= NumBands {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, own := c.endpointIndex[name]; own || c.peers.ReserveShare == nil || c.shuttingDown {
+		return false
+	}
+	if c.cfg.Bands[band].RejectWhenSaturated {
+		return false
+	}
+	return band == Critical || !c.criticalReserveLocked(c.clock.Now())
+}
+
+// IsPeerEndpoint reports whether endpoint name is not one of this controller's (in its latest snapshot) while some peer
+// is live: a request sent there runs on a peer's endpoint. Without a live peer every endpoint is this replica's to
+// decide on, and none is a peer's.
+func (c *Controller) IsPeerEndpoint(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, own := c.endpointIndex[name]
+	return !own && c.peers.ReserveShare != nil
+}

@@ -156,3 +156,54 @@ func TestSeatSummaryListsIdleSeats(t *testing.T) {
 		}
 	})
 }
+
+// TestMayUsePeerEndpoint: a peer's endpoint may take a request for prefix affinity only while a peer is live, never
+// for a band shed when saturated, and below Critical only while the Critical reserve is off; this controller's own
+// endpoints are MayExceedHeadroom's to judge, not this.
+func TestMayUsePeerEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 0))
+		live := Peers{ReserveShare: func(pool, _ int) int { return pool / 2 }}
+		for _, tc := range []struct {
+			name     string
+			peers    Peers
+			critical bool // a Critical request arrived: the reserve is on
+			band     Band
+			endpoint string
+			want     bool
+		}{
+			{"Standard to a peer's endpoint", live, false, Standard, "peer-ep", true},
+			{"no live peer", Peers{}, false, Standard, "peer-ep", false},
+			{"own endpoint", live, false, Standard, "a", false},
+			{"holdback band", live, false, Sheddable, "peer-ep", false},
+			{"Standard under the Critical reserve", live, true, Standard, "peer-ep", false},
+			{"Critical under the Critical reserve", live, true, Critical, "peer-ep", true},
+			{"unknown band", live, false, NumBands, "peer-ep", false},
+		} {
+			h.c.SetPeers(tc.peers)
+			if tc.critical {
+				h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+			}
+			if got := h.c.MayUsePeerEndpoint(tc.band, tc.endpoint); got != tc.want {
+				t.Errorf("%s: MayUsePeerEndpoint = %v, want %v", tc.name, got, tc.want)
+			}
+		}
+	})
+}
+
+// TestIsPeerEndpoint: an endpoint not in this controller's snapshot is a peer's only while a peer is live.
+func TestIsPeerEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 0))
+		if h.c.IsPeerEndpoint("peer-ep") {
+			t.Fatal("with no live peer, peer-ep is a peer's")
+		}
+		h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool / 2 }})
+		if !h.c.IsPeerEndpoint("peer-ep") || h.c.IsPeerEndpoint("a") {
+			t.Fatalf("with a live peer: peer-ep a peer's %v, a a peer's %v; want true, false",
+				h.c.IsPeerEndpoint("peer-ep"), h.c.IsPeerEndpoint("a"))
+		}
+	})
+}

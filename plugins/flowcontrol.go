@@ -222,6 +222,10 @@ type FlowControl struct {
 	tenantHeader atomic.Pointer[string]
 	// outliers are the attached OutlierFilters, whose ejections each snapshot carries (flowcontrol.Endpoint.Ejected).
 	outliers atomic.Pointer[[]*OutlierFilter]
+	// sharedPrefix is the attached PrefixCache whose inserts the peer exchange carries (flowcontrol_peers.go); nil
+	// without peers or without exactly one.
+	sharedPrefix atomic.Pointer[PrefixCache]
+	prefixBlocks sharedBlocks
 
 	// warm is closed once a snapshot holds an endpoint that has been scraped, or Run stops; until then, and at most
 	// until warmUntil, Admit holds arrivals (FlowControlOptions.WarmUp).
@@ -324,6 +328,7 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 		f.filtering.Store(true)
 	}
 	f.outliers.Store(&outliers)
+	f.sharePrefix(prefix)
 	return len(filters)
 }
 
@@ -486,7 +491,9 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 	if primary == nil || len(primary.TargetEndpoints) == 0 {
 		return
 	}
-	f.ctrl.Bind(request.RequestId, EndpointName(primary.TargetEndpoints[0].GetMetadata()))
+	endpoint := EndpointName(primary.TargetEndpoints[0].GetMetadata())
+	f.ctrl.Bind(request.RequestId, endpoint)
+	f.routedToPeer(request.RequestId, endpoint)
 }
 
 // ResponseBody implements fwkrc.ResponseBody: a streamed response's first chunk ends the request's pending count on
@@ -512,7 +519,8 @@ func (f *FlowControl) ResponseBody(_ context.Context, request *fwksched.LLMReque
 
 // release ends a dispatched request's reservation, or its record as sent to a peer's endpoint.
 func (f *FlowControl) release(id string) {
-	if !f.ctrl.Release(id) && f.peers != nil {
+	f.ctrl.Release(id)
+	if f.peers != nil {
 		f.peers.Done(id)
 	}
 }

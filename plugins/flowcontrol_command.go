@@ -278,6 +278,11 @@ func (c *FlowControlCommand) Start(_ context.Context, env FlowControlEnv) (*Flow
 		if err := env.Registerer.Register(endpointCollector{fc}); err != nil {
 			return nil, fmt.Errorf("registering flow control endpoint metrics: %w", err)
 		}
+		if fc.peers != nil {
+			if err := env.Registerer.Register(peerCollector{fc}); err != nil {
+				return nil, fmt.Errorf("registering peer exchange metrics: %w", err)
+			}
+		}
 	}
 	if fc.Attach(env.Plugins) == 0 {
 		fc.logger.Info("No " + HeadroomFilterType + " plugin is configured: the scheduler may place admitted requests " +

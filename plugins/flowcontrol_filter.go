@@ -34,6 +34,7 @@ const headroomScanMax = 16
 // there, which costs more than the short queue the headroom threshold allows; under skewed prefix groups,
 // restricting it drove every hot group's requests onto whichever endpoint had a free place, cold, until the whole
 // pool was recomputing prompts. The scorers then weigh the match against the endpoint's load as for any candidate.
+// With the peer exchange, an endpoint a peer owns may stay a candidate by the same rule (flowcontrol_peers.go).
 // Looking costs one more rendering and hashing of the prompt, only when some candidate lacks headroom.
 //
 // It must be listed in every scheduling profile that should honour flow control (the default EndpointPickerConfig
@@ -140,7 +141,8 @@ func markHeadroom(names []string, endpoints []fwksched.Endpoint, keep []bool) {
 
 // keepAffine marks in keep (the candidates with headroom) the candidates without headroom that hold at least
 // affinityMargin more of the request's prompt than every candidate with headroom and that flow control lets a request
-// of band use beyond its headroom (flowcontrol.Controller.MayExceedHeadroom). It returns how many it marked.
+// of band use beyond its headroom (flowcontrol.Controller.MayExceedHeadroom), or, when a peer owns it, lets it go to a
+// peer (mayUsePeerEndpoint). It returns how many it marked.
 func (h *HeadroomFilter) keepAffine(ctx context.Context, fc *FlowControl, band flowcontrol.Band, request *fwksched.LLMRequest,
 	endpoints []fwksched.Endpoint, keep []bool) int {
 	src := h.affinity.Load()
@@ -160,7 +162,7 @@ func (h *HeadroomFilter) keepAffine(ctx context.Context, fc *FlowControl, band f
 		if keep[i] || scores[i] < best+affinityMargin || ep.GetMetadata() == nil {
 			continue
 		}
-		if fc.ctrl.MayExceedHeadroom(band, EndpointName(ep.GetMetadata())) {
+		if name := EndpointName(ep.GetMetadata()); fc.ctrl.MayExceedHeadroom(band, name) || fc.mayUsePeerEndpoint(band, name) {
 			keep[i] = true
 			added++
 		}

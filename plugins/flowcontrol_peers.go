@@ -1,8 +1,14 @@
 package plugins
 
 import (
+	"strings"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/flowcontrol/replication"
+	"github.com/sluice-gw/sluice/prefixcache"
 )
 
 // The peer exchange, when this EPP is one of several replicas owning shares of the pool (FlowControlDeps.Peers):
@@ -11,6 +17,13 @@ import (
 // pool and keeps its part of it, and a Critical request that would wait on this replica's endpoints goes at once to a
 // peer's endpoint with an idle seat (flowcontrol/peers.go). Nothing on the request path waits for a peer: it reads the
 // latest summaries held.
+//
+// With a prefix-cache scorer (exactly one in the configuration), the summary also carries the prompt blocks its index
+// inserted since the last one (prefixcache.Index.ShareInserts), at most DefaultSharedPrefixBlocks, and a replica takes
+// its peers' into its own index: each replica's index then holds what any replica routed, not only its own share. So
+// that a prompt a peer's endpoint holds can be sent there, the headroom filter keeps such an endpoint as a candidate
+// when it holds much more of the prompt than this replica's own (mayUsePeerEndpoint); a request the scheduler then
+// places there is recorded as sent to the peer's endpoint (routedToPeer), which its owner counts on its seats.
 
 // PeerSummary returns this replica's next summary for its peers, after putting in force what the live peers last
 // reported (so a peer that fell silent stops counting, and the summary acknowledges what was taken in).
@@ -23,13 +36,53 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	for _, e := range s.Idle {
 		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
 	}
+	if pc := f.sharedPrefix.Load(); pc != nil {
+		inserts, dropped := pc.index.TakeInserts()
+		sent := 0
+		for _, in := range inserts {
+			own.Prefix = append(own.Prefix, replication.BlockInserts{Pod: in.Pod.String(), Hashes: in.Hashes})
+			sent += len(in.Hashes)
+		}
+		f.prefixBlocks.sent.Add(uint64(sent))
+		f.prefixBlocks.dropped.Add(uint64(dropped))
+	}
 	return f.peers.Next(own, now)
 }
 
-// HearPeer takes in a peer's summary and puts it in force at once: Critical requests waiting here go to the idle
-// seats it reports.
+// DefaultSharedPrefixBlocks bounds the prompt blocks a summary carries: 8 bytes each, so at most 4 KiB (plus the
+// pods' names) per summary and peer, 800 KB/s per peer at the default 5 ms interval. Blocks routed beyond it in one
+// interval are not shared (a chain keeps its first blocks, which a match needs).
+const DefaultSharedPrefixBlocks = 512
+
+// sharePrefix makes the one PrefixCache among prefix share its inserts with the peers (none without peers, or with
+// several: which index a peer's blocks belong to would be a guess).
+func (f *FlowControl) sharePrefix(prefix []*PrefixCache) {
+	if old := f.sharedPrefix.Load(); old != nil {
+		old.index.ShareInserts(0)
+	}
+	if f.peers == nil || len(prefix) != 1 {
+		f.sharedPrefix.Store(nil)
+		return
+	}
+	prefix[0].index.ShareInserts(DefaultSharedPrefixBlocks)
+	f.sharedPrefix.Store(prefix[0])
+}
+
+// HearPeer takes in a peer's summary and puts it in force at once: its prefix inserts go into the prefix index, and
+// Critical requests waiting here go to the idle seats it reports.
 func (f *FlowControl) HearPeer(s replication.Summary) {
 	now := f.clock.Now()
+	if pc := f.sharedPrefix.Load(); pc != nil && len(s.Prefix) > 0 {
+		inserts := make([]prefixcache.PodInserts, 0, len(s.Prefix))
+		for _, in := range s.Prefix {
+			ns, name, ok := strings.Cut(in.Pod, "/")
+			if ok {
+				inserts = append(inserts, prefixcache.PodInserts{Pod: prefixcache.PodID{Namespace: ns, Name: name}, Hashes: in.Hashes})
+			}
+		}
+		pc.index.Insert(inserts)
+	}
+	s.Prefix = nil // taken in: the exchange keeps the summary's seat figures only
 	f.peers.Heard(s, now)
 	f.applyPeers()
 	if f.steersElsewhere() {
@@ -71,4 +124,52 @@ func (f *FlowControl) sendElsewhere(req flowcontrol.Request) (d flowcontrol.Deci
 		return d, false
 	}
 	return f.ctrl.DispatchedElsewhere(req, endpoint), true
+}
+
+// mayUsePeerEndpoint reports whether the headroom filter may keep a peer's endpoint name, for prefix affinity, as a
+// candidate of a request of band (flowcontrol.Controller.MayUsePeerEndpoint): only with the peer exchange and when a
+// request placed there is steered there (steersElsewhere).
+func (f *FlowControl) mayUsePeerEndpoint(band flowcontrol.Band, name string) bool {
+	return f.peers != nil && f.steersElsewhere() && f.ctrl.MayUsePeerEndpoint(band, name)
+}
+
+// routedToPeer records request id, which the scheduler placed on endpoint, as sent to a peer's endpoint when a peer
+// owns it, so that the owner counts it.
+func (f *FlowControl) routedToPeer(id, endpoint string) {
+	if f.peers != nil && endpoint != "" && f.ctrl.IsPeerEndpoint(endpoint) {
+		f.peers.SentTo(id, endpoint, f.clock.Now())
+	}
+}
+
+// sharedBlocks counts the prefix blocks this replica's summaries carried, and those its bound dropped.
+type sharedBlocks struct{ sent, dropped atomic.Uint64 }
+
+// The peer exchange's admission metrics, read at scrape time from the exchange and the adapter's counters.
+var (
+	peerRequestsDesc = prometheus.NewDesc("sluice_peer_requests_sent_total",
+		"Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would "+
+			"have waited here took an idle seat a peer offered) or prefix_affinity (the peer's endpoint held much more "+
+			"of the prompt).", []string{"reason"}, nil)
+	peerPrefixBlocksDesc = prometheus.NewDesc("sluice_peer_prefix_blocks_total",
+		"Prompt blocks this replica's prefix index inserted, by outcome: sent to the peers in a summary, or dropped "+
+			"because a summary carries at most DefaultSharedPrefixBlocks.", []string{"outcome"}, nil)
+)
+
+// peerCollector exports the peer exchange's admission metrics of fc (registered only when fc has peers).
+type peerCollector struct{ fc *FlowControl }
+
+var _ prometheus.Collector = peerCollector{}
+
+func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- peerRequestsDesc
+	ch <- peerPrefixBlocksDesc
+}
+
+func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.fc.peers.Counts()
+	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.IdleSeat), "idle_seat")
+	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.PrefixAffinity), "prefix_affinity")
+	b := &c.fc.prefixBlocks
+	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.sent.Load()), "sent")
+	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.dropped.Load()), "dropped")
 }

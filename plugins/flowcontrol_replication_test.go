@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -192,18 +195,7 @@ func TestFlowControlPeerExchange(t *testing.T) {
 				return fc
 			}
 			a, b := replica("epp-a:9003"), replica("epp-b:9003")
-			send := func(from, to *FlowControl) {
-				t.Helper()
-				wire, err := from.PeerSummary().AppendBinary(nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				s, err := replication.ParseSummary(wire)
-				if err != nil {
-					t.Fatal(err)
-				}
-				to.HearPeer(s)
-			}
+			send := func(from, to *FlowControl) { sendSummary(t, from, to) }
 			type outcome struct {
 				done      bool
 				err       error
@@ -257,4 +249,126 @@ func TestFlowControlPeerExchange(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFlowControlSharesPrefixWithPeers: two replicas owning one endpoint each, both with a prefix-cache scorer. A
+// prompt b routed to its endpoint reaches a's prefix index with b's next summary; from then on a's headroom filter
+// keeps b's endpoint as a candidate for that prompt (it holds all of it, a's own endpoint none), and a request a's
+// scheduler places there counts, in a's summaries, as a's request on b's endpoint until it ends. A Sheddable request
+// (a holdback band) is not sent to the peer's endpoint.
+func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
+	clk := clocktesting.NewFakeClock(fcT0)
+	pool := &fakePool{}
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
+	sched := map[string]fwksched.Endpoint{}
+	for i, addr := range []string{"10.0.0.1", "10.0.0.2"} {
+		sched[addr+":8000"] = fwksched.NewEndpoint(&fwkdl.EndpointMetadata{
+			NamespacedName: k8stypes.NamespacedName{Namespace: "default", Name: fmt.Sprintf("pod-%d", i)},
+			Address:        addr, Port: "8000",
+		}, &fwkdl.Metrics{CacheBlockSize: 16, CacheNumBlocks: 1000}, nil)
+	}
+	peers := []string{"epp-a:9003", "epp-b:9003"}
+	type replica struct {
+		fc     *FlowControl
+		prefix *PrefixCache
+		filter *HeadroomFilter
+	}
+	newReplica := func(self string) replica {
+		view, err := replication.NewView(self, peers, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range peers {
+			view.Heard(p, clk.Now())
+		}
+		fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{Endpoints: pool,
+			Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := replica{fc: fc, prefix: newTestPrefixCache(t, ""), filter: mustHeadroomFilter(t)}
+		fc.Attach(map[string]fwkplugin.Plugin{"prefix": r.prefix, "headroom": r.filter})
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, b := newReplica("epp-a:9003"), newReplica("epp-b:9003")
+	sendSummary(t, a.fc, b.fc)
+	sendSummary(t, b.fc, a.fc)
+	all := []fwksched.Endpoint{sched["10.0.0.1:8000"], sched["10.0.0.2:8000"]}
+	system := chatMsg("system", strings.Repeat("You are a careful assistant. ", 40))
+	request := func(id string) *fwksched.LLMRequest { return chatRequest(id, system, chatMsg("user", "Summarise.")) }
+	// candidates admits id at a as Standard and returns what a's headroom filter keeps of the pool for it.
+	candidates := func(id string) []string {
+		t.Helper()
+		if err := a.fc.Admit(context.Background(), requestContext(id, "t", 10, nil), 0); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		a.prefix.Score(context.Background(), nil, request(id), all) // every scheduling cycle scores the pool
+		return names(a.filter.Filter(context.Background(), fwksched.NewCycleState(), request(id), all))
+	}
+	own := candidates("a1")
+	if len(own) != 1 {
+		t.Fatalf("a keeps %v, want its own endpoint alone", own)
+	}
+	peer := "10.0.0.1:8000"
+	if own[0] == peer {
+		peer = "10.0.0.2:8000"
+	}
+	routeTo(b.prefix, request("b1"), sched[peer])
+	if got := candidates("a2"); !slices.Equal(got, own) {
+		t.Fatalf("before b's summary a keeps %v, want %v", got, own)
+	}
+	sendSummary(t, b.fc, a.fc)
+	if got := candidates("a3"); len(got) != 2 {
+		t.Fatalf("after b's summary a keeps %v, want its own endpoint and %s, which holds the prompt", got, peer)
+	}
+	a.fc.headroom.put("a4", storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched,
+		Band: flowcontrol.Sheddable, Endpoints: own}})
+	if got := names(a.filter.Filter(context.Background(), fwksched.NewCycleState(), request("a4"), all)); !slices.Equal(got, own) {
+		t.Fatalf("a keeps %v for a Sheddable request, want %v", got, own)
+	}
+
+	a.fc.PreRequest(context.Background(), request("a3"), &fwksched.SchedulingResult{PrimaryProfileName: "default",
+		ProfileResults: map[string]*fwksched.ProfileRunResult{"default": {TargetEndpoints: []fwksched.Endpoint{sched[peer]}}}})
+	if s := a.fc.PeerSummary(); !slices.Equal(s.Sent, []replication.EndpointCount{{Endpoint: peer, N: 1}}) {
+		t.Fatalf("a's summary tells of %v on peers' endpoints, want a3 on %s", s.Sent, peer)
+	}
+	a.fc.ResponseBody(context.Background(), request("a3"), &fwkrc.Response{EndOfStream: true}, nil)
+	if s := a.fc.PeerSummary(); len(s.Sent) != 0 {
+		t.Fatalf("a3 ended, a's summary still tells of %v", s.Sent)
+	}
+
+	// a sent one request to b's endpoint, for prefix affinity, and no prefix block (its scheduler routed nothing
+	// through a's prefix index here); b's summaries carried the blocks of the prompt it routed, and dropped none.
+	want := `
+# HELP sluice_peer_requests_sent_total Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would have waited here took an idle seat a peer offered) or prefix_affinity (the peer's endpoint held much more of the prompt).
+# TYPE sluice_peer_requests_sent_total counter
+sluice_peer_requests_sent_total{reason="idle_seat"} 0
+sluice_peer_requests_sent_total{reason="prefix_affinity"} 1
+`
+	if err := testutil.CollectAndCompare(peerCollector{a.fc}, strings.NewReader(want), "sluice_peer_requests_sent_total"); err != nil {
+		t.Fatal(err)
+	}
+	if sent, dropped := b.fc.prefixBlocks.sent.Load(), b.fc.prefixBlocks.dropped.Load(); sent == 0 || dropped != 0 {
+		t.Fatalf("b's summaries carried %d prefix blocks and dropped %d, want some and none", sent, dropped)
+	}
+	if n := testutil.CollectAndCount(peerCollector{b.fc}, "sluice_peer_prefix_blocks_total"); n != 2 {
+		t.Fatalf("%d series of prefix blocks, want sent and dropped", n)
+	}
+}
+
+// sendSummary hands from's next peer summary, through its wire form, to to.
+func sendSummary(t *testing.T, from, to *FlowControl) {
+	t.Helper()
+	wire, err := from.PeerSummary().AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := replication.ParseSummary(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to.HearPeer(s)
 }

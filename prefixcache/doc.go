@@ -94,7 +94,7 @@
 // # Several EPP replicas
 //
 // The index lives in one process. With N replicas behind a load balancer
-// each sees about 1/N of the traffic and so:
+// each sees about 1/N of the traffic and so, alone:
 //   - learns only its own routing decisions: a prefix one replica sent to pod
 //     A is unknown to the others, which may send its next turn elsewhere, so
 //     hit rate degrades towards that of N independent routers (a session
@@ -106,5 +106,11 @@
 //   - counts only its own in-flight requests; the scraped queue depth, shared
 //     by all replicas, still bounds the guardrail, at scrape freshness.
 //
-// Nothing is wrong, only less precise; the index needs no coordination.
+// Replicas that exchange summaries (flowcontrol/replication) share their
+// inserts instead (share.go): ShareInserts makes Route log the blocks it
+// inserts, bounded per exchange interval; TakeInserts hands them to the
+// summary and Insert takes a peer's in. Each index then holds, approximately,
+// what any replica routed. Approximately: only insertions travel, so a peer
+// does not see a held block become recent again, and a pod's calibration and
+// in-flight count remain this replica's own.
 package prefixcache

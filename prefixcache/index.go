@@ -128,6 +128,22 @@ type pod struct {
 	table   lruTable // what the pod is believed to hold
 	cal     calibration
 	evicted []uint64 // scratch
+	shared  []uint64 // scratch: what Route inserted, for the peers (share.go)
+}
+
+// touchLocked makes h the pod's most recent block, inserting it (and evicting its least recent block when full); it
+// reports whether h was inserted. Each eviction is cleared from the holder table before the next insertion: a block
+// evicted here may be one touched again later by the caller's loop.
+func (p *pod) touchLocked(h uint64) bool {
+	inserted, ev := p.table.touch(h, p.evicted[:0])
+	for _, e := range ev {
+		p.group.clear(e, p.bit)
+	}
+	if inserted {
+		p.group.set(h, p.bit)
+	}
+	p.evicted = ev[:0]
+	return inserted
 }
 
 // registry is an immutable snapshot of the indexed pods, replaced whole on
@@ -150,6 +166,7 @@ type Index struct {
 
 	pending pendingTable
 	scratch sync.Pool // *scoreScratch
+	inserts insertLog // what Route inserted, for peer replicas (ShareInserts)
 }
 
 // Option configures an Index.
@@ -405,20 +422,15 @@ func (ix *Index) Route(now time.Time, requestID string, pr Prompt, cand Candidat
 	}
 	// Insert the tail first so that the prefix ends most recent: like the
 	// server, evict a chain from its end.
-	// Clear each eviction before the next insertion: a block evicted here
-	// may be one of this chain's, touched again later in the loop.
-	ev := p.evicted[:0]
+	sharing := ix.inserts.on.Load()
+	shared := p.shared[:0]
 	for i := len(chain) - 1; i >= 0; i-- {
-		var inserted bool
-		inserted, ev = p.table.touch(chain[i], ev[:0])
-		for _, h := range ev {
-			p.group.clear(h, p.bit)
-		}
-		if inserted {
-			p.group.set(chain[i], p.bit)
+		if p.touchLocked(chain[i]) && sharing {
+			shared = append(shared, chain[i])
 		}
 	}
-	p.evicted = ev[:0]
+	ix.inserts.logInserts(p.id, shared)
+	p.shared = shared[:0]
 	promptTokens := ix.cfg.Tokens.Tokens(len(pr.Rendered))
 	p.cal.routed(float64(promptTokens), float64(ix.cfg.Tokens.Tokens(matched*blockBytes)))
 	p.mu.Unlock()

@@ -305,8 +305,12 @@ func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datast
 		leaderElectionEnabled: opts.EnableLeaderElection,
 	})
 	if req.peers != nil {
+		traffic, err := exchangeTraffic()
+		if err != nil {
+			return nil, fmt.Errorf("registering the peer exchange's metrics: %w", err)
+		}
 		healthSrv.RegisterService(&peerExchangeDesc, &peerReceiver{view: req.view, admission: req.peers, clock: r.clock,
-			logger: ctrl.Log.WithName("replication")})
+			logger: ctrl.Log.WithName("replication"), traffic: traffic})
 	}
 	servers := []manager.Runnable{
 		&grpcServer{name: "health", server: healthSrv, port: opts.GRPCHealthPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("health")},

@@ -54,6 +54,7 @@ type peerReceiver struct {
 	admission PeerExchanger
 	clock     clock.PassiveClock
 	logger    logr.Logger
+	traffic   *peerTraffic // nil: not counted
 }
 
 // receive reads one peer's stream until it ends. A summary that does not parse ends the stream with an error; one
@@ -69,12 +70,14 @@ func (p *peerReceiver) receive(stream grpc.ServerStream) error {
 		}
 		s, err := replication.ParseSummary(msg.GetValue())
 		if err != nil {
+			p.traffic.refusedOne()
 			return err
 		}
 		if !p.view.Heard(s.From, p.clock.Now()) {
 			p.logger.V(1).Info("Dropped a summary from a replica that is not a peer", "from", s.From)
 			continue
 		}
+		p.traffic.received(s.From)
 		p.admission.HearPeer(s)
 	}
 }
@@ -87,6 +90,7 @@ type peerSender struct {
 	interval  time.Duration
 	clock     clock.WithTicker
 	logger    logr.Logger
+	traffic   *peerTraffic // nil: not counted
 }
 
 // Start implements manager.Runnable: it sends until ctx ends.
@@ -122,6 +126,7 @@ func (p *peerSender) Start(ctx context.Context) error {
 				delete(outs, peer)
 			}
 		}
+		p.traffic.keep(peers)
 		for _, peer := range peers {
 			s, ok := outs[peer]
 			if !ok {
@@ -166,6 +171,8 @@ func (p *peerSender) sendTo(ctx context.Context, peer string, out <-chan []byte)
 		}
 		if err := stream.SendMsg(wrapperspb.Bytes(wire)); err != nil {
 			stream = nil
+			continue
 		}
+		p.traffic.sent(peer, len(wire))
 	}
 }

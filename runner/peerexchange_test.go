@@ -2,12 +2,14 @@ package runner
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"k8s.io/utils/clock"
 
@@ -58,6 +60,7 @@ func TestPeerExchangeOverGRPC(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	traffic := map[string]*peerTraffic{a: newPeerTraffic(), b: newPeerTraffic()}
 	replica := func(l net.Listener, self string, peers []string) (*recordingExchanger, *replication.View) {
 		view, err := replication.NewView(self, peers, time.Hour)
 		if err != nil {
@@ -65,10 +68,12 @@ func TestPeerExchangeOverGRPC(t *testing.T) {
 		}
 		adm := &recordingExchanger{self: self}
 		srv := grpc.NewServer()
-		srv.RegisterService(&peerExchangeDesc, &peerReceiver{view: view, admission: adm, clock: clock.RealClock{}, logger: testr.New(t)})
+		srv.RegisterService(&peerExchangeDesc, &peerReceiver{view: view, admission: adm, clock: clock.RealClock{}, logger: testr.New(t),
+			traffic: traffic[self]})
 		go func() { _ = srv.Serve(l) }()
 		t.Cleanup(srv.Stop)
-		sender := &peerSender{view: view, admission: adm, interval: 5 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}
+		sender := &peerSender{view: view, admission: adm, interval: 5 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t),
+			traffic: traffic[self]}
 		wg.Go(func() {
 			if err := sender.Start(ctx); err != nil {
 				t.Error(err)
@@ -93,6 +98,23 @@ func TestPeerExchangeOverGRPC(t *testing.T) {
 	if len(viewA.Live(time.Now())) != 2 || len(viewB.Live(time.Now())) != 2 {
 		t.Fatalf("live: a sees %v, b sees %v; want both", viewA.Live(time.Now()), viewB.Live(time.Now()))
 	}
+	// The metrics count both directions per peer; a peer that leaves the list loses its series.
+	runnertest.Eventually(t, "a counts what it sent b and received from it", func() string {
+		tr := traffic[a]
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if c := tr.peers[b]; c == nil || c.sent == 0 || c.bytes < c.sent || c.received == 0 {
+			return fmt.Sprintf("a's counts for b: %+v", c)
+		}
+		return ""
+	})
+	viewA.SetPeers([]string{a})
+	runnertest.Eventually(t, "a forgets b's series once b left its list", func() string {
+		if n := testutil.CollectAndCount(traffic[a], "sluice_peer_summaries_sent_total"); n != 0 {
+			return fmt.Sprintf("%d series", n)
+		}
+		return ""
+	})
 }
 
 func summaryFroms(got []replication.Summary) string {

@@ -381,7 +381,12 @@ func (r *Runner) replicate(p *process, opts *Options, pool common.GKNN, view *re
 		}
 	}
 	if peers != nil {
-		sender := &peerSender{view: view, admission: peers, interval: opts.PeerExchangeInterval, clock: r.clock, logger: logger}
+		traffic, err := exchangeTraffic()
+		if err != nil {
+			return fmt.Errorf("registering the peer exchange's metrics: %w", err)
+		}
+		sender := &peerSender{view: view, admission: peers, interval: opts.PeerExchangeInterval, clock: r.clock, logger: logger,
+			traffic: traffic}
 		if err := p.add(everyReplica{sender}); err != nil {
 			return err
 		}

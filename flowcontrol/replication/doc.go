@@ -8,8 +8,10 @@
 // at it, which of its endpoints have idle seats, and how many of its requests run on the others' endpoints. From the
 // live peers' latest summaries (Pool) admission sizes the Critical seat reserve for the whole pool and keeps its part
 // of it (ReserveShare), and sends a Critical request that would wait on its own endpoints to a peer's idle seat
-// (Take); the owner counts it from the next summary on. Summaries travel in a compact wire form (AppendBinary,
-// ParseSummary); nothing on the request path waits for one.
+// (Take); the owner counts it from the next summary on. A summary also carries the prompt blocks the sender's prefix
+// index inserted since its last one (Prefix), so that every replica's index holds what any replica routed, and a
+// request routed to a peer's endpoint for prefix affinity is counted there like one sent to an idle seat (SentTo).
+// Summaries travel in a compact wire form (AppendBinary, ParseSummary); nothing on the request path waits for one.
 //
 // It is pure decision logic: plain inputs, time passed in as arguments, no I/O, no dependency on the Gateway API
 // Inference Extension. What carries peer messages and what acts on ownership live elsewhere; the design, and what
@@ -32,7 +34,7 @@
 //
 // # Concurrency
 //
-// Owner, Partition, ParsePeers and ParseSummary are safe for concurrent use, and so is an Exchange. A Membership is not: its owner serialises Heard,
-// SetPeers and Live. A View is a Membership behind a mutex, for the EPP: peer probes call Heard, the peer list's
-// source calls SetPeers, and admission asks Owned on every pool snapshot.
+// Owner, Partition, ParsePeers and ParseSummary are safe for concurrent use, and so is an Exchange. A Membership is
+// not: its owner serialises Heard, SetPeers and Live. A View is a Membership behind a mutex, for the EPP: peer probes
+// call Heard, the peer list's source calls SetPeers, and admission asks Owned on every pool snapshot.
 package replication

@@ -23,11 +23,23 @@ type Summary struct {
 	CriticalWaiting int
 	// Idle lists the sender's endpoints with idle seats, and how many each has.
 	Idle []EndpointCount
-	// Sent counts, per endpoint the sender does not own, its Critical requests running there.
+	// Sent counts, per endpoint the sender does not own, its requests running there: Critical ones sent to idle seats
+	// (Exchange.Take) and any routed there for prefix affinity (Exchange.SentTo).
 	Sent []EndpointCount
 	// Acks is, per peer, the Seq of the latest of its summaries the sender has taken in: a peer's request sent to
 	// the sender's endpoint counts in the sender's Idle once the summary that first told of it is acknowledged.
 	Acks []Ack
+	// Prefix is, per model-server pod, the prompt blocks the sender's prefix index inserted since its last summary
+	// (prefixcache.PodInserts): what it routed there that the pod did not hold before, so each replica's index holds
+	// what any replica routed. Bounded by the sender (plugins.DefaultSharedPrefixBlocks) and by the wire form.
+	Prefix []BlockInserts
+}
+
+// BlockInserts are the prompt-block hashes a replica's prefix index inserted for one pod (its namespace/name), in
+// the order it inserted them.
+type BlockInserts struct {
+	Pod    string
+	Hashes []uint64
 }
 
 // EndpointCount is a count on one endpoint.
@@ -54,6 +66,21 @@ type Exchange struct {
 	seq   uint64
 	peers map[string]heardSummary
 	sent  map[string]sentRequest // this replica's requests on peers' endpoints, by request ID
+	// taken and routed count the requests this replica sent to peers' endpoints, by Take and by SentTo (Counts).
+	taken, routed uint64
+}
+
+// Counts are how many requests a replica sent to peers' endpoints since it started: to idle seats its peers offered
+// (Take), and where prefix affinity placed them (SentTo).
+type Counts struct {
+	IdleSeat, PrefixAffinity uint64
+}
+
+// Counts returns the requests this replica sent to peers' endpoints so far.
+func (x *Exchange) Counts() Counts {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return Counts{IdleSeat: x.taken, PrefixAffinity: x.routed}
 }
 
 type heardSummary struct {
@@ -237,7 +264,21 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 		return "", false
 	}
 	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now}
+	x.taken++
 	return best, true
+}
+
+// SentTo records request id, which this replica routed to endpoint, a peer's, without taking an offered seat (prefix
+// affinity chose it): its summaries count it there (Sent), and the owner on its seats, until Done. A request already
+// recorded (Take) keeps its record. Its owner is not known here, so it does not hold back this replica's next Take of
+// that endpoint's offered seats before the owner counts it: for one exchange interval a seat may be offered twice.
+func (x *Exchange) SentTo(id, endpoint string, now time.Time) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.sent[id]; !ok {
+		x.sent[id] = sentRequest{endpoint: endpoint, seq: x.seq + 1, at: now}
+		x.routed++
+	}
 }
 
 // Done forgets request id sent to a peer's endpoint (it ended); it reports whether id was one.

@@ -108,6 +108,8 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 		{From: "epp-0", Seq: 1 << 40, CriticalRate: 3.5, SeatFrees: 9.25, Seats: 48, CriticalWaiting: 2,
 			Idle: []EndpointCount{{"10.0.1.1:8000", 1}, {"10.0.1.2:8000", 3}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}},
 			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}},
+		{From: "epp-1", Seq: 2, Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{1, 1 << 63, 42}},
+			{Pod: "default/vllm-1", Hashes: []uint64{7}}}},
 	} {
 		wire, err := s.AppendBinary(nil)
 		if err != nil {
@@ -127,7 +129,8 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 }
 
 // TestSummaryWireBoundsSeats: admission walks a peer's seats one by one under its lock, so a summary claiming more
-// than maxWireSeats, in one count or summed over a list, is refused.
+// than maxWireSeats, in one count or summed over a list, is refused; so is one carrying more than maxWireHashes block
+// hashes over all its pods.
 func TestSummaryWireBoundsSeats(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -140,6 +143,8 @@ func TestSummaryWireBoundsSeats(t *testing.T) {
 		{"one idle endpoint", Summary{From: "b", Idle: []EndpointCount{{"e", 1<<31 - 1}}}, false},
 		{"idle seats summed", Summary{From: "b", Idle: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
 		{"sent summed", Summary{From: "b", Sent: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
+		{"block hashes at the bound", Summary{From: "b", Prefix: []BlockInserts{{"ns/p", make([]uint64, maxWireHashes)}}}, true},
+		{"block hashes summed", Summary{From: "b", Prefix: []BlockInserts{{"ns/p", make([]uint64, maxWireHashes)}, {"ns/q", []uint64{1}}}}, false},
 	} {
 		wire, err := tc.s.AppendBinary(nil)
 		if err != nil {
@@ -172,6 +177,9 @@ func FuzzParseSummary(f *testing.F) {
 	wire, _ := Summary{From: "a", Seq: 3, Idle: []EndpointCount{{"e", 1}}, Acks: []Ack{{"b", 2}}}.AppendBinary(nil)
 	f.Add(wire)
 	f.Add([]byte{1, 200, 200, 200, 200, 200})
+	wire, _ = Summary{From: "a", Seq: 4, Prefix: []BlockInserts{{"ns/p", []uint64{9, 1 << 60}}, {"ns/q", nil}}}.AppendBinary(nil)
+	f.Add(wire)
+	f.Add([]byte{wireVersion, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 'n', 's', '/', 'p', 200, 200, 200, 200, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := ParseSummary(b)
 		if err != nil {
@@ -185,4 +193,23 @@ func FuzzParseSummary(f *testing.F) {
 			t.Fatalf("%+v did not survive a round trip: %+v, %v", s, back, err)
 		}
 	})
+}
+
+// TestExchangeCounts: requests sent to peers' endpoints count by how they went there, each once.
+func TestExchangeCounts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := NewExchange("a", time.Hour)
+	a.Heard(Summary{From: "b", Seq: 1, Idle: []EndpointCount{{"b-ep", 1}}, Acks: []Ack{{"a", 0}}}, t0)
+	if _, ok := a.Take("c1", t0); !ok {
+		t.Fatal("took no seat")
+	}
+	a.SentTo("c1", "b-ep", t0) // already recorded by Take: neither re-recorded nor counted again
+	a.SentTo("p1", "b-ep", t0)
+	a.SentTo("p1", "b-ep", t0)
+	if got := a.Counts(); got != (Counts{IdleSeat: 1, PrefixAffinity: 1}) {
+		t.Fatalf("counts %+v, want one of each", got)
+	}
+	if own := a.Next(Summary{}, t0); len(own.Sent) != 1 || own.Sent[0].N != 2 {
+		t.Fatalf("summary tells of %v, want 2 requests on b-ep", own.Sent)
+	}
 }

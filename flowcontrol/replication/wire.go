@@ -8,10 +8,19 @@ import (
 )
 
 // The wire form of a Summary, what replicas send one another: a version byte, then the fields in order, strings as
-// a uvarint length and bytes, counts as uvarints, rates as float32 bits. A summary of a replica owning 12 endpoints
-// with every seat busy is about 30 bytes plus the names of its peers.
+// a uvarint length and bytes, counts as uvarints, rates as float32 bits, block hashes as 8 bytes. A summary of a
+// replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
+// prefix inserts after the acknowledgements; a summary without any is written as version 1, which replicas from
+// before prefix sharing read, and both versions are read.
 
-const wireVersion = 1
+const (
+	wireVersion      = 2
+	wireVersionSeats = 1 // without prefix inserts
+	hashBytes        = 8
+)
+
+// maxWireHashes bounds the block hashes a received summary may carry, over all its pods: 32 KiB.
+const maxWireHashes = 1 << 12
 
 // maxWireEntries bounds each list a received summary may hold: a corrupt or hostile length cannot allocate much.
 const maxWireEntries = 1 << 16
@@ -23,7 +32,11 @@ const maxWireSeats = 1 << 16
 
 // AppendBinary appends s's wire form to b.
 func (s Summary) AppendBinary(b []byte) ([]byte, error) {
-	b = append(b, wireVersion)
+	if len(s.Prefix) == 0 {
+		b = append(b, wireVersionSeats)
+	} else {
+		b = append(b, wireVersion)
+	}
 	b = appendString(b, s.From)
 	b = binary.AppendUvarint(b, s.Seq)
 	b = binary.BigEndian.AppendUint32(b, math.Float32bits(float32(s.CriticalRate)))
@@ -42,6 +55,17 @@ func (s Summary) AppendBinary(b []byte) ([]byte, error) {
 		b = appendString(b, a.Peer)
 		b = binary.AppendUvarint(b, a.Seq)
 	}
+	if len(s.Prefix) == 0 {
+		return b, nil
+	}
+	b = binary.AppendUvarint(b, uint64(len(s.Prefix)))
+	for _, p := range s.Prefix {
+		b = appendString(b, p.Pod)
+		b = binary.AppendUvarint(b, uint64(len(p.Hashes)))
+		for _, h := range p.Hashes {
+			b = binary.BigEndian.AppendUint64(b, h)
+		}
+	}
 	return b, nil
 }
 
@@ -52,8 +76,9 @@ func appendString(b []byte, s string) []byte {
 // ParseSummary reads a summary's wire form. Anything else, truncated or with bytes left over, is an error.
 func ParseSummary(b []byte) (Summary, error) {
 	r := reader{b: b}
-	if v := r.byte(); r.err == nil && v != wireVersion {
-		return Summary{}, fmt.Errorf("summary version %d, want %d", v, wireVersion)
+	v := r.byte()
+	if r.err == nil && v != wireVersion && v != wireVersionSeats {
+		return Summary{}, fmt.Errorf("summary version %d, want %d or %d", v, wireVersionSeats, wireVersion)
 	}
 	var s Summary
 	s.From = r.string()
@@ -75,6 +100,20 @@ func ParseSummary(b []byte) (Summary, error) {
 	}
 	for range r.entries() {
 		s.Acks = append(s.Acks, Ack{Peer: r.string(), Seq: r.uvarint()})
+	}
+	if v == wireVersion {
+		total := 0
+		for range r.entries() {
+			p := BlockInserts{Pod: r.string()}
+			n := r.count()
+			if total += n; total > maxWireHashes {
+				r.err = cmpErr(r.err, fmt.Errorf("more than %d block hashes", maxWireHashes))
+			}
+			for range r.hashes(n) {
+				p.Hashes = append(p.Hashes, r.uint64())
+			}
+			s.Prefix = append(s.Prefix, p)
+		}
 	}
 	switch {
 	case r.err != nil:
@@ -113,6 +152,25 @@ func (r *reader) uint32() uint32 {
 	v := binary.BigEndian.Uint32(r.b)
 	r.b = r.b[4:]
 	return v
+}
+
+func (r *reader) uint64() uint64 {
+	if r.err != nil || len(r.b) < hashBytes {
+		r.err = cmpErr(r.err, errTruncated)
+		return 0
+	}
+	v := binary.BigEndian.Uint64(r.b)
+	r.b = r.b[hashBytes:]
+	return v
+}
+
+// hashes returns n when the reader holds n hashes, 0 after an error or when it is shorter (then an error).
+func (r *reader) hashes(n int) int {
+	if r.err != nil || len(r.b)/hashBytes < n {
+		r.err = cmpErr(r.err, errTruncated)
+		return 0
+	}
+	return n
 }
 
 func (r *reader) uvarint() uint64 {
