@@ -80,6 +80,12 @@ type Controller struct {
 	// seat-bound endpoint holds its seat there, dispatch to release: what the seat reserve is sized from (seats.go).
 	criticalArrivals rateMeter
 	holdTime         time.Duration
+	// demand is what each tenant of each band asks (tenantseats.go), swept when it reaches demandSweepAt entries;
+	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates.
+	demand        map[tenantKey]*tenantDemand
+	demandSweepAt int
+	underShare    map[tenantKey]float64
+	underShareAt  time.Time
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.
 	droppedMissing int
 	// recovery follows, per band, the overload episodes snapshots find it in (no endpoint below its ceiling, or
@@ -133,6 +139,8 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 		endpointIndex:  make(map[string]int),
 		newestScrapeNs: math.MinInt64,
 		reservations:   make(map[string]reservation),
+		demand:         make(map[tenantKey]*tenantDemand),
+		demandSweepAt:  minTenantSweepAt,
 		drain:          newDrainEstimator(cfg.DrainRateWindow),
 		onTimer:        func(event func()) { go event() },
 	}
@@ -183,6 +191,11 @@ func (c *Controller) SetConfig(cfg *Config) error {
 	c.cfg = cfg
 	c.drain.setWindow(cfg.DrainRateWindow)
 	c.criticalArrivals.setWindow(cfg.DrainRateWindow)
+	for _, d := range c.demand {
+		d.requests.setWindow(cfg.DrainRateWindow)
+		d.cost.setWindow(cfg.DrainRateWindow)
+	}
+	c.underShareAt = time.Time{}
 	for i := range c.endpoints {
 		c.endpoints[i].refresh(cfg.Endpoint)
 	}

@@ -64,7 +64,7 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 // snapshot's dispatches, and the backlog at and above it.
 func (c *Controller) trackBlockedLocked(now time.Time) {
 	for _, b := range allBands {
-		_, best, _ := c.headroomLocked(b, now)
+		_, best, _ := c.headroomLocked(b, "", now)
 		blocked := best < 0 || c.queuedAtOrAboveLocked(b) > 0
 		c.recovery[b].observe(now, blocked, c.backlogAtOrAboveLocked(b), c.cfg.DrainRateWindow)
 	}
