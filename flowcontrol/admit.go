@@ -133,7 +133,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, now)
 		return d, nil, false, nil
 	}
-	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost); known && wait > bc.MaxQueueTime {
+	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost, now); known && wait > bc.MaxQueueTime {
 		c.rejectLocked(&d, ReasonPredictedWait, wait, cost, now)
 		return d, nil, false, nil
 	}

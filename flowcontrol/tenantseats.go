@@ -90,26 +90,26 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 		active[k.band]++
 	}
 	// What the pool drains, in cost per second: the drain rate, or on seat-bound endpoints the rate their seats free
-	// (Little's law) at the mean cost asked if more (the drain rate is measured only while requests wait, so it starts
-	// low after a warm-up that dispatched nothing). Before either is known, what the bands ask: a tenant asking less
-	// than its weight's share of that is under its share of any lower capacity, and until then little waits.
-	drain, known := c.drain.rate()
-	if _, _, frees := c.seatFiguresLocked(now); frees > 0 {
-		var cost, n float64
-		for _, b := range allBands {
-			cost, n = cost+asked[b], n+requests[b]
-		}
-		if n > 0 {
-			drain, known = max(drain, frees*cost/n), true
-		}
+	// (Little's law) at the mean cost asked if more. The drain rate is measured only while requests wait, so it starts
+	// low after a warm-up that dispatched nothing; until it has a window of evidence (settled) and while nothing
+	// better is known, the pool counts as draining what the bands ask if more: a tenant asking less than its weight's
+	// share of the demand is then under its share.
+	drain, _ := c.drain.rate()
+	var total, n float64
+	for _, b := range allBands {
+		total, n = total+asked[b], n+requests[b]
+	}
+	known := c.drain.settled()
+	if _, _, frees := c.seatFiguresLocked(now); frees > 0 && n > 0 {
+		drain, known = max(drain, frees*total/n), true
+	}
+	if !known {
+		drain = max(drain, total)
 	}
 	// What each band drains: the pool's drain less what the bands above ask.
 	above := 0.0
 	for _, b := range allBands {
-		capacity := asked[b]
-		if known {
-			capacity = max(0, drain-above)
-		}
+		capacity := max(0, drain-above)
 		above += asked[b]
 		if active[b] < 2 {
 			continue
