@@ -1,6 +1,8 @@
 package flowcontrol
 
 import (
+	"fmt"
+	"math"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -92,4 +94,76 @@ func countFinished(calls []*call) int {
 		}
 	}
 	return n
+}
+
+// TestUnderShare: a tenant is under its share when it asks less than its weight's share of what its band drains, and
+// only while another tenant of the band is active. Until the drain rate has a window of evidence (a warm-up that
+// dispatched nothing leaves it near zero) the band drains at least what it is asked. A tenant under its share is
+// predicted to wait only behind its own requests, not the band's fair backlog.
+func TestUnderShare(t *testing.T) {
+	tests := []struct {
+		name         string
+		heavy, light float64 // requests per second, of cost 1
+		drain        float64 // measured drain rate, cost per second (0: none)
+		settled      bool
+		under        bool
+	}{
+		{name: "no drain rate: a share of the demand", heavy: 8, light: 2, under: true},
+		{name: "settled drain rate below twice its demand", heavy: 8, light: 2, drain: 3, settled: true},
+		{name: "settled drain rate above twice its demand", heavy: 8, light: 2, drain: 5, settled: true, under: true},
+		{name: "drain rate not settled: a share of the demand", heavy: 8, light: 2, drain: 3, under: true},
+		{name: "as much as the other tenant", heavy: 2, light: 2, drain: 3, settled: true},
+		{name: "alone in its band", light: 2, drain: 10, settled: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newHarness(t, testConfig(t, nil)).c
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			window := c.cfg.DrainRateWindow
+			now := t0
+			for tick := time.Duration(0); tick < window; tick += 10 * time.Millisecond {
+				now = t0.Add(tick)
+				for tenant, rate := range map[string]float64{"heavy": tt.heavy, "light": tt.light} {
+					if every := time.Duration(float64(time.Second) / max(rate, 1e-9)); rate > 0 && tick%every == 0 {
+						c.noteArrivalLocked(Standard, tenant, 1, 1, now)
+					}
+				}
+			}
+			if tt.drain > 0 {
+				span := window.Seconds() / 5
+				if tt.settled {
+					span = window.Seconds()
+				}
+				c.drain.meter = rateMeter{window: window.Seconds(), events: tt.drain * span, span: span, last: now}
+			}
+			if _, got := c.underShareLocked(now)[tenantKey{Standard, "light"}]; got != tt.under {
+				t.Errorf("light under its share: %v, want %v", got, tt.under)
+			}
+			if _, got := c.underShareLocked(now)[tenantKey{Standard, "heavy"}]; got {
+				t.Errorf("heavy under its share")
+			}
+
+			// Backlogs of 100 heavy and 5 light requests: a new light request is predicted to wait behind its own 5,
+			// and fair queuing would put as many heavy ones before it unless it is under its share.
+			for i := range 105 {
+				tenant := "heavy"
+				if i >= 100 {
+					tenant = "light"
+				}
+				c.bands[Standard].push(&item{id: fmt.Sprint(i), tenant: tenant, cost: 1, seq: uint64(i)}, 1)
+			}
+			wait, known := c.estimatedWaitLocked(Standard, "light", 1, 1, now)
+			for c.bands[Standard].count > 0 {
+				c.bands[Standard].pop()
+			}
+			want := 11.0 // itself, its own 5 and 5 of the heavy tenant's
+			if tt.under {
+				want = 6
+			}
+			if ahead := wait.Seconds() * tt.drain; known && math.Abs(ahead-want) > 0.01 {
+				t.Errorf("cost ahead of a light request and itself %.2f (wait %v), want %v", ahead, wait, want)
+			}
+		})
+	}
 }
