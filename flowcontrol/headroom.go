@@ -15,6 +15,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
+	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	tier := c.burstTierLocked(band, reserve)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	best, bestBurst := -1, -1
@@ -25,7 +26,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, reserve, seatsFull, now) {
+		if e.Ejected || !c.mayTakeLocked(e, strict, seatsFull, now) {
 			continue
 		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -41,12 +42,13 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	return fresh, best, false
 }
 
-// mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot), and it
-// takes a free seat of a seat-bound endpoint only if the seats are not down to their reserve (seatsFull, for bands
-// below Critical under the Critical reserve). A request beyond the seats, where the capacity allows it, takes no seat
-// Critical could have.
-func (c *Controller) mayTakeLocked(e *endpointState, reserve, seatsFull bool, now time.Time) bool {
-	if !e.hasSlot(reserve) {
+// mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot; strict under
+// the Critical reserve and for a tenant under its share, neither of which is sent beyond a learned slot limit to probe
+// it, where it would wait inside the server), and it takes a free seat of a seat-bound endpoint only if the seats are
+// not down to those kept for others (seatsFull). A request beyond the seats, where the capacity allows it, takes no
+// seat kept for another.
+func (c *Controller) mayTakeLocked(e *endpointState, strict, seatsFull bool, now time.Time) bool {
+	if !e.hasSlot(strict) {
 		return false
 	}
 	return e.freeSeats() == 0 || !seatsFull || !c.seatBoundLocked(e, now)
@@ -89,13 +91,14 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
+	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(reserve)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, reserve, seatsFull, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, strict, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {

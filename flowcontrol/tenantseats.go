@@ -126,6 +126,12 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 	return c.underShare
 }
 
+// isUnderShareLocked reports whether tenant is under its share in band.
+func (c *Controller) isUnderShareLocked(band Band, tenant string, now time.Time) bool {
+	_, under := c.underShareLocked(now)[tenantKey{band, tenant}]
+	return under
+}
+
 // underShareHeadLocked returns the tenant queue of band q (b) that dispatches next: the under-share tenant with the
 // earliest start tag if one has requests waiting, else the fair queue's head.
 func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *tenantQueue {
