@@ -207,8 +207,7 @@ func (c *Controller) nobodyAheadLocked(band Band, tenant string, now time.Time) 
 	if tq := c.bands[band].tenants[tenant]; tq != nil && tq.n > 0 {
 		return false
 	}
-	_, under := c.underShareLocked(now)[tenantKey{band, tenant}]
-	return under
+	return c.isUnderShareLocked(band, tenant, now)
 }
 
 func (c *Controller) queuedAtOrAboveLocked(band Band) int {

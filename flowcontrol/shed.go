@@ -11,7 +11,7 @@ func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost 
 		return 0, false
 	}
 	ahead := c.bands[band].costAhead(tenant, weight) + cost
-	if _, under := c.underShareLocked(now)[tenantKey{band, tenant}]; under {
+	if c.isUnderShareLocked(band, tenant, now) {
 		ahead = cost
 		if tq := c.bands[band].tenants[tenant]; tq != nil {
 			ahead += tq.cost

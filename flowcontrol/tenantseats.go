@@ -1,6 +1,9 @@
 package flowcontrol
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Tenant seats: fair queuing orders a band's dispatches, so over time a tenant that asks for less than its fair share
 // gets all it asks; but only over time. Under overload every seat that frees goes to the head of the queue, so a
@@ -88,6 +91,9 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 		requests[k.band] += n
 		weight[k.band] += d.weight
 		active[k.band]++
+	}
+	if !slices.ContainsFunc(active[:], func(n int) bool { return n >= 2 }) {
+		return c.underShare // no band has tenants to protect from each other
 	}
 	// What the pool drains, in cost per second: the drain rate, or on seat-bound endpoints the rate their seats free
 	// (Little's law) at the mean cost asked if more. The drain rate is measured only while requests wait, so it starts
