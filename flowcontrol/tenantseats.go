@@ -19,7 +19,9 @@ import (
 //
 // A tenant asking more than its share is not protected and waits its turn in fair order; a band with one active
 // tenant has nobody to protect it from, and lower bands keep seats for no tenant of a higher band (band priority
-// already orders them; only Critical has a reserve across bands).
+// already orders them; only Critical has a reserve across bands). In the Critical band no seats are kept per tenant:
+// the Critical reserve keeps them for the whole band (kept per tenant on top, they idled up to half the seats of the
+// chaos fleet, whose Critical band holds two tenants, and delayed its Critical requests).
 
 // tenantKey names a tenant within a band: fair queuing, and so tenant seats, are per band.
 type tenantKey struct {
@@ -158,6 +160,9 @@ func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *
 // second) a request of tenant in band must leave for the band's other tenants under their share: for each, the
 // reserve its arrival rate needs (reserveSeats), in all at most half the seats.
 func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
+	if band == Critical {
+		return 0 // the Critical reserve keeps seats for the whole band, sized from all its arrivals
+	}
 	kept := 0
 	for k, arrivals := range c.underShareLocked(now) {
 		if k.band == band && k.tenant != tenant {
