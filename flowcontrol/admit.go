@@ -96,6 +96,8 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		d = Decision{Outcome: Rejected, Reason: ReasonBandNotAllowed, Band: asked}
 		return d, nil, false, &BandNotAllowedError{Tenant: req.Tenant, Band: asked, MaxBand: band}
 	}
+	cost := costOf(req)
+	c.noteArrivalLocked(band, req.Tenant, weight, cost, now)
 	if band == Critical {
 		// A valid Critical arrival is Critical traffic, whatever its outcome: the reserve is on (or extended).
 		c.lastCritical = now
@@ -109,18 +111,17 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.unavailableLocked(&d, ReasonShuttingDown)
 		return d, nil, false, nil
 	}
-	fresh, best, burst := c.headroomLocked(band, now)
+	fresh, best, burst := c.headroomLocked(band, req.Tenant, now)
 	bc := &c.cfg.Bands[band]
 	if fresh == 0 && (bc.RejectWhenSaturated || c.poolDownLocked(now)) {
 		// A band that queues waits out metrics that are late (poolDownLocked); one shed when saturated cannot tell.
 		c.unavailableLocked(&d, ReasonNoEndpoints)
 		return d, nil, false, nil
 	}
-	cost := costOf(req)
-	if best >= 0 && c.queuedAtOrAboveLocked(band) == 0 {
+	if best >= 0 && c.nobodyAheadLocked(band, req.Tenant, now) {
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst
-		d.Endpoints = c.endpointsWithHeadroomLocked(band, burst, now)
+		d.Endpoints = c.endpointsWithHeadroomLocked(band, req.Tenant, burst, now)
 		c.reserveLocked(req.ID, req.Streamed, best, now)
 		if c.totalCount > 0 {
 			c.drain.add(cost)
@@ -132,7 +133,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, now)
 		return d, nil, false, nil
 	}
-	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost); known && wait > bc.MaxQueueTime {
+	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost, now); known && wait > bc.MaxQueueTime {
 		c.rejectLocked(&d, ReasonPredictedWait, wait, cost, now)
 		return d, nil, false, nil
 	}
@@ -192,6 +193,21 @@ func costOf(req Request) float64 {
 		return 1
 	}
 	return float64(req.EstimatedCost)
+}
+
+// nobodyAheadLocked reports whether a new request of tenant in band would be the next to dispatch: nothing waits in a
+// higher band, and nothing in its own, or nothing of its own while it is under its share (those dispatch first).
+func (c *Controller) nobodyAheadLocked(band Band, tenant string, now time.Time) bool {
+	if c.queuedAtOrAboveLocked(band) == 0 {
+		return true
+	}
+	if band > Critical && c.queuedAtOrAboveLocked(band-1) > 0 {
+		return false
+	}
+	if tq := c.bands[band].tenants[tenant]; tq != nil && tq.n > 0 {
+		return false
+	}
+	return c.isUnderShareLocked(band, tenant, now)
 }
 
 func (c *Controller) queuedAtOrAboveLocked(band Band) int {

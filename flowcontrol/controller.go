@@ -83,6 +83,12 @@ type Controller struct {
 	// poolSlots is the smallest slot limit learned on any endpoint at the latest scrape (0 when none): what lower
 	// bands take for the limit of an endpoint whose own is not known yet, under the Critical reserve (poolSlotsCap).
 	poolSlots int
+	// demand is what each tenant of each band asks (tenantseats.go), swept when it reaches demandSweepAt entries;
+	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates.
+	demand        map[tenantKey]*tenantDemand
+	demandSweepAt int
+	underShare    map[tenantKey]float64
+	underShareAt  time.Time
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.
 	droppedMissing int
 	// recovery follows, per band, the overload episodes snapshots find it in (no endpoint below its ceiling, or
@@ -136,6 +142,8 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 		endpointIndex:  make(map[string]int),
 		newestScrapeNs: math.MinInt64,
 		reservations:   make(map[string]reservation),
+		demand:         make(map[tenantKey]*tenantDemand),
+		demandSweepAt:  minTenantSweepAt,
 		drain:          newDrainEstimator(cfg.DrainRateWindow),
 		onTimer:        func(event func()) { go event() },
 	}
@@ -186,6 +194,11 @@ func (c *Controller) SetConfig(cfg *Config) error {
 	c.cfg = cfg
 	c.drain.setWindow(cfg.DrainRateWindow)
 	c.criticalArrivals.setWindow(cfg.DrainRateWindow)
+	for _, d := range c.demand {
+		d.requests.setWindow(cfg.DrainRateWindow)
+		d.cost.setWindow(cfg.DrainRateWindow)
+	}
+	c.underShareAt = time.Time{}
 	for i := range c.endpoints {
 		c.endpoints[i].refresh(cfg.Endpoint)
 	}

@@ -3,20 +3,22 @@ package flowcontrol
 import "time"
 
 // dispatchLocked dispatches waiting requests in order while endpoints have headroom: bands strictly by priority,
-// fair within a band. A band without headroom passes to the next: a lower band's ceiling is no higher, so it has
-// none either, unless it may use the burst tier and the band above may not (a band that rejects when saturated keeps
-// only what waited before a policy change made it so). It returns the number dispatched.
+// fair within a band, a tenant under its share first (tenantseats.go). A band without headroom passes to the next: a
+// lower band's ceiling is no higher, so it has none either, unless it may use the burst tier and the band above may
+// not (a band that rejects when saturated keeps only what waited before a policy change made it so). It returns the
+// number dispatched.
 func (c *Controller) dispatchLocked(now time.Time) int {
 	n := 0
 	for _, b := range allBands {
 		q := c.bands[b]
 		for q.count > 0 {
-			_, best, burst := c.headroomLocked(b, now)
+			tq := c.underShareHeadLocked(b, q, now)
+			_, best, burst := c.headroomLocked(b, tq.name, now)
 			if best < 0 {
 				break
 			}
-			names := c.endpointsWithHeadroomLocked(b, burst, now)
-			it := q.pop()
+			names := c.endpointsWithHeadroomLocked(b, tq.name, burst, now)
+			it := q.popTenant(tq)
 			c.dequeuedLocked(it)
 			c.reserveLocked(it.id, it.streamed, best, now)
 			c.drain.add(it.cost)

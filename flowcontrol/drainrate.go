@@ -50,6 +50,13 @@ func (d *drainEstimator) rate() (float64, bool) {
 	return m.events / m.span, true
 }
 
+// settled reports whether a whole window of backlogged time has been observed: before that the rate still leans on
+// the first moments of an overload, when the pool may not have drained at all (a warm-up whose requests all started
+// together and none has ended yet).
+func (d *drainEstimator) settled() bool {
+	return d.meter.span >= d.meter.window*(1-1/math.E)
+}
+
 // retryAfter turns an estimated time-until-admission into an RFC 9110 delay-seconds value: clamp the estimate to
 // [lo, hi] and round it up to whole seconds s, then spread it over s to s+jitter*s whole seconds (u is uniform in
 // [0, 1)) and clamp again. The spread only lengthens the wait: a client sent back before the estimate returns while

@@ -132,8 +132,10 @@ func (q *bandQueue) push(it *item, weight float64) {
 
 // pop removes and returns the item with the smallest virtual start tag, advancing virtual time. The queue must not
 // be empty.
-func (q *bandQueue) pop() *item {
-	tq := q.active[0]
+func (q *bandQueue) pop() *item { return q.popTenant(q.active[0]) }
+
+// popTenant removes and returns the head of tq, a tenant with queued items, as pop does for the fair queue's head.
+func (q *bandQueue) popTenant(tq *tenantQueue) *item {
 	it := tq.head
 	q.vtime = max(q.vtime, tq.headStart)
 	tq.lastFinish = tq.headStart + it.cost/tq.weight
@@ -225,8 +227,10 @@ type activeTenants []*tenantQueue
 
 func (h activeTenants) Len() int { return len(h) }
 
-func (h activeTenants) Less(i, j int) bool {
-	a, b := h[i], h[j]
+func (h activeTenants) Less(i, j int) bool { return h.before(h[i], h[j]) }
+
+// before reports whether tenant a is served before tenant b in fair order.
+func (activeTenants) before(a, b *tenantQueue) bool {
 	if a.headStart != b.headStart {
 		return a.headStart < b.headStart
 	}

@@ -11,12 +11,13 @@ import (
 // slot (hasSlot) and its saturation is below the band's ceiling; while the Critical reserve is on, a band below
 // Critical takes no free seat of a seat-bound endpoint once those are down to their reserve of idle seats
 // (seatReserveLocked). An ejected endpoint still counts as fresh: an ejection never makes the pool look down.
-func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, burst bool) {
+func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fresh, best int, burst bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
+	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	tier := c.burstTierLocked(band, reserve)
-	seatsFull := reserve && band != Critical && c.seatsFullLocked(now)
+	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -25,7 +26,7 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, band, reserve, seatsFull, now) {
+		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, seatsFull, now) {
 			continue
 		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -41,13 +42,14 @@ func (c *Controller) headroomLocked(band Band, now time.Time) (fresh, best int, 
 	return fresh, best, false
 }
 
-// mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot), and it
-// takes a free seat of a seat-bound endpoint only if the seats are not down to their reserve (seatsFull, for bands
-// below Critical under the Critical reserve). A request beyond the seats, where the capacity allows it, takes no seat
-// Critical could have. Under the reserve a lower band also keeps to the pool's slot limit where the endpoint's own is
-// not known (poolSlotsCapLocked).
-func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, seatsFull bool, now time.Time) bool {
-	if !e.hasSlot(reserve) {
+// mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot; strict under
+// the Critical reserve and for a tenant under its share, neither of which is sent beyond a learned slot limit to probe
+// it, where it would wait inside the server), and it takes a free seat of a seat-bound endpoint only if the seats are
+// not down to those kept for others (seatsFull). A request beyond the seats, where the capacity allows it, takes no
+// seat kept for another. Under the Critical reserve a lower band also keeps to the pool's slot limit where the
+// endpoint's own is not known (poolSlotsCapLocked).
+func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, seatsFull bool, now time.Time) bool {
+	if !e.hasSlot(strict) {
 		return false
 	}
 	if reserve && band != Critical && c.poolSlotsCapLocked(e) {
@@ -66,12 +68,21 @@ func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
 	return c.poolSlots > 0 && e.known == 0 && e.learner.maxRunning <= c.poolSlots && e.occupancy() >= c.poolSlots
 }
 
-// seatsFullLocked reports whether the seat-bound endpoints are down to their reserve of idle seats for Critical, so
-// that a lower band may take none of their seats (it may still go beyond the seats of an endpoint whose capacity
-// allows more: that takes no seat Critical could have).
-func (c *Controller) seatsFullLocked(now time.Time) bool {
-	reserve, idle := c.seatReserveLocked(now)
-	return reserve > 0 && idle <= reserve
+// seatsFullLocked reports whether the seat-bound endpoints are down to the idle seats a request of tenant in band must
+// leave: Critical's reserve (reserve: it is on) for a band below Critical, and the seats kept for the band's other
+// tenants under their share (tenantSeatsLocked). Then the request may take none of their seats (it may still go
+// beyond the seats of an endpoint whose capacity allows more: that takes no seat kept for another).
+func (c *Controller) seatsFullLocked(band Band, tenant string, reserve bool, now time.Time) bool {
+	kept, idle := 0, 0
+	if reserve && band != Critical {
+		kept, idle = c.seatReserveLocked(now)
+	}
+	if len(c.underShareLocked(now)) > 0 {
+		seats, free, frees := c.seatFiguresLocked(now)
+		idle = free
+		kept += c.tenantSeatsLocked(band, tenant, seats, frees, now)
+	}
+	return kept > 0 && idle <= kept
 }
 
 // criticalReserveLocked reports whether the Critical reserve is on: while Critical traffic is active (a Critical
@@ -90,17 +101,18 @@ func (c *Controller) burstTierLocked(band Band, reserve bool) bool {
 
 // endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling in the tier headroomLocked picked (burst
 // as it reported), in snapshot order.
-func (c *Controller) endpointsWithHeadroomLocked(band Band, burst bool, now time.Time) []string {
+func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst bool, now time.Time) []string {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
-	seatsFull := reserve && band != Critical && c.seatsFullLocked(now)
+	strict := reserve || c.isUnderShareLocked(band, tenant, now)
+	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(reserve)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, seatsFull, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, seatsFull, now)
 	}
 	n := 0
 	for i := range c.endpoints {

@@ -74,7 +74,7 @@ func checkInvariants(c *Controller) error {
 		// A due timer whose callback has not run yet (the clock just stepped) may still dispatch.
 		timerDue := c.ttlTimer != nil && !c.ttlAt.After(now)
 		if q.count > 0 && !timerDue {
-			if _, best, _ := c.headroomLocked(b, now); best >= 0 {
+			if _, best, _ := c.headroomLocked(b, "", now); best >= 0 {
 				return fmt.Errorf("band %s has %d waiting although endpoint %s has headroom", b, q.count, c.endpoints[best].Name)
 			}
 		}

@@ -129,7 +129,7 @@ func (c *Controller) CriticalWouldWait(req Request) bool {
 	if c.queuedAtOrAboveLocked(Critical) > 0 {
 		return true
 	}
-	_, best, _ := c.headroomLocked(Critical, now)
+	_, best, _ := c.headroomLocked(Critical, "", now)
 	return best < 0
 }
 

@@ -324,6 +324,8 @@ func TestLearnedSlotLimit(t *testing.T) {
 		running   int
 		next      int
 		nextWaits bool
+		// nextTenant sends the request after it for another tenant than the one that sent the rest ("t").
+		nextTenant string
 	}{
 		{name: "it waited for a slot: strict", waiter: "slot", running: 4, nextWaits: true},
 		{name: "it started with nothing ended: forgotten", waiter: "at once", running: 5},
@@ -332,6 +334,9 @@ func TestLearnedSlotLimit(t *testing.T) {
 		// strict (in the EPP it goes first to the next seat that frees).
 		{name: "no evidence: Critical is no probe", waiter: "failed", running: 4, next: 1, nextWaits: true},
 		{name: "the probe waited for a slot: strict", waiter: "failed", probe: true, running: 4, nextWaits: true},
+		// Nor is a request of a tenant under its share (tenantseats.go): it goes first to the next seat that frees.
+		{name: "no evidence: a tenant under its share is no probe", waiter: "failed", running: 4, nextWaits: true,
+			nextTenant: "light"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -341,10 +346,17 @@ func TestLearnedSlotLimit(t *testing.T) {
 					c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
 				}))
 				h.scrape(ep("a", 0))
-				streamed := func(priority int) *call {
+				streamedAs := func(tenant string, priority int) *call {
 					h.seq++
-					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Priority: priority, Bytes: 100,
-						Streamed: true})
+					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: tenant, Priority: priority,
+						Bytes: 100, Streamed: true})
+				}
+				streamed := func(priority int) *call { return streamedAs("t", priority) }
+				next := func() *call {
+					if tt.nextTenant != "" {
+						return streamedAs(tt.nextTenant, tt.next)
+					}
+					return streamed(tt.next)
 				}
 				var sent []*call
 				for range 5 { // nothing is known yet: all five go, and the fifth waits in the server
@@ -360,7 +372,7 @@ func TestLearnedSlotLimit(t *testing.T) {
 					h.step(50 * time.Millisecond)
 					h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
 				}
-				held := streamed(tt.next)
+				held := next()
 				held.wantWaiting(t) // five in flight, four slots learned, one waiting there
 				h.step(prompt)
 				switch tt.waiter {
@@ -383,7 +395,7 @@ func TestLearnedSlotLimit(t *testing.T) {
 					h.c.Started(held.req.ID)
 					h.step(50 * time.Millisecond)
 					h.scrape(Endpoint{Name: "a", Running: tt.running})
-					held = streamed(tt.next)
+					held = next()
 				}
 				if tt.nextWaits {
 					held.wantWaiting(t)

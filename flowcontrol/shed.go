@@ -3,13 +3,20 @@ package flowcontrol
 import "time"
 
 // estimatedWaitLocked predicts how long a new request would wait: the cost ahead of it (higher bands' backlog plus
-// its fair position in its own band, plus itself) over the drain rate. known is false while the rate is unknown.
-func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost float64) (wait time.Duration, known bool) {
+// its fair position in its own band, or only its tenant's own waiting requests while the tenant is under its share
+// and so dispatches first, plus itself) over the drain rate. known is false while the rate is unknown.
+func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost float64, now time.Time) (wait time.Duration, known bool) {
 	rate, ok := c.drain.rate()
 	if !ok {
 		return 0, false
 	}
 	ahead := c.bands[band].costAhead(tenant, weight) + cost
+	if c.isUnderShareLocked(band, tenant, now) {
+		ahead = cost
+		if tq := c.bands[band].tenants[tenant]; tq != nil {
+			ahead += tq.cost
+		}
+	}
 	for b := Critical; b < band; b++ {
 		ahead += c.bands[b].cost
 	}
@@ -64,7 +71,7 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 // snapshot's dispatches, and the backlog at and above it.
 func (c *Controller) trackBlockedLocked(now time.Time) {
 	for _, b := range allBands {
-		_, best, _ := c.headroomLocked(b, now)
+		_, best, _ := c.headroomLocked(b, "", now)
 		blocked := best < 0 || c.queuedAtOrAboveLocked(b) > 0
 		c.recovery[b].observe(now, blocked, c.backlogAtOrAboveLocked(b), c.cfg.DrainRateWindow)
 	}

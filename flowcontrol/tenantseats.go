@@ -1,0 +1,173 @@
+package flowcontrol
+
+import (
+	"slices"
+	"time"
+)
+
+// Tenant seats: fair queuing orders a band's dispatches, so over time a tenant that asks for less than its fair share
+// gets all it asks; but only over time. Under overload every seat that frees goes to the head of the queue, so a
+// request of such a tenant waits for a seat to free, and a backlog it built while nothing was dispatched (a warm-up,
+// a burst) clears only at the margin between its share and its demand (about one request a second in the
+// tenant-fairness scenario). So, while a band's tenants contend, a tenant under its share (active within the
+// drain-rate window, and asking less cost per second than its weight's share, among the band's active tenants, of what
+// the band drains) is served as its share entitles it to be, at once:
+//   - its waiting requests dispatch before the other tenants' of its band (max-min fairness: what a tenant asks below
+//     its share it is given in full), so its backlog clears at the band's rate;
+//   - on seat-bound endpoints the other tenants of its band leave seats idle for it, sized from its own arrival rate
+//     as the Critical reserve is (reserveSeats; the same seats, the same chain), so its arrival finds a free seat.
+//
+// A tenant asking more than its share is not protected and waits its turn in fair order; a band with one active
+// tenant has nobody to protect it from, and lower bands keep seats for no tenant of a higher band (band priority
+// already orders them; only Critical has a reserve across bands). In the Critical band no seats are kept per tenant:
+// the Critical reserve keeps them for the whole band (kept per tenant on top, they idled up to half the seats of the
+// chaos fleet, whose Critical band holds two tenants, and delayed its Critical requests).
+
+// tenantKey names a tenant within a band: fair queuing, and so tenant seats, are per band.
+type tenantKey struct {
+	band   Band
+	tenant string
+}
+
+// tenantDemand is what a tenant of a band asks: requests and cost per second, measured over the drain-rate window.
+type tenantDemand struct {
+	requests, cost rateMeter
+	weight         float64
+	last           time.Time
+}
+
+// minTenantSweepAt is the size of the demand table that triggers forgetting tenants idle for a window.
+const minTenantSweepAt = 64
+
+// noteArrivalLocked counts an arrival of tenant in band, of cost, with the tenant's weight.
+func (c *Controller) noteArrivalLocked(band Band, tenant string, weight, cost float64, now time.Time) {
+	k := tenantKey{band, tenant}
+	d := c.demand[k]
+	if d == nil {
+		if len(c.demand) >= c.demandSweepAt {
+			c.sweepDemandLocked(now)
+		}
+		d = &tenantDemand{requests: newRateMeter(c.cfg.DrainRateWindow), cost: newRateMeter(c.cfg.DrainRateWindow)}
+		c.demand[k] = d
+	}
+	d.requests.add(now, 1)
+	d.cost.add(now, cost)
+	d.weight, d.last = weight, now
+	c.underShareAt = time.Time{}
+}
+
+// sweepDemandLocked forgets the tenants idle for a drain-rate window (they count as inactive already).
+func (c *Controller) sweepDemandLocked(now time.Time) {
+	for k, d := range c.demand {
+		if !c.activeLocked(d, now) {
+			delete(c.demand, k)
+		}
+	}
+	c.demandSweepAt = max(minTenantSweepAt, 2*len(c.demand))
+}
+
+func (c *Controller) activeLocked(d *tenantDemand, now time.Time) bool {
+	return now.Sub(d.last) < c.cfg.DrainRateWindow
+}
+
+// underShareLocked returns the tenants under their share at now (see the file comment), with their arrival rates in
+// requests per second. It is computed once per instant: dispatch asks it for every request it sends.
+func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
+	if c.underShare != nil && c.underShareAt.Equal(now) {
+		return c.underShare
+	}
+	clear(c.underShare)
+	if c.underShare == nil {
+		c.underShare = make(map[tenantKey]float64)
+	}
+	c.underShareAt = now
+	var asked, requests, weight [NumBands]float64
+	var active [NumBands]int
+	for k, d := range c.demand {
+		if !c.activeLocked(d, now) {
+			continue
+		}
+		r, _ := d.cost.rate(now)
+		n, _ := d.requests.rate(now)
+		asked[k.band] += r
+		requests[k.band] += n
+		weight[k.band] += d.weight
+		active[k.band]++
+	}
+	if !slices.ContainsFunc(active[:], func(n int) bool { return n >= 2 }) {
+		return c.underShare // no band has tenants to protect from each other
+	}
+	// What the pool drains, in cost per second: the drain rate, or on seat-bound endpoints the rate their seats free
+	// (Little's law) at the mean cost asked if more. The drain rate is measured only while requests wait, so it starts
+	// low after a warm-up that dispatched nothing; until it has a window of evidence (settled) and while nothing
+	// better is known, the pool counts as draining what the bands ask if more: a tenant asking less than its weight's
+	// share of the demand is then under its share.
+	drain, _ := c.drain.rate()
+	var total, n float64
+	for _, b := range allBands {
+		total, n = total+asked[b], n+requests[b]
+	}
+	known := c.drain.settled()
+	if _, _, frees := c.seatFiguresLocked(now); frees > 0 && n > 0 {
+		drain, known = max(drain, frees*total/n), true
+	}
+	if !known {
+		drain = max(drain, total)
+	}
+	// What each band drains: the pool's drain less what the bands above ask.
+	above := 0.0
+	for _, b := range allBands {
+		capacity := max(0, drain-above)
+		above += asked[b]
+		if active[b] < 2 {
+			continue
+		}
+		for k, d := range c.demand {
+			if k.band != b || !c.activeLocked(d, now) {
+				continue
+			}
+			if r, _ := d.cost.rate(now); r < d.weight/weight[b]*capacity {
+				c.underShare[k], _ = d.requests.rate(now)
+			}
+		}
+	}
+	return c.underShare
+}
+
+// isUnderShareLocked reports whether tenant is under its share in band.
+func (c *Controller) isUnderShareLocked(band Band, tenant string, now time.Time) bool {
+	_, under := c.underShareLocked(now)[tenantKey{band, tenant}]
+	return under
+}
+
+// underShareHeadLocked returns the tenant queue of band q (b) that dispatches next: the under-share tenant with the
+// earliest start tag if one has requests waiting, else the fair queue's head.
+func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *tenantQueue {
+	under := c.underShareLocked(now)
+	var head *tenantQueue
+	for _, tq := range q.active {
+		if _, ok := under[tenantKey{b, tq.name}]; ok && (head == nil || q.active.before(tq, head)) {
+			head = tq
+		}
+	}
+	if head == nil {
+		return q.active[0]
+	}
+	return head
+}
+
+// tenantSeatsLocked returns how many idle seats of the seat-bound endpoints (seats of them, freeing at frees per
+// second) a request of tenant in band must leave for the band's other tenants under their share: for each, the
+// reserve its arrival rate needs (reserveSeats), in all at most half the seats.
+func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
+	if band == Critical {
+		return 0 // the Critical reserve keeps seats for the whole band, sized from all its arrivals
+	}
+	kept := 0
+	for k, arrivals := range c.underShareLocked(now) {
+		if k.band == band && k.tenant != tenant {
+			kept += reserveSeats(arrivals, frees, seats/2)
+		}
+	}
+	return min(kept, seats/2)
+}

@@ -1,0 +1,169 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestTenantUnderShare: on two full endpoints of two seats, a heavy tenant keeps requests waiting. A light tenant
+// asking less than its fair share (fewer and smaller requests) has its waiting request dispatched on the next seat to free, ahead of the heavy
+// tenant's older ones, and the seat after that stays idle for it, so its next arrival starts at once. A tenant asking
+// as much as the heavy one is served in fair order and has no seat kept; with one tenant in the band nothing is kept.
+func TestTenantUnderShare(t *testing.T) {
+	const heavyCost = 10
+	tests := []struct {
+		name string
+		// light is how many requests the second tenant sends before the first seat frees (one every 100 ms, the
+		// last one waiting); 0: the band has one tenant.
+		light     int
+		lightCost uint64
+		// lightFirst: the first seat to free goes to the second tenant's waiting request. seatKept: the next stays
+		// idle for it (the heavy tenant's waiting request does not get it) and its next arrival takes it.
+		lightFirst, seatKept bool
+	}{
+		{name: "under its share", light: 1, lightCost: 1, lightFirst: true, seatKept: true},
+		{name: "as much as the heavy tenant", light: 8, lightCost: heavyCost},
+		{name: "one tenant", light: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) {
+					c.Endpoint.Concurrency = 2
+					c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
+				}))
+				h.scrape(ep("a", 0), ep("b", 0))
+				var running, heavy []*call
+				for range 4 {
+					cl := h.admit(0, "heavy", heavyCost)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					running = append(running, cl)
+				}
+				for range 8 {
+					heavy = append(heavy, h.admit(0, "heavy", heavyCost))
+					h.step(100 * time.Millisecond)
+				}
+				var light []*call
+				for range tt.light {
+					light = append(light, h.admit(0, "light", tt.lightCost))
+					h.step(100 * time.Millisecond)
+				}
+				for _, cl := range append(heavy, light...) {
+					cl.wantWaiting(t)
+				}
+
+				h.step(time.Second)
+				h.c.Release(running[0].req.ID)
+				synctest.Wait()
+				if tt.light > 0 {
+					if got := light[0].finished(); got != tt.lightFirst {
+						t.Fatalf("light request dispatched on the first free seat: %v, want %v", got, tt.lightFirst)
+					}
+				}
+				if got := heavy[0].finished(); got == tt.lightFirst {
+					t.Fatalf("oldest heavy request dispatched on the first free seat: %v, want %v", got, !tt.lightFirst)
+				}
+
+				waiting := append(heavy, light...)
+				before := countFinished(waiting)
+				h.c.Release(running[1].req.ID)
+				synctest.Wait()
+				want := 1
+				if tt.seatKept {
+					want = 0
+				}
+				if got := countFinished(waiting) - before; got != want {
+					t.Fatalf("%d waiting requests dispatched on the second free seat, want %d", got, want)
+				}
+				if tt.seatKept {
+					h.admit(0, "light", tt.lightCost).wantOutcome(t, Dispatched, ReasonNone)
+				}
+			})
+		})
+	}
+}
+
+func countFinished(calls []*call) int {
+	n := 0
+	for _, cl := range calls {
+		if cl.finished() {
+			n++
+		}
+	}
+	return n
+}
+
+// TestUnderShare: a tenant is under its share when it asks less than its weight's share of what its band drains, and
+// only while another tenant of the band is active. Until the drain rate has a window of evidence (a warm-up that
+// dispatched nothing leaves it near zero) the band drains at least what it is asked. A tenant under its share is
+// predicted to wait only behind its own requests, not the band's fair backlog.
+func TestUnderShare(t *testing.T) {
+	tests := []struct {
+		name         string
+		heavy, light float64 // requests per second, of cost 1
+		drain        float64 // measured drain rate, cost per second (0: none)
+		settled      bool
+		under        bool
+	}{
+		{name: "no drain rate: a share of the demand", heavy: 8, light: 2, under: true},
+		{name: "settled drain rate below twice its demand", heavy: 8, light: 2, drain: 3, settled: true},
+		{name: "settled drain rate above twice its demand", heavy: 8, light: 2, drain: 5, settled: true, under: true},
+		{name: "drain rate not settled: a share of the demand", heavy: 8, light: 2, drain: 3, under: true},
+		{name: "as much as the other tenant", heavy: 2, light: 2, drain: 3, settled: true},
+		{name: "alone in its band", light: 2, drain: 10, settled: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newHarness(t, testConfig(t, nil)).c
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			window := c.cfg.DrainRateWindow
+			now := t0
+			for tick := time.Duration(0); tick < window; tick += 10 * time.Millisecond {
+				now = t0.Add(tick)
+				for tenant, rate := range map[string]float64{"heavy": tt.heavy, "light": tt.light} {
+					if every := time.Duration(float64(time.Second) / max(rate, 1e-9)); rate > 0 && tick%every == 0 {
+						c.noteArrivalLocked(Standard, tenant, 1, 1, now)
+					}
+				}
+			}
+			if tt.drain > 0 {
+				span := window.Seconds() / 5
+				if tt.settled {
+					span = window.Seconds()
+				}
+				c.drain.meter = rateMeter{window: window.Seconds(), events: tt.drain * span, span: span, last: now}
+			}
+			if _, got := c.underShareLocked(now)[tenantKey{Standard, "light"}]; got != tt.under {
+				t.Errorf("light under its share: %v, want %v", got, tt.under)
+			}
+			if _, got := c.underShareLocked(now)[tenantKey{Standard, "heavy"}]; got {
+				t.Errorf("heavy under its share")
+			}
+
+			// Backlogs of 100 heavy and 5 light requests: a new light request is predicted to wait behind its own 5,
+			// and fair queuing would put as many heavy ones before it unless it is under its share.
+			for i := range 105 {
+				tenant := "heavy"
+				if i >= 100 {
+					tenant = "light"
+				}
+				c.bands[Standard].push(&item{id: fmt.Sprint(i), tenant: tenant, cost: 1, seq: uint64(i)}, 1)
+			}
+			wait, known := c.estimatedWaitLocked(Standard, "light", 1, 1, now)
+			for c.bands[Standard].count > 0 {
+				c.bands[Standard].pop()
+			}
+			want := 11.0 // itself, its own 5 and 5 of the heavy tenant's
+			if tt.under {
+				want = 6
+			}
+			if ahead := wait.Seconds() * tt.drain; known && math.Abs(ahead-want) > 0.01 {
+				t.Errorf("cost ahead of a light request and itself %.2f (wait %v), want %v", ahead, wait, want)
+			}
+		})
+	}
+}
