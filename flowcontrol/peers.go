@@ -1,5 +1,7 @@
 package flowcontrol
 
+import "time"
+
 // Peers: several EPP replicas that own disjoint shares of a pool's endpoints (flowcontrol/replication) decide as one
 // on the Critical seat reserve. Each replica tells the others, every few milliseconds, its SeatSummary: its Critical
 // arrival rate, how fast its seat-bound seats free, how many there are, and which of its endpoints have idle seats.
@@ -117,8 +119,9 @@ func (c *Controller) SeatSummary() SeatSummary {
 }
 
 // CriticalWouldWait reports whether req is a valid Critical request that would wait here: no endpoint has headroom
-// for it, or Critical requests wait already (they go first). A caller that then sends it to a peer's endpoint reports
-// that with DispatchedElsewhere.
+// for it, Critical requests wait already (they go first), or, with a live peer, it could go only beyond an endpoint's
+// seats (criticalSeatLocked). A caller that then sends it to a peer's endpoint reports that with DispatchedElsewhere;
+// one that finds no idle seat at the peers admits it here as usual.
 func (c *Controller) CriticalWouldWait(req Request) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -130,7 +133,21 @@ func (c *Controller) CriticalWouldWait(req Request) bool {
 		return true
 	}
 	_, best, _ := c.headroomLocked(Critical, "", now)
-	return best < 0
+	return best < 0 || c.peers.ReserveShare != nil && !c.criticalSeatLocked(now)
+}
+
+// criticalSeatLocked reports whether an endpoint with headroom for Critical has a free seat, or no seat count at all
+// while it holds fewer than the pool's slot limit (poolSlotsCapLocked): nothing known says a request waits there.
+// Beyond them, where the tentative capacity of an endpoint whose slot limit is not learned yet lets a Critical request
+// go, it usually waits inside the server for the first slot to free (the seats are the most it has run, typically its
+// limit); a peer's idle seat starts it at once.
+func (c *Controller) criticalSeatLocked(now time.Time) bool {
+	for _, name := range c.endpointsWithHeadroomLocked(Critical, "", false, now) {
+		if e := &c.endpoints[c.endpointIndex[name]]; e.freeSeats() > 0 || e.seats == 0 && !c.poolSlotsCapLocked(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // DispatchedElsewhere records and returns the decision for a Critical request that arrived here and was sent to

@@ -135,6 +135,57 @@ func TestCriticalElsewhere(t *testing.T) {
 	})
 }
 
+// TestCriticalBeyondSeatsGoesToPeers: with a live peer, a Critical request that could go only beyond the seats of an
+// endpoint whose slot limit is not learned (into its tentative capacity, where it would wait inside the server for a
+// slot) would wait here, so its caller offers it a peer's idle seat first; alone, or with a seat free here, it goes
+// here as before.
+func TestCriticalBeyondSeatsGoesToPeers(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		peers    bool
+		inFlight int // this replica's requests on a, whose tentative seats are 2 (capacity 3)
+		want     bool
+	}{
+		{name: "seats full, peer live", peers: true, inFlight: 2, want: true},
+		{name: "a seat free, peer live", peers: true, inFlight: 1},
+		{name: "seats full, alone", inFlight: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0))
+				var sent []*call
+				for range 2 {
+					cl := h.admit(0, "t", 1)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					sent = append(sent, cl)
+				}
+				// a showed a request waiting while it ran two, then none: tentative seats 2, capacity 3.
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: 1})
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2})
+				for _, cl := range sent[tc.inFlight:] {
+					h.c.Release(cl.req.ID)
+				}
+				if tc.peers {
+					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }})
+				}
+				h.c.mu.Lock()
+				e := h.c.endpoints[h.c.endpointIndex["a"]]
+				h.c.mu.Unlock()
+				if e.seats != 2 || e.capacity != 3 || e.known != 0 {
+					t.Fatalf("seats %d, capacity %d, known %d; want tentative seats 2, capacity 3, no known limit", e.seats,
+						e.capacity, e.known)
+				}
+				if got := h.c.CriticalWouldWait(Request{ID: "c", Tenant: "t", Priority: 1, Bytes: 1}); got != tc.want {
+					t.Fatalf("CriticalWouldWait %v, want %v", got, tc.want)
+				}
+			})
+		})
+	}
+}
+
 // TestSeatSummaryListsIdleSeats: a summary lists the endpoints with free seats and how many, at most
 // maxOfferedEndpoints of them, and counts the Critical requests waiting.
 func TestSeatSummaryListsIdleSeats(t *testing.T) {
