@@ -158,10 +158,14 @@ func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *
 
 // tenantSeatsLocked returns how many idle seats of the seat-bound endpoints (seats of them, freeing at frees per
 // second) a request of tenant in band must leave for the band's other tenants under their share: for each, the
-// reserve its arrival rate needs (reserveSeats), in all at most half the seats.
+// reserve its arrival rate needs (reserveSeats), in all at most half the seats. A tenant under its share keeps none
+// from the others under theirs: each would otherwise hold the freed seats idle for the other while both wait.
 func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
 	if band == Critical {
 		return 0 // the Critical reserve keeps seats for the whole band, sized from all its arrivals
+	}
+	if c.isUnderShareLocked(band, tenant, now) {
+		return 0
 	}
 	kept := 0
 	for k, arrivals := range c.underShareLocked(now) {

@@ -86,6 +86,41 @@ func TestTenantUnderShare(t *testing.T) {
 	}
 }
 
+// TestTenantsUnderShareKeepNoSeatsFromEachOther: two tenants under their share, each with a request waiting, both
+// start as seats free: neither keeps the freed seats idle for the other.
+func TestTenantsUnderShareKeepNoSeatsFromEachOther(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			c.Endpoint.Concurrency = 2
+			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
+		}))
+		h.scrape(ep("a", 0), ep("b", 0))
+		var running []*call
+		for range 4 {
+			cl := h.admit(0, "heavy", 10)
+			cl.wantOutcome(t, Dispatched, ReasonNone)
+			running = append(running, cl)
+		}
+		for range 8 {
+			h.admit(0, "heavy", 10)
+			h.step(100 * time.Millisecond)
+		}
+		x := h.admit(0, "x", 1)
+		h.step(100 * time.Millisecond)
+		y := h.admit(0, "y", 1)
+		h.step(time.Second)
+		x.wantWaiting(t)
+		y.wantWaiting(t)
+		h.c.Release(running[0].req.ID)
+		synctest.Wait()
+		h.c.Release(running[1].req.ID)
+		synctest.Wait()
+		if !x.finished() || !y.finished() {
+			t.Fatalf("after two seats freed: x dispatched %v, y dispatched %v; want both", x.finished(), y.finished())
+		}
+	})
+}
+
 func countFinished(calls []*call) int {
 	n := 0
 	for _, cl := range calls {

@@ -92,7 +92,7 @@ func withoutDistributionDetail(page []byte) []byte {
 				t := string(f[2])
 				family, summary = nil, t == "summary"
 				if t == "histogram" || summary {
-					family = f[1]
+					family = bytes.Clone(f[1]) // the page is rewritten in place: f[1] may be overwritten
 				}
 			}
 		default:

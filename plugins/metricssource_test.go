@@ -105,6 +105,16 @@ func TestMetricsPageLeavesOutDistributionDetail(t *testing.T) {
 	}
 }
 
+// TestMetricsPageFamilyAfterDroppedLines: a TYPE line after dropped lines is read as written, though the page is
+// filtered in place over the bytes it was read from.
+func TestMetricsPageFamilyAfterDroppedLines(t *testing.T) {
+	page := "# TYPE a summary\na_sum 1\na_count 1\n# TYPE bb summary\nbb{quantile=\"0.5\"} 1\nbb_sum 2\nbb_count 3\n"
+	want := "# TYPE a summary\na_count 1\n# TYPE bb summary\nbb_count 3\n"
+	if got := string(withoutDistributionDetail([]byte(page))); got != want {
+		t.Errorf("filtered page:\n%s\nwant:\n%s", got, want)
+	}
+}
+
 // FuzzMetricsPage holds parseMetricsPage to upstream's parse of any page it parses (sameForExtractors).
 func FuzzMetricsPage(f *testing.F) {
 	sim, err := os.ReadFile("testdata/vllm-sim-metrics.txt")
