@@ -73,13 +73,16 @@ func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
 // tenants under their share (tenantSeatsLocked). Then the request may take none of their seats (it may still go
 // beyond the seats of an endpoint whose capacity allows more: that takes no seat kept for another).
 func (c *Controller) seatsFullLocked(band Band, tenant string, reserve bool, now time.Time) bool {
-	kept, idle := 0, 0
-	if reserve && band != Critical {
-		kept, idle = c.seatReserveLocked(now)
+	critical, tenants := reserve && band != Critical, len(c.underShareLocked(now)) > 0
+	if !critical && !tenants {
+		return false
 	}
-	if len(c.underShareLocked(now)) > 0 {
-		seats, free, frees := c.seatFiguresLocked(now)
-		idle = free
+	seats, idle, frees := c.seatFiguresLocked(now)
+	kept := 0
+	if critical {
+		kept = c.criticalSeatsLocked(seats, frees, now)
+	}
+	if tenants {
 		kept += c.tenantSeatsLocked(band, tenant, seats, frees, now)
 	}
 	return kept > 0 && idle <= kept

@@ -56,14 +56,20 @@ func (c *Controller) seatBoundLocked(e *endpointState, now time.Time) bool {
 // most half of those endpoints' seats; with live peers it is this replica's part of the pool's (pooledReserveLocked).
 func (c *Controller) seatReserveLocked(now time.Time) (reserve, idle int) {
 	seats, idle, frees := c.seatFiguresLocked(now)
+	return c.criticalSeatsLocked(seats, frees, now), idle
+}
+
+// criticalSeatsLocked is seatReserveLocked's reserve, from the seat figures (seatFiguresLocked) of the fresh seat-bound
+// endpoints.
+func (c *Controller) criticalSeatsLocked(seats int, frees float64, now time.Time) int {
 	if seats == 0 {
-		return 0, 0
+		return 0
 	}
 	arrivals, _ := c.criticalArrivals.rate(now)
 	if c.peers.ReserveShare != nil {
-		return c.pooledReserveLocked(arrivals, frees, seats), idle
+		return c.pooledReserveLocked(arrivals, frees, seats)
 	}
-	return reserveSeats(arrivals, frees, seats/2), idle
+	return reserveSeats(arrivals, frees, seats/2)
 }
 
 // seatFiguresLocked returns the seats of the fresh seat-bound endpoints, how many of them are idle, and the rate they
