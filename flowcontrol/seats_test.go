@@ -228,15 +228,20 @@ func TestStatedConcurrency(t *testing.T) {
 	})
 }
 
+// newSeatHarness is a harness whose endpoints run two requests each and hold none pending: each is seat-bound once full.
+func newSeatHarness(t *testing.T) *harness {
+	return newHarness(t, testConfig(t, func(c *Config) {
+		c.Endpoint.Concurrency = 2
+		c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
+	}))
+}
+
 // TestCriticalSeatReserve: while Critical traffic is active, a seat that frees on a full (seat-bound) endpoint stays
 // idle for Critical rather than going to a waiting Standard request; a Critical arrival takes it at once, and when
 // Critical traffic stops the Standard request gets the next seat.
 func TestCriticalSeatReserve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, func(c *Config) {
-			c.Endpoint.Concurrency = 2
-			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
-		}))
+		h := newSeatHarness(t)
 		h.scrape(ep("a", 0), ep("b", 0))
 		critical := h.admit(1, "t", 1)
 		critical.wantOutcome(t, Dispatched, ReasonNone)
@@ -483,10 +488,7 @@ func TestForeignLoadDoesNotStarve(t *testing.T) {
 // keeps waiting although the ejected endpoint stands idle.
 func TestEjectedSeatsReserveNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, func(c *Config) {
-			c.Endpoint.Concurrency = 2
-			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
-		}))
+		h := newSeatHarness(t)
 		h.scrape(ep("b", 0))
 		onB := []*call{h.admit(1, "t", 1), h.admit(0, "t", 1)}
 		for _, cl := range onB {

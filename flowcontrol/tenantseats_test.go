@@ -31,21 +31,8 @@ func TestTenantUnderShare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, func(c *Config) {
-					c.Endpoint.Concurrency = 2
-					c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
-				}))
-				h.scrape(ep("a", 0), ep("b", 0))
-				var running, heavy []*call
-				for range 4 {
-					cl := h.admit(0, "heavy", heavyCost)
-					cl.wantOutcome(t, Dispatched, ReasonNone)
-					running = append(running, cl)
-				}
-				for range 8 {
-					heavy = append(heavy, h.admit(0, "heavy", heavyCost))
-					h.step(100 * time.Millisecond)
-				}
+				h := newSeatHarness(t)
+				running, heavy := fillWithHeavy(t, h, heavyCost)
 				var light []*call
 				for range tt.light {
 					light = append(light, h.admit(0, "light", tt.lightCost))
@@ -90,21 +77,8 @@ func TestTenantUnderShare(t *testing.T) {
 // start as seats free: neither keeps the freed seats idle for the other.
 func TestTenantsUnderShareKeepNoSeatsFromEachOther(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, func(c *Config) {
-			c.Endpoint.Concurrency = 2
-			c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0
-		}))
-		h.scrape(ep("a", 0), ep("b", 0))
-		var running []*call
-		for range 4 {
-			cl := h.admit(0, "heavy", 10)
-			cl.wantOutcome(t, Dispatched, ReasonNone)
-			running = append(running, cl)
-		}
-		for range 8 {
-			h.admit(0, "heavy", 10)
-			h.step(100 * time.Millisecond)
-		}
+		h := newSeatHarness(t)
+		running, _ := fillWithHeavy(t, h, 10)
 		x := h.admit(0, "x", 1)
 		h.step(100 * time.Millisecond)
 		y := h.admit(0, "y", 1)
@@ -119,6 +93,22 @@ func TestTenantsUnderShareKeepNoSeatsFromEachOther(t *testing.T) {
 			t.Fatalf("after two seats freed: x dispatched %v, y dispatched %v; want both", x.finished(), y.finished())
 		}
 	})
+}
+
+// fillWithHeavy fills h's two endpoints of two seats with requests of tenant "heavy" costing cost (running), then
+// queues 8 more of them, one every 100 ms (waiting).
+func fillWithHeavy(t *testing.T, h *harness, cost uint64) (running, waiting []*call) {
+	h.scrape(ep("a", 0), ep("b", 0))
+	for range 4 {
+		cl := h.admit(0, "heavy", cost)
+		cl.wantOutcome(t, Dispatched, ReasonNone)
+		running = append(running, cl)
+	}
+	for range 8 {
+		waiting = append(waiting, h.admit(0, "heavy", cost))
+		h.step(100 * time.Millisecond)
+	}
+	return running, waiting
 }
 
 func countFinished(calls []*call) int {
