@@ -347,9 +347,15 @@ func (p *Process) stop(sig os.Signal, limit time.Duration) (exit, err error) {
 	case <-p.exited:
 		return p.waitErr, nil
 	case <-time.After(limit):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		return p.waitErr, fmt.Errorf("EPP did not stop on %v within %s", sig, limit)
+		// SIGQUIT makes the Go runtime write every goroutine's stack to the output the test logs: where it hung.
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.exited:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		return p.waitErr, fmt.Errorf("EPP did not stop on %v within %s (its goroutines, from SIGQUIT, end its output)", sig, limit)
 	}
 }
 
