@@ -298,6 +298,7 @@ func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datast
 		return nil, err
 	}
 	healthSrv := grpc.NewServer()
+	healthStopping := make(chan struct{}) // closed as the health server stops: ends the peers' streams (peerReceiver)
 	healthpb.RegisterHealthServer(healthSrv, &healthServer{
 		logger:                ctrl.Log.WithName("health"),
 		pool:                  ds,
@@ -310,10 +311,11 @@ func (r *Runner) servers(ctx context.Context, opts *Options, ds datastore.Datast
 			return nil, fmt.Errorf("registering the peer exchange's metrics: %w", err)
 		}
 		healthSrv.RegisterService(&peerExchangeDesc, &peerReceiver{view: req.view, admission: req.peers, clock: r.clock,
-			logger: ctrl.Log.WithName("replication"), traffic: traffic})
+			logger: ctrl.Log.WithName("replication"), traffic: traffic, stopping: healthStopping})
 	}
 	servers := []manager.Runnable{
-		&grpcServer{name: "health", server: healthSrv, port: opts.GRPCHealthPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("health")},
+		&grpcServer{name: "health", server: healthSrv, port: opts.GRPCHealthPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("health"),
+			stopping: healthStopping},
 		&grpcServer{name: "ext-proc", server: extProc, port: opts.GRPCPort, gracePeriod: r.shutdownGrace, logger: ctrl.Log.WithName("ext-proc")},
 		manager.RunnableFunc(func(ctx context.Context) error {
 			// Upstream logs a periodic metrics summary of the pool.

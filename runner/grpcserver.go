@@ -17,7 +17,10 @@ type grpcServer struct {
 	server      *grpc.Server
 	port        int
 	gracePeriod time.Duration
-	logger      logr.Logger
+	// stopping, if set, is closed as the graceful stop begins: handlers of streams that never end by themselves (the
+	// peer exchange) return on it.
+	stopping chan struct{}
+	logger   logr.Logger
 	// listening, when set, is called with the bound address once listening;
 	// tests use it with port 0.
 	listening func(net.Addr)
@@ -39,6 +42,9 @@ func (g *grpcServer) Start(ctx context.Context) error {
 	case err := <-errc:
 		return fmt.Errorf("%s gRPC server: %w", g.name, err)
 	case <-ctx.Done():
+	}
+	if g.stopping != nil {
+		close(g.stopping)
 	}
 	stopped := make(chan struct{})
 	go func() {

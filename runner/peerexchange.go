@@ -10,7 +10,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/utils/clock"
@@ -54,12 +56,26 @@ type peerReceiver struct {
 	admission PeerExchanger
 	clock     clock.PassiveClock
 	logger    logr.Logger
-	traffic   *peerTraffic // nil: not counted
+	traffic   *peerTraffic    // nil: not counted
+	stopping  <-chan struct{} // closed as the replica stops; nil: never
 }
 
-// receive reads one peer's stream until it ends. A summary that does not parse ends the stream with an error; one
-// from a replica that is not a peer (a stray or misconfigured sender) is dropped.
+// receive reads one peer's stream until it ends, or until this replica stops (stopping): a peer sends for as long as
+// it lives, so the health server's graceful stop would otherwise wait its whole grace period for the stream.
 func (p *peerReceiver) receive(stream grpc.ServerStream) error {
+	done := make(chan error, 1)
+	go func() { done <- p.receiveAll(stream) }()
+	select {
+	case err := <-done:
+		return err
+	case <-p.stopping:
+		return status.Error(codes.Unavailable, "replica stopping")
+	}
+}
+
+// receiveAll reads stream until it ends. A summary that does not parse ends the stream with an error; one from a
+// replica that is not a peer (a stray or misconfigured sender) is dropped.
+func (p *peerReceiver) receiveAll(stream grpc.ServerStream) error {
 	for {
 		var msg wrapperspb.BytesValue
 		if err := stream.RecvMsg(&msg); err != nil {
