@@ -142,6 +142,7 @@ func (r *Runner) newProcess(ctx context.Context, opts *Options, gknn common.GKNN
 	}
 	var optionErrs []error
 	extendOptions := func(o *ctrl.Options) {
+		promptInformers(o)
 		if opts.PeersService != "" {
 			peersCache(o, gknn.Namespace, opts.PeersService)
 		}
