@@ -18,7 +18,11 @@ import (
 // request's own prompt, computed before its first chunk. Why the endpoint's own usual gap rather than its peers':
 // a pool of mixed GPUs holds servers 3x apart in step time by design; a server several times slower than itself
 // is not normal. Why most peers at their normal pace: when the whole pool slows down together (a burst of long
-// prompts, more load, a pause of the EPP or the proxy that carries the chunks), none of them is the outlier.
+// prompts, more load, a pause of the EPP or the proxy that carries the chunks), none of them is the outlier. A peer
+// is not at its normal pace either when it was quiet (nothing for quietGaps of its usual gaps) over at least half
+// of the silence judged, even if its chunks have arrived since: on a starved host the EPP, the proxy and the servers
+// pause together, and the chunks held back arrive in a burst afterwards, in any order, so the endpoint whose chunk
+// is delivered last looks like the only one silent.
 //
 // A stall: an endpoint with streams under way that sends nothing for SlowFactor times its usual gap. On a healthy
 // server only a prefill makes a step that long (or a pause of its process, which a stall cannot tell apart),
@@ -82,6 +86,10 @@ const (
 	// stallHorizon bounds how long a silence counts as a stall: a stream whose end was never reported is silent
 	// for ever, and an endpoint that slowed down sends its slow chunks well within it.
 	stallHorizon = 2 * time.Second
+	// quietGaps is the silence, in usual gaps, that makes a peer quiet: twice what a healthy server streaming at its
+	// pace leaves between two chunks, well short of a stall (SlowFactor), so that a pause that hit the whole pool
+	// counts against every peer it held back, not only the ones it held back as long.
+	quietGaps = 2
 )
 
 type stream struct {
@@ -112,6 +120,9 @@ type endpointPace struct {
 	// prefillUntil is when the prefills it may be computing end, at the slowest rate (prefillTokensPerStep): its
 	// streams' silence counts from then.
 	prefillUntil time.Time
+	// quietFrom and quietTo bound its latest quiet spell: quietGaps usual gaps or more between two of its chunks, a
+	// stream of it under way.
+	quietFrom, quietTo time.Time
 }
 
 // EndpointEjection is an ejection of Endpoint by its pace, against its Usual gap: by a stall, All of its streams or
@@ -163,8 +174,8 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) EndpointEjection {
 	defer p.mu.Unlock()
 	p.pruneLocked(now)
 	e := p.endpointLocked(endpoint)
-	stalled, silent := p.stalledLocked(e, now), now.Sub(e.last)
-	ej := p.chunkLocked(now, id, endpoint, e, stalled)
+	stalled, silent, from := p.stalledLocked(e, now), now.Sub(e.last), e.silentSince()
+	ej := p.chunkLocked(now, id, endpoint, e, stalled, from)
 	if ej.Reason == NotEjected {
 		return EndpointEjection{}
 	}
@@ -175,8 +186,12 @@ func (p *Pace) Chunk(now time.Time, id, endpoint string) EndpointEjection {
 	return out
 }
 
-// chunkLocked records the chunk of Chunk on e, whose streams had stalled before it if stalled.
-func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, stalled bool) Ejection {
+// chunkLocked records the chunk of Chunk on e, whose streams had stalled before it, unexplained since from, if
+// stalled.
+func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, stalled bool, from time.Time) Ejection {
+	if e.open > 0 && e.n >= paceWarmup && now.Sub(e.last) >= quietGaps*e.usual {
+		e.quietFrom, e.quietTo = e.last, now
+	}
 	e.last = now
 	s := p.streams[id]
 	if s != nil && s.endpoint != endpoint {
@@ -191,9 +206,9 @@ func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, 
 		p.streams[id] = s
 		e.open++
 		p.suspectLocked(s)
-		return p.stallLocked(now, endpoint, e, stalled)
+		return p.stallLocked(now, endpoint, e, stalled, from)
 	}
-	gap := now.Sub(s.last)
+	gap, gapFrom := now.Sub(s.last), s.last
 	s.last = now
 	if e.n < paceWarmup {
 		e.learn(gap)
@@ -220,16 +235,19 @@ func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, 
 	if !e.reported && !stalled && bits.OnesCount64(s.history) < p.gaps {
 		return Ejection{}
 	}
-	return p.reportLocked(now, endpoint, e)
+	if stalled {
+		gapFrom = from
+	}
+	return p.reportLocked(now, endpoint, e, gapFrom)
 }
 
-// stallLocked reports endpoint slow when its streams had stalled before the chunk at now.
-func (p *Pace) stallLocked(now time.Time, endpoint string, e *endpointPace, stalled bool) Ejection {
+// stallLocked reports endpoint slow when its streams had stalled, unexplained since from, before the chunk at now.
+func (p *Pace) stallLocked(now time.Time, endpoint string, e *endpointPace, stalled bool, from time.Time) Ejection {
 	if !stalled {
 		return Ejection{}
 	}
 	e.slowAt = now
-	return p.reportLocked(now, endpoint, e)
+	return p.reportLocked(now, endpoint, e, from)
 }
 
 // endpointLocked returns endpoint's pace, new if unknown.
@@ -259,9 +277,38 @@ func (e *endpointPace) dequeue(s *stream) {
 
 // stalledLocked reports whether e's streams stalled, unexplained, at now: it has streams under way and has sent
 // nothing for SlowFactor times its usual gap (up to stallHorizon: a stream whose end was never reported is not a
-// stall) since its latest chunk or since the prefills it may be computing end, whichever is later.
+// stall) since its latest chunk or since the prefills it may be computing end, whichever is later (silentSince).
 func (p *Pace) stalledLocked(e *endpointPace, now time.Time) bool {
 	return p.d.cfg.EjectOnStall && p.silentLocked(e, now) && p.slowLocked(e, now.Sub(e.prefillUntil))
+}
+
+// silentSince is when e's silence stopped being explained: its latest chunk or the end of the prefills it may be
+// computing, whichever is later.
+func (e *endpointPace) silentSince() time.Time {
+	if e.prefillUntil.After(e.last) {
+		return e.prefillUntil
+	}
+	return e.last
+}
+
+// quietLocked reports whether e was quiet (see endpointPace.quietFrom) over at least half of [from, now]: in its
+// latest quiet spell, or in the one under way.
+func (p *Pace) quietLocked(e *endpointPace, from, now time.Time) bool {
+	if e.n < paceWarmup || !now.After(from) {
+		return false
+	}
+	half := now.Sub(from) / 2
+	if e.open > 0 && now.Sub(e.last) >= quietGaps*e.usual && now.Sub(later(e.last, from)) >= half {
+		return true
+	}
+	return e.quietTo.Sub(later(e.quietFrom, from)) >= half
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // silentLocked reports whether e, with streams under way, has sent nothing for SlowFactor times its usual gap (up
@@ -317,9 +364,10 @@ func (e *endpointPace) learn(gap time.Duration) {
 	e.usual += (gap - e.usual) / time.Duration(e.n)
 }
 
-// reportLocked reports endpoint slow to the detector, when most of its peers' pace is normal.
-func (p *Pace) reportLocked(now time.Time, endpoint string, e *endpointPace) Ejection {
-	if !p.normalPeersLocked(now, endpoint) {
+// reportLocked reports endpoint slow, for a slow gap or silence since from, to the detector, when most of its peers'
+// pace is normal.
+func (p *Pace) reportLocked(now time.Time, endpoint string, e *endpointPace, from time.Time) Ejection {
+	if !p.normalPeersLocked(now, endpoint, from) {
 		return Ejection{}
 	}
 	e.reported = true
@@ -327,15 +375,17 @@ func (p *Pace) reportLocked(now time.Time, endpoint string, e *endpointPace) Eje
 }
 
 // normalPeersLocked reports whether most of the other endpoints that streamed within healthyPeerWindow are at
-// their normal pace (their latest gap normal, no stream of theirs one slow gap short of slow), and at least one.
-func (p *Pace) normalPeersLocked(now time.Time, endpoint string) bool {
+// their normal pace (their latest gap normal, no stream of theirs one slow gap short of slow, not quiet over the
+// silence judged, from from to now), and at least one.
+func (p *Pace) normalPeersLocked(now time.Time, endpoint string, from time.Time) bool {
 	active, normal := 0, 0
 	for name, e := range p.endpoints {
 		if name == endpoint || now.Sub(e.last) > healthyPeerWindow {
 			continue
 		}
 		active++
-		if e.suspects == 0 && !e.normalAt.IsZero() && !e.normalAt.Before(e.slowAt) && !p.silentLocked(e, now) {
+		if e.suspects == 0 && !e.normalAt.IsZero() && !e.normalAt.Before(e.slowAt) && !p.silentLocked(e, now) &&
+			!p.quietLocked(e, from, now) {
 			normal++
 		}
 	}
@@ -352,14 +402,14 @@ func (p *Pace) Stalled(now time.Time) []EndpointEjection {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var started []EndpointEjection
-	report := func(name string, e *endpointPace, all bool, last time.Time) {
-		if ej := p.reportLocked(now, name, e); ej.Reason != NotEjected {
+	report := func(name string, e *endpointPace, all bool, last, from time.Time) {
+		if ej := p.reportLocked(now, name, e, from); ej.Reason != NotEjected {
 			started = append(started, EndpointEjection{Endpoint: name, Ejection: ej, All: all, Silent: now.Sub(last), Usual: e.usual})
 		}
 	}
 	for name, e := range p.endpoints {
 		if p.stalledLocked(e, now) {
-			report(name, e, true, e.last)
+			report(name, e, true, e.last, e.silentSince())
 		}
 	}
 	for s := range p.suspects {
@@ -367,7 +417,7 @@ func (p *Pace) Stalled(now time.Time) []EndpointEjection {
 		if e == nil || e.n < paceWarmup || !p.slowLocked(e, now.Sub(s.last)) {
 			continue
 		}
-		report(s.endpoint, e, false, s.last)
+		report(s.endpoint, e, false, s.last, s.last)
 	}
 	return started
 }

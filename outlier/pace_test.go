@@ -145,6 +145,20 @@ func TestPace(t *testing.T) {
 		{name: "the whole pool stalling together ejects nothing", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("s", "a", 800, 200), streamOf("t", "b", 800, 200), stall(880), stall(999),
 		)},
+		// A starved host: the EPP, the proxy and the servers pause together, and the chunks held back arrive in a
+		// burst, in any order. b was quiet (60 ms: 3 usual gaps, not slow) over most of a's silence.
+		{name: "a pause the pool shared ejects nothing, a peer's chunks delivered first", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("s", "a", 800, 20, 20, 20, 20), streamOf("t", "b", 810, 20, 20, 20, 20, 60, 1, 1),
+			stall(965), pick(965),
+		)},
+		{name: "a pause the pool shared ejects nothing, its chunk delivered first", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("s", "a", 800, 20, 20, 20, 20, 85), streamOf("t", "b", 810, 20, 20, 20, 20, 76, 1),
+			pick(967),
+		)},
+		{name: "a peer's quiet spell before the silence does not explain it", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("s", "a", 800, 20, 20, 20, 20, 20), streamOf("t", "b", 800, append([]int{20, 20, 60}, repeat(10, 20)...)...),
+			stall(979), stall(980, "a"),
+		)},
 		{name: "a slower GPU's silence is judged by its own pace", steps: paced(
 			warm("h100", 6), warm("a10g", 20), streamOf("h", "h100", 240, repeat(200, 6)...),
 			streamOf("g", "a10g", 800, 60, 60, 60), stall(859), stall(919), stall(979),
