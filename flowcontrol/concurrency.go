@@ -101,8 +101,8 @@ func (l *concurrencyLearner) observe(e Endpoint, decoding int) {
 	l.releases = 0
 	fast := !l.disproved && e.WaitingQueue > 0 && e.KVCacheUsage < kvQueueUsage && decoding >= l.plateauRunning &&
 		l.plateauRunning < largeBatchRunning && l.plateauScrapes >= fastPlateauScrapes
-	// Neither rule learns on a full KV cache: there the plateau is the KV cache's, not a slot limit.
-	slow := e.KVCacheUsage < kvQueueUsage && l.plateauScrapes >= slotPlateauScrapes && l.plateauReleases >= slotPlateauReleases
+	slow := e.KVCacheUsage < kvQueueUsage && l.plateauScrapes >= slotPlateauScrapes &&
+		l.plateauReleases >= slotPlateauReleases
 	if (fast || slow) && l.plateauRunning >= l.maxRunning && l.plateauRunning != l.slots {
 		l.slots, l.confirmed = l.plateauRunning, false
 	}
