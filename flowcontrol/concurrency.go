@@ -18,6 +18,10 @@ import (
 //     KV blocks in use (smoothed), times the KV threshold, which leaves the running requests room to grow as they
 //     decode. A server that reports no KV use has none.
 //
+// Neither rule learns while the KV cache is nearly full (kvQueueUsage): a KV-bound server's running count plateaus
+// where its blocks run out, a number that moves with the mix and that its KV limit already bounds; taken for a slot
+// limit it would be cut again by the KV threshold.
+//
 // A small endpoint (running fewer than largeBatchRunning) learns its slot limit fast: from the second consecutive
 // scrape that shows requests waiting there at the most it has run while all it runs are the EPP's requests that have
 // had their first chunk (decoding: a server still computing a long prompt holds its running count with a queue while
@@ -97,7 +101,8 @@ func (l *concurrencyLearner) observe(e Endpoint, decoding int) {
 	l.releases = 0
 	fast := !l.disproved && e.WaitingQueue > 0 && e.KVCacheUsage < kvQueueUsage && decoding >= l.plateauRunning &&
 		l.plateauRunning < largeBatchRunning && l.plateauScrapes >= fastPlateauScrapes
-	slow := l.plateauScrapes >= slotPlateauScrapes && l.plateauReleases >= slotPlateauReleases
+	slow := e.KVCacheUsage < kvQueueUsage && l.plateauScrapes >= slotPlateauScrapes &&
+		l.plateauReleases >= slotPlateauReleases
 	if (fast || slow) && l.plateauRunning >= l.maxRunning && l.plateauRunning != l.slots {
 		l.slots, l.confirmed = l.plateauRunning, false
 	}
@@ -120,7 +125,8 @@ func (l *concurrencyLearner) observe(e Endpoint, decoding int) {
 // Without either, an endpoint that has queued requests while running fewer than largeBatchRunning gets tentative
 // seats: the most it has run, and a capacity a quarter beyond (at least one request), so its load can grow while it
 // starts what it is sent, but a full server queues at most that many while its plateau teaches its slot limit; one
-// whose latest scrape showed requests waiting gets nothing beyond its seats until they have started. Any other
+// whose latest scrape showed requests waiting gets nothing beyond its seats until they have started, and none gets a
+// capacity beyond what its KV cache holds of the current mix (perKV) when that is more than its seats. Any other
 // endpoint has neither (the saturation thresholds alone judge it, as before seats).
 func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats, capacity int, source concurrencySource) {
 	pick := func(n int, s concurrencySource) {
@@ -142,6 +148,11 @@ func (l *concurrencyLearner) limits(th EndpointThresholds, waiting bool) (seats,
 	seats, capacity = l.maxRunning, l.maxRunning+max(1, l.maxRunning/4)
 	if waiting {
 		capacity = seats
+	}
+	// Beyond what its KV cache holds a request waits there for blocks, and takes the next that free ahead of any
+	// Critical request sent after it.
+	if l.perKV > 0 {
+		capacity = min(capacity, max(seats, int(math.Min(l.perKV, math.MaxInt32))))
 	}
 	return seats, capacity, concurrencyRunning
 }

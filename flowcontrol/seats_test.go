@@ -76,9 +76,12 @@ func TestConcurrencyLearner(t *testing.T) {
 		{name: "disproved, plateau with ends", steps: slices.Concat(disproved, []scrapeStep{{5, 1, 0, 0.1},
 			{5, 1, 1, 0.1}, {5, 1, 0, 0.1}, {5, 1, 1, 0.1}}), slots: 5, seats: 5, capacity: 5, source: concurrencySlots,
 			known: 6},
-		// Requests waiting on a full KV cache wait for blocks, not slots.
+		// Requests waiting on a full KV cache wait for blocks, not slots, however long the plateau; the tentative
+		// capacity goes no further than what the KV cache holds (10 at 85%: 11.8).
 		{name: "queue on a full KV cache", steps: []scrapeStep{{10, 1, 0, 0.85}, {10, 1, 0, 0.85}}, seats: 10,
-			capacity: 12, source: concurrencyRunning},
+			capacity: 11, source: concurrencyRunning},
+		{name: "plateau with ends on a full KV cache", steps: []scrapeStep{{10, 1, 0, 0.9}, {10, 1, 1, 0.9},
+			{10, 1, 0, 0.9}, {10, 1, 1, 0.9}}, seats: 10, capacity: 11, source: concurrencyRunning},
 		{name: "latest scrape waiting", steps: plateau[:1], waiting: true, seats: 4, capacity: 4, source: concurrencyRunning},
 		{name: "never queued", steps: []scrapeStep{{4, 0, 1, 0.1}, {4, 0, 1, 0.1}}, source: concurrencyUnknown},
 		{name: "large batch, queue in two scrapes", steps: large[:2], source: concurrencyUnknown},
