@@ -41,69 +41,89 @@ func (c extProcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return unmarshalProcessingRequest(buf.ReadOnlyData(), req)
 }
 
-// Field numbers of envoy.service.ext_proc.v3.ProcessingRequest.
+// Field numbers of envoy.service.ext_proc.v3.ProcessingRequest and HttpBody.
 const (
 	processingRequestResponseBody    protowire.Number = 5
 	processingRequestMetadataContext protowire.Number = 8
 	processingRequestAttributes      protowire.Number = 9
+	httpBodyBody                     protowire.Number = 1
+	httpBodyEndOfStream              protowire.Number = 2
 )
 
-// unmarshalProcessingRequest is proto.Unmarshal of b into req, except that a message that decodes as a response body
-// leaves out its metadata_context and attributes (their bytes are skipped, not decoded, so not validated either: a
-// response body message whose metadata protobuf would refuse, such as a string that is not UTF-8, is accepted).
+// unmarshalProcessingRequest is proto.Unmarshal of b into req, except that a response body message as proxies send
+// it (one response_body with its body and end of stream, the filter metadata and attributes) is decoded here, without
+// its metadata_context and attributes: their bytes are skipped, not decoded, so not validated either (a response body
+// message whose metadata protobuf would refuse, such as a string that is not UTF-8, is accepted). Any other message,
+// or a response body with any other field, takes proto.Unmarshal.
 func unmarshalProcessingRequest(b []byte, req *extprocv3.ProcessingRequest) error {
-	if !skipsResponseBodyExtras(b) {
-		return proto.Unmarshal(b, req)
+	if body, ok := decodeResponseBody(b); ok {
+		req.Reset()
+		req.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
+		return nil
 	}
-	proto.Reset(req)
-	merge := proto.UnmarshalOptions{Merge: true}
-	// A message is the merge of its fields: the runs of fields between the skipped ones decode one after the other
-	// into req as the whole message would.
-	run := 0
-	for off := 0; off < len(b); {
-		num, typ, n := protowire.ConsumeTag(b[off:])
-		m := protowire.ConsumeFieldValue(num, typ, b[off+n:])
-		next := off + n + m // skipsResponseBodyExtras checked every field
-		if skippedField(num, typ) {
-			if err := merge.Unmarshal(b[run:off], req); err != nil {
-				return err
-			}
-			run = next
-		}
-		off = next
-	}
-	if err := merge.Unmarshal(b[run:], req); err != nil {
-		return err
-	}
-	if req.GetResponseBody() == nil {
-		// The oneof's last member was not the response body after all (a malformed or unusual message): decode all.
-		return proto.Unmarshal(b, req)
-	}
-	return nil
+	return proto.Unmarshal(b, req)
 }
 
-// skipsResponseBodyExtras reports whether b is a well-formed protobuf message with a response_body field and a
-// metadata_context or attributes field to skip.
-func skipsResponseBodyExtras(b []byte) bool {
-	body, extras := false, false
+// decodeResponseBody decodes b when it is a well-formed ProcessingRequest of one response_body field whose HttpBody
+// has only a body and an end of stream, and besides it only metadata_context and attributes fields.
+func decodeResponseBody(b []byte) (*extprocv3.HttpBody, bool) {
+	var body []byte
+	seen := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return nil, false
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return nil, false
+		}
+		switch num {
+		case processingRequestResponseBody:
+			if seen { // a second one would be merged into the first
+				return nil, false
+			}
+			body, seen = v, true
+		case processingRequestMetadataContext, processingRequestAttributes:
+		default:
+			return nil, false
+		}
+		b = b[n+m:]
+	}
+	if !seen {
+		return nil, false
+	}
+	return decodeHTTPBody(body)
+}
+
+// decodeHTTPBody decodes an HttpBody that has only a body and an end of stream (as protobuf does, the last of a
+// repeated field wins).
+func decodeHTTPBody(b []byte) (*extprocv3.HttpBody, bool) {
+	out := &extprocv3.HttpBody{}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return false
+			return nil, false
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return false
+		b = b[n:]
+		switch {
+		case num == httpBodyBody && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil, false
+			}
+			out.Body = append([]byte(nil), v...) // b is gRPC's buffer, reused once decoded
+			b = b[m:]
+		case num == httpBodyEndOfStream && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return nil, false
+			}
+			out.EndOfStream = protowire.DecodeBool(v)
+			b = b[m:]
+		default:
+			return nil, false
 		}
-		body = body || num == processingRequestResponseBody && typ == protowire.BytesType
-		extras = extras || skippedField(num, typ)
-		b = b[n+m:]
 	}
-	return body && extras
-}
-
-// skippedField reports whether a field is one the codec skips in a response body message: metadata_context or
-// attributes, encoded as such (with another wire type protobuf keeps it as an unknown field, and so does the codec).
-func skippedField(num protowire.Number, typ protowire.Type) bool {
-	return typ == protowire.BytesType && (num == processingRequestMetadataContext || num == processingRequestAttributes)
+	return out, true
 }
