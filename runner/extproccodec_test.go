@@ -6,6 +6,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/encoding"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -29,13 +30,7 @@ func codecTestMessages(t testing.TB) map[string][]byte {
 	attrs := map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {
 		Fields: map[string]*structpb.Value{"request.path": structpb.NewStringValue("/v1/chat/completions")}}}
 	chunk := &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {}\n\n")}}
-	marshal := func(m proto.Message) []byte {
-		b, err := proto.Marshal(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	marshal := mustMarshal
 	chunkWithMetadata := marshal(&extprocv3.ProcessingRequest{Request: chunk, MetadataContext: served, Attributes: attrs,
 		ObservabilityMode: true})
 	reqHeaders := marshal(&extprocv3.ProcessingRequest{MetadataContext: served, Attributes: attrs,
@@ -151,17 +146,10 @@ func FuzzExtProcCodec(f *testing.F) {
 //
 //	go test -run '^$' -bench ExtProcCodec -benchmem ./runner/
 func BenchmarkExtProcCodec(b *testing.B) {
-	x := newStreamedChat(1<<10, 2)
-	msg, err := proto.Marshal(x.chunks[0])
-	if err != nil {
-		b.Fatal(err)
-	}
-	data := mem.BufferSlice{mem.SliceBuffer(msg)}
+	data := mem.BufferSlice{mem.SliceBuffer(mustMarshal(newStreamedChat(1<<10, 2).chunks[0]))}
 	for _, c := range []struct {
 		name  string
-		codec interface {
-			Unmarshal(mem.BufferSlice, any) error
-		}
+		codec encoding.CodecV2
 	}{{"grpc-proto", newExtProcCodec().proto}, {"sluice", newExtProcCodec()}} {
 		b.Run("codec="+c.name, func(b *testing.B) {
 			b.ReportAllocs()
