@@ -14,6 +14,8 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"k8s.io/client-go/rest"
@@ -341,7 +343,8 @@ func (everyReplica) NeedLeaderElection() bool { return false }
 
 // extProcServer builds the ext_proc gRPC server: upstream's streaming server
 // behind Sluice's model selector (may be nil) and response shapers, with
-// upstream's TLS and health options.
+// upstream's TLS and health options; on the hot path it decodes with
+// extProcCodec.
 func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.Datastore, req *requestPath) (*grpc.Server, error) {
 	var serverOpts []grpc.ServerOption
 	if opts.SecureServing {
@@ -350,6 +353,11 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 			return nil, err
 		}
 		serverOpts = append(serverOpts, grpc.Creds(creds))
+	}
+	codec := encoding.GetCodecV2(grpcproto.Name) // what gRPC picks for the proxy's messages
+	if req.hot {
+		codec = newExtProcCodec()
+		serverOpts = append(serverOpts, grpc.ForceServerCodecV2(codec))
 	}
 	srv := grpc.NewServer(serverOpts...)
 	handler := &shapingServer{
@@ -363,7 +371,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		hot:          req.hot,
 	}
 	if r.extProcHandler != nil {
-		r.extProcHandler(handler)
+		r.extProcHandler(handler, codec)
 	}
 	extprocv3.RegisterExternalProcessorServer(srv, handler)
 	if opts.HealthChecking {

@@ -14,6 +14,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
@@ -27,7 +30,8 @@ import (
 // the response body in chunks (one SSE event each, the usage event and [DONE] in the last), every message carrying
 // the filter metadata the data plane forwards, and reads every answer. The EPP is the whole request path the binary
 // runs (Director, parser, scheduling, admission, model selection hold), on four endpoints whose metrics pages say
-// they are idle; only the transport is left out. Upstream's EPP and Sluice's run side by side in one run: the ratio
+// they are idle, and the codec its gRPC server decodes and encodes the messages with; only the transport (HTTP/2
+// framing, the socket) is left out. Upstream's EPP and Sluice's run side by side in one run: the ratio
 // at each size is the figure (testbed/bench/scenarios/README.md), in cpu-ns/op (the process's CPU time per operation,
 // which a shared machine's load disturbs far less than ns/op). With -benchmem, allocs/op against chunks is the cost
 // per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt.
@@ -81,7 +85,7 @@ func quietLogs(b testing.TB) {
 // --sluice-admission (Sluice's default profile and admission) on Sluice's hot path, as cmd/epp runs it, and
 // "sluice-upstream-path" the same without the hot path; all with a model selector installed, as the binary has in
 // either mode.
-func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelServer) (extprocv3.ExternalProcessorServer, error) {
+func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelServer) (benchEPP, error) {
 	if len(servers) == 0 {
 		for range 4 {
 			servers = append(servers, runnertest.StartModelServer(b, "127.0.0.1:0"))
@@ -104,12 +108,12 @@ func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelSer
 		// path, not the scraper.
 		policy := filepath.Join(b.TempDir(), "policy.yaml")
 		if err := os.WriteFile(policy, []byte("endpoint: {metricsStalenessThreshold: 1h}\n"), 0o600); err != nil {
-			return nil, err
+			return benchEPP{}, err
 		}
 		args = append(args, "--flow-control-config="+policy)
 	}
 	admission := plugins.NewFlowControlCommand()
-	handlers := make(chan extprocv3.ExternalProcessorServer, 1)
+	handlers := make(chan benchEPP, 1)
 	r := New().WithOutput(io.Discard).
 		WithFlags(admission.AddFlags, func(opts *Options) error { return admission.Complete(opts.Options) }).
 		WithAdmission(func(ctx context.Context, deps AdmissionDeps) (requestcontrol.AdmissionController, error) {
@@ -122,16 +126,16 @@ func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelSer
 		WithResponseShapers(admission).
 		WithHotPath(func(*Options) bool { return profile == "sluice" && admission.Enabled() }).
 		WithModelSelector(func(context.Context, ModelSelectorDeps) (ModelSelector, error) { return keepModel{}, nil })
-	r.extProcHandler = func(h extprocv3.ExternalProcessorServer) { handlers <- h }
+	r.extProcHandler = func(h extprocv3.ExternalProcessorServer, codec encoding.CodecV2) { handlers <- benchEPP{h, codec} }
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
 	failed := make(chan error, 1)
 	go func() { failed <- r.Run(ctx, args) }()
-	var h extprocv3.ExternalProcessorServer
+	var h benchEPP
 	select {
 	case h = <-handlers:
 	case err := <-failed:
-		return nil, fmt.Errorf("the EPP stopped: %v", err)
+		return h, fmt.Errorf("the EPP stopped: %v", err)
 	}
 	// Wait for the first scrapes: Sluice admission answers 503 until an endpoint has fresh metrics.
 	ex := newStreamedChat(1<<10, 1)
@@ -142,10 +146,16 @@ func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelSer
 			return h, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("the EPP does not route: %v", err)
+			return h, fmt.Errorf("the EPP does not route: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// benchEPP is an EPP's ext_proc handler and the codec its gRPC server uses.
+type benchEPP struct {
+	extprocv3.ExternalProcessorServer
+	codec encoding.CodecV2
 }
 
 // benchRefreshInterval is the benchmark EPPs' metrics refresh interval.
@@ -159,11 +169,12 @@ func (keepModel) SelectModel(context.Context, map[string]string, []byte) ModelCh
 	return ModelChoice{}
 }
 
-// streamedChat is one request and its streamed response, as the proxy's messages; the body messages are shared by
-// every run (nothing on the request path modifies them), the headers are built per run with its request ID.
+// streamedChat is one request and its streamed response, as the proxy's messages; the body messages are encoded
+// once, on the first run, and shared by every run, the headers are built and encoded per run with its request ID.
 type streamedChat struct {
 	body, respHeaders *extprocv3.ProcessingRequest
 	chunks            []*extprocv3.ProcessingRequest
+	wire              [][]byte // body, respHeaders and chunks, encoded
 	stream            benchStream
 }
 
@@ -207,32 +218,45 @@ func headerList(kv ...string) *corev3.HeaderMap {
 }
 
 // run plays the exchange through h with request ID id and checks that every chunk came back in order.
-func (x *streamedChat) run(h extprocv3.ExternalProcessorServer, id string) error {
+func (x *streamedChat) run(h benchEPP, id string) error {
 	return x.runRecording(h, id, nil)
 }
 
 // runRecording is run, handing record (when not nil) every answer the handler sends.
-func (x *streamedChat) runRecording(h extprocv3.ExternalProcessorServer, id string, record func(*extprocv3.ProcessingResponse)) error {
+func (x *streamedChat) runRecording(h benchEPP, id string, record func(*extprocv3.ProcessingResponse)) error {
+	if x.wire == nil {
+		for _, m := range append([]*extprocv3.ProcessingRequest{x.body, x.respHeaders}, x.chunks...) {
+			x.wire = append(x.wire, mustMarshal(m))
+		}
+	}
 	s := &x.stream
 	s.reset()
-	s.record = record
-	s.in = append(s.in,
-		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-			Headers: headerList(":method", "POST", ":path", "/v1/chat/completions", ":authority", "gateway",
-				"content-type", "application/json", "x-request-id", id)}}},
-		x.body, x.respHeaders)
-	s.in = append(s.in, x.chunks...)
+	s.codec, s.record = h.codec, record
+	s.in = append(s.in, mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: headerList(":method", "POST", ":path", "/v1/chat/completions",
+			":authority", "gateway", "content-type", "application/json", "x-request-id", id)}}}))
+	s.in = append(s.in, x.wire...)
 	if err := h.Process(s); err != nil {
 		return err
 	}
 	return s.check(x)
 }
 
+func mustMarshal(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 // benchStream is the proxy's side of one ext_proc stream: it hands the handler the request messages in order (the
-// response phase only after the request phase was answered, as Envoy sends it) and keeps what the handler sent.
+// response phase only after the request phase was answered, as Envoy sends it), decoded with the EPP's codec, and
+// keeps what the handler sent, which it encodes with that codec as the gRPC server would.
 type benchStream struct {
 	grpc.ServerStream
-	in      []*extprocv3.ProcessingRequest
+	codec   encoding.CodecV2
+	in      [][]byte
 	next    int
 	routed  bool
 	headers int // response-header answers
@@ -253,12 +277,20 @@ func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	if s.next == 2 && !s.routed || s.next >= len(s.in) {
 		return nil, io.EOF
 	}
-	m := s.in[s.next]
+	m := &extprocv3.ProcessingRequest{}
+	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(s.in[s.next])}, m); err != nil {
+		return nil, err
+	}
 	s.next++
 	return m, nil
 }
 
 func (s *benchStream) Send(r *extprocv3.ProcessingResponse) error {
+	data, err := s.codec.Marshal(r)
+	if err != nil {
+		return err
+	}
+	data.Free()
 	if s.record != nil {
 		s.record(r)
 	}

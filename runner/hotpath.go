@@ -32,9 +32,13 @@ func (r *Runner) WithHotPath(enabled func(opts *Options) bool) *Runner {
 	return r
 }
 
-// chunkCount is how many non-final response chunks of one ext_proc stream reached the hot Director. It travels in
-// the stream's context, from which every context upstream's handler passes to the Director derives.
-type chunkCount struct{ n int }
+// chunkCount is how many non-final response chunks of one ext_proc stream reached the hot Director, and the request
+// ID the chunk observers are given (read from the request's headers once, not on every chunk). It travels in the
+// stream's context, from which every context upstream's handler passes to the Director derives.
+type chunkCount struct {
+	n         int
+	requestID string
+}
 
 type chunkCountKey struct{}
 
@@ -151,8 +155,11 @@ func (d *hotDirector) HandleResponseBody(ctx context.Context, reqCtx *handlers.R
 		return d.Director.HandleResponseBody(ctx, reqCtx, endOfStream)
 	}
 	if len(d.observers) > 0 {
+		if c.requestID == "" {
+			c.requestID = reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey]
+		}
 		resp := &fwkrc.Response{
-			RequestId: reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey],
+			RequestId: c.requestID,
 			Headers:   reqCtx.Response.Headers,
 			Usage:     reqCtx.Usage,
 		}

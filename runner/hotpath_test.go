@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -23,10 +24,11 @@ import (
 )
 
 // chunkRecorder is a response-body plugin of a given type that records the chunks it is handed (the test numbers
-// them in the usage's completion tokens).
+// them in the usage's completion tokens) and the request IDs it is given.
 type chunkRecorder struct {
 	typ  string
 	seen []int
+	ids  map[string]int
 }
 
 func (r *chunkRecorder) TypedName() fwkplugin.TypedName {
@@ -35,6 +37,10 @@ func (r *chunkRecorder) TypedName() fwkplugin.TypedName {
 
 func (r *chunkRecorder) ResponseBody(_ context.Context, _ *fwksched.LLMRequest, resp *fwkrc.Response, _ *fwkdl.EndpointMetadata) {
 	r.seen = append(r.seen, resp.Usage.CompletionTokens)
+	if r.ids == nil {
+		r.ids = map[string]int{}
+	}
+	r.ids[resp.RequestId]++
 }
 
 // notResponseBody is a plugin without the response-body hook.
@@ -94,7 +100,8 @@ func TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn(t *testing.T) {
 			if tc.stream {
 				ctx = withChunkCount(ctx)
 			}
-			reqCtx := &handlers.RequestContext{Request: &handlers.Request{Headers: map[string]string{}}, Response: &handlers.Response{}}
+			reqCtx := &handlers.RequestContext{Request: &handlers.Request{Headers: map[string]string{"x-request-id": "r1"}},
+				Response: &handlers.Response{}}
 			for i := range 5 {
 				// A plugin's metadata from an earlier chunk does not outlive a skipped one, as with upstream's Director.
 				reqCtx.Response.DynamicMetadata = &structpb.Struct{}
@@ -109,6 +116,9 @@ func TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn(t *testing.T) {
 			}
 			if want := []int{0, 1, 2, 3, 4}; fmt.Sprint(observer.seen) != fmt.Sprint(want) {
 				t.Errorf("the chunk observer saw chunks %v, want each once: %v", observer.seen, want)
+			}
+			if want := map[string]int{"r1": 5}; !maps.Equal(observer.ids, want) {
+				t.Errorf("the chunk observer was given request IDs %v, want %v", observer.ids, want)
 			}
 		})
 	}

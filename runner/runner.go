@@ -12,6 +12,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc/encoding"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -61,9 +62,10 @@ type Runner struct {
 	stdout        io.Writer
 	// shutdownGrace bounds how long the gRPC servers drain on shutdown.
 	shutdownGrace time.Duration
-	// extProcHandler, when set (by this package's benchmarks), is handed the ext_proc handler the gRPC server serves,
-	// so that it can be driven in process, without a transport.
-	extProcHandler func(extprocv3.ExternalProcessorServer)
+	// extProcHandler, when set (by this package's benchmarks), is handed the ext_proc handler the gRPC server serves
+	// and the codec it decodes and encodes the messages with, so that it can be driven in process, without a
+	// transport.
+	extProcHandler func(extprocv3.ExternalProcessorServer, encoding.CodecV2)
 }
 
 // New returns a Runner with upstream's admission and OpenAI-style error

@@ -1,0 +1,129 @@
+package runner
+
+import (
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// extProcCodec is the ext_proc server's gRPC codec on Sluice's hot path (hotpath.go). Every streamed response chunk
+// crosses the EPP as a ProcessingRequest carrying the proxy's filter metadata (and any attributes the filter is
+// configured to send); gRPC's protobuf codec decodes them into generic structpb maps that nothing on the hot path
+// reads (dropResponseBodyMetadata clears them). This codec decodes a response body message without those two fields;
+// every other message, and every encoding, is gRPC's protobuf codec's.
+type extProcCodec struct {
+	proto encoding.CodecV2
+}
+
+var _ encoding.CodecV2 = extProcCodec{}
+
+func newExtProcCodec() extProcCodec {
+	return extProcCodec{proto: encoding.GetCodecV2(grpcproto.Name)}
+}
+
+// Name implements encoding.CodecV2: the codec speaks protobuf, as the proxy expects.
+func (c extProcCodec) Name() string { return grpcproto.Name }
+
+// Marshal implements encoding.CodecV2.
+func (c extProcCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+
+// Unmarshal implements encoding.CodecV2.
+func (c extProcCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	req, ok := v.(*extprocv3.ProcessingRequest)
+	if !ok {
+		return c.proto.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return unmarshalProcessingRequest(buf.ReadOnlyData(), req)
+}
+
+// Field numbers of envoy.service.ext_proc.v3.ProcessingRequest and HttpBody.
+const (
+	processingRequestResponseBody    protowire.Number = 5
+	processingRequestMetadataContext protowire.Number = 8
+	processingRequestAttributes      protowire.Number = 9
+	httpBodyBody                     protowire.Number = 1
+	httpBodyEndOfStream              protowire.Number = 2
+)
+
+// unmarshalProcessingRequest is proto.Unmarshal of b into req, except that a response body message as proxies send
+// it (one response_body with its body and end of stream, the filter metadata and attributes) is decoded here, without
+// its metadata_context and attributes: their bytes are skipped, not decoded, so not validated either (a response body
+// message whose metadata protobuf would refuse, such as a string that is not UTF-8, is accepted). Any other message,
+// or a response body with any other field, takes proto.Unmarshal.
+func unmarshalProcessingRequest(b []byte, req *extprocv3.ProcessingRequest) error {
+	if body, ok := decodeResponseBody(b); ok {
+		req.Reset()
+		req.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
+		return nil
+	}
+	return proto.Unmarshal(b, req)
+}
+
+// decodeResponseBody decodes b when it is a well-formed ProcessingRequest of one response_body field whose HttpBody
+// has only a body and an end of stream, and besides it only metadata_context and attributes fields.
+func decodeResponseBody(b []byte) (*extprocv3.HttpBody, bool) {
+	var body []byte
+	seen := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return nil, false
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return nil, false
+		}
+		switch num {
+		case processingRequestResponseBody:
+			if seen { // a second one would be merged into the first
+				return nil, false
+			}
+			body, seen = v, true
+		case processingRequestMetadataContext, processingRequestAttributes:
+		default:
+			return nil, false
+		}
+		b = b[n+m:]
+	}
+	if !seen {
+		return nil, false
+	}
+	return decodeHTTPBody(body)
+}
+
+// decodeHTTPBody decodes an HttpBody that has only a body and an end of stream (as protobuf does, the last of a
+// repeated field wins).
+func decodeHTTPBody(b []byte) (*extprocv3.HttpBody, bool) {
+	out := &extprocv3.HttpBody{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false
+		}
+		b = b[n:]
+		switch {
+		case num == httpBodyBody && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil, false
+			}
+			out.Body = append([]byte(nil), v...) // b is gRPC's buffer, reused once decoded
+			b = b[m:]
+		case num == httpBodyEndOfStream && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return nil, false
+			}
+			out.EndOfStream = protowire.DecodeBool(v)
+			b = b[m:]
+		default:
+			return nil, false
+		}
+	}
+	return out, true
+}

@@ -1,0 +1,163 @@
+package runner
+
+import (
+	"bytes"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/encoding"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+)
+
+// codecDecoded is what a hot-path stream reads of a decoded message: everything but the metadata and attributes of a
+// response body message, which extProcCodec may skip (dropResponseBodyMetadata clears them after any decoding).
+func codecDecoded(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingRequest {
+	if req.GetResponseBody() != nil {
+		req.MetadataContext, req.Attributes = nil, nil
+	}
+	return req
+}
+
+func codecTestMessages(t testing.TB) map[string][]byte {
+	served := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{metadata.DestinationEndpointNamespace: {
+		Fields: map[string]*structpb.Value{metadata.DestinationEndpointServedKey: structpb.NewStringValue("10.0.0.1:8000")}}}}
+	attrs := map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {
+		Fields: map[string]*structpb.Value{"request.path": structpb.NewStringValue("/v1/chat/completions")}}}
+	chunk := &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {}\n\n")}}
+	marshal := mustMarshal
+	chunkWithMetadata := marshal(&extprocv3.ProcessingRequest{Request: chunk, MetadataContext: served, Attributes: attrs,
+		ObservabilityMode: true})
+	reqHeaders := marshal(&extprocv3.ProcessingRequest{MetadataContext: served, Attributes: attrs,
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headerList(":path", "/")}}})
+	unknown := protowire.AppendTag(nil, 99, protowire.BytesType)
+	unknown = protowire.AppendBytes(unknown, []byte("future"))
+	metadataAsVarint := protowire.AppendTag(nil, processingRequestMetadataContext, protowire.VarintType)
+	metadataAsVarint = protowire.AppendVarint(metadataAsVarint, 7)
+	return map[string][]byte{
+		"response body with metadata, attributes and a later field": chunkWithMetadata,
+		"response body, metadata first": append(marshal(&extprocv3.ProcessingRequest{MetadataContext: served}),
+			marshal(&extprocv3.ProcessingRequest{Request: chunk})...),
+		"two response bodies merge": append(marshal(&extprocv3.ProcessingRequest{Request: chunk, MetadataContext: served}), marshal(&extprocv3.ProcessingRequest{
+			Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}}})...),
+		"response body without metadata": marshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+			ResponseBody: &extprocv3.HttpBody{Body: []byte("data: [DONE]\n\n"), EndOfStream: true}}}),
+		"response body with unknown fields":          append(append(bytes.Clone(unknown), chunkWithMetadata...), unknown...),
+		"response body, metadata as a varint":        append(bytes.Clone(chunkWithMetadata), metadataAsVarint...),
+		"request headers keep metadata":              reqHeaders,
+		"a later oneof member wins over the body":    append(bytes.Clone(chunkWithMetadata), reqHeaders...),
+		"the body wins over an earlier oneof member": append(bytes.Clone(reqHeaders), chunkWithMetadata...),
+		"response headers keep metadata": marshal(&extprocv3.ProcessingRequest{MetadataContext: served,
+			Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{}}}),
+		"empty":            nil,
+		"truncated":        chunkWithMetadata[:len(chunkWithMetadata)-3],
+		"malformed body":   append(bytes.Clone(chunkWithMetadata), 0x2a, 0x05, 0x0a),
+		"bad tag":          append(bytes.Clone(chunkWithMetadata), 0x00),
+		"body as a varint": protowire.AppendVarint(protowire.AppendTag(bytes.Clone(chunkWithMetadata), processingRequestResponseBody, protowire.VarintType), 1),
+	}
+}
+
+func TestExtProcCodecDecodesAsProtobuf(t *testing.T) {
+	codec := newExtProcCodec()
+	for name, b := range codecTestMessages(t) {
+		t.Run(name, func(t *testing.T) { checkCodecDecode(t, codec, b) })
+	}
+}
+
+// checkCodecDecode decodes b with codec and with proto.Unmarshal and compares what a hot-path stream reads of each.
+func checkCodecDecode(t *testing.T, codec extProcCodec, b []byte) {
+	t.Helper()
+	want := &extprocv3.ProcessingRequest{}
+	wantErr := proto.Unmarshal(b, want)
+	got := &extprocv3.ProcessingRequest{MetadataContext: &corev3.Metadata{}} // a reused message is reset
+	err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(bytes.Clone(b))}, got)
+	switch {
+	case wantErr == nil && err != nil:
+		t.Fatalf("codec: %v; protobuf decodes %v", err, want)
+	case wantErr != nil && err == nil && got.GetResponseBody() == nil:
+		// Only the skipped fields of a response body message go unvalidated.
+		t.Fatalf("codec decodes %v; protobuf: %v", got, wantErr)
+	case wantErr == nil && !proto.Equal(codecDecoded(got), codecDecoded(want)):
+		t.Fatalf("codec decodes\n%v\nwant\n%v", got, want)
+	}
+}
+
+// TestExtProcCodecSkipsChunkMetadata: a response chunk as the data plane sends it decodes without its metadata, in
+// three allocations (the oneof wrapper, the HttpBody and its body) besides the message gRPC allocates.
+func TestExtProcCodecSkipsChunkMetadata(t *testing.T) {
+	chunk := newStreamedChat(1<<10, 2).chunks[0]
+	if chunk.MetadataContext == nil {
+		t.Fatal("the benchmark's chunk has no metadata")
+	}
+	data := mem.BufferSlice{mem.SliceBuffer(mustMarshal(chunk))}
+	codec := newExtProcCodec()
+	got := &extprocv3.ProcessingRequest{}
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := codec.Unmarshal(data, got); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if got.MetadataContext != nil || !proto.Equal(got.GetResponseBody(), chunk.GetResponseBody()) {
+		t.Fatalf("decoded %v, want the chunk %v without metadata", got, chunk.GetResponseBody())
+	}
+	if allocs > 3 {
+		t.Fatalf("%v allocations per chunk decoded, want 3", allocs)
+	}
+}
+
+func TestExtProcCodecPassesOtherMessagesToProtobuf(t *testing.T) {
+	codec := newExtProcCodec()
+	in := &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}
+	data, err := codec.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &healthpb.HealthCheckResponse{}
+	if err := codec.Unmarshal(data, out); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(in, out) {
+		t.Fatalf("got %v, want %v", out, in)
+	}
+	if codec.Name() != "proto" {
+		t.Fatalf("codec name %q: the proxy sends application/grpc+proto or application/grpc", codec.Name())
+	}
+}
+
+// FuzzExtProcCodec holds extProcCodec's decoding to protobuf's on any input (the proxy's messages cross a trust
+// boundary).
+//
+//	go test -run '^$' -fuzz FuzzExtProcCodec -fuzztime 100000x ./runner/
+func FuzzExtProcCodec(f *testing.F) {
+	for _, b := range codecTestMessages(f) {
+		f.Add(b)
+	}
+	codec := newExtProcCodec()
+	f.Fuzz(func(t *testing.T, b []byte) { checkCodecDecode(t, codec, b) })
+}
+
+// BenchmarkExtProcCodec decodes one streamed response chunk as the data plane sends it (with its filter metadata),
+// with gRPC's protobuf codec and with Sluice's.
+//
+//	go test -run '^$' -bench ExtProcCodec -benchmem ./runner/
+func BenchmarkExtProcCodec(b *testing.B) {
+	data := mem.BufferSlice{mem.SliceBuffer(mustMarshal(newStreamedChat(1<<10, 2).chunks[0]))}
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"grpc-proto", newExtProcCodec().proto}, {"sluice", newExtProcCodec()}} {
+		b.Run("codec="+c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.codec.Unmarshal(data, &extprocv3.ProcessingRequest{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
