@@ -1249,3 +1249,72 @@ func TestRetryAfterSpreadsReturns(t *testing.T) {
 		}
 	})
 }
+
+// TestReturnsWaitForPromisedCapacity: in a band that sheds at once, a request turned away that comes back with the
+// same content when its Retry-After told it waits for capacity instead of being turned away again, ahead of later
+// arrivals of its band, which are still turned away; up to the band's maximum queue time, after which it is turned
+// away with a new promise. A request that comes back early, late, twice, or with other content is a fresh arrival.
+func TestReturnsWaitForPromisedCapacity(t *testing.T) {
+	const retry = 5 * time.Second
+	cfg := func(t *testing.T) *Config {
+		return testConfig(t, func(c *Config) {
+			c.Bands[Sheddable].RetryAfterMin = retry // no drain rate yet: Retry-After is the minimum
+			c.Bands[Sheddable].RetryAfterMax = 20 * time.Second
+			c.Bands[Sheddable].MaxQueueTime = 10 * time.Second
+		})
+	}
+	shedReq := func(h *harness, key uint64) *call {
+		h.seq++
+		return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "batch", Priority: -1, Bytes: 100,
+			EstimatedCost: 1, ReturnKey: key})
+	}
+	turnAway := func(t *testing.T, h *harness) {
+		t.Helper()
+		h.scrape(ep("a", 5)) // full
+		if d := shedReq(h, 42).wantOutcome(t, Rejected, ReasonSaturated); d.RetryAfter != retry {
+			t.Fatalf("Retry-After %v, want %v", d.RetryAfter, retry)
+		}
+	}
+	t.Run("a return on time waits ahead of fresh arrivals", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h := newHarness(t, cfg(t))
+			turnAway(t, h)
+			h.step(retry)
+			back := shedReq(h, 42)
+			back.wantWaiting(t)
+			shedReq(h, 7).wantOutcome(t, Rejected, ReasonSaturated)
+			shedReq(h, 42).wantOutcome(t, Rejected, ReasonSaturated) // the promise is used up
+			h.step(time.Second)
+			h.scrape(ep("a", 0))
+			back.wantOutcome(t, Dispatched, ReasonNone)
+		})
+	})
+	t.Run("a return waits no longer than the band's maximum, and is promised again", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h := newHarness(t, cfg(t))
+			turnAway(t, h)
+			h.step(retry)
+			back := shedReq(h, 42)
+			h.step(10 * time.Second)
+			d := back.wantOutcome(t, Rejected, ReasonQueueTimeout)
+			h.step(d.RetryAfter)
+			shedReq(h, 42).wantWaiting(t)
+		})
+	})
+	for _, tc := range []struct {
+		name  string
+		after time.Duration
+	}{
+		{"early", retry - 2*time.Second},
+		{"too late", retry + 21*time.Second},
+	} {
+		t.Run("a return "+tc.name+" is a fresh arrival", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, cfg(t))
+				turnAway(t, h)
+				h.step(tc.after)
+				shedReq(h, 42).wantOutcome(t, Rejected, ReasonSaturated)
+			})
+		})
+	}
+}
