@@ -118,8 +118,10 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.unavailableLocked(&d, ReasonNoEndpoints)
 		return d, nil, false, nil
 	}
-	// A band that sheds at once queues only the returns it promised capacity to; a promise is used up on arrival.
-	returning := bc.RejectWhenSaturated && c.promises.claim(req.ReturnKey, now, promiseTTL(bc))
+	// A band that sheds at once queues only the returns it promised capacity to, once the overload that turned them
+	// away is over (under one, the band is what keeps the load off the others); a promise is used up on arrival.
+	returning := bc.RejectWhenSaturated && c.promises.claim(req.ReturnKey, now, promiseTTL(bc)) &&
+		c.recoveringLocked(band, now)
 	if best >= 0 && c.nobodyAheadLocked(band, req.Tenant, now) {
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst

@@ -67,6 +67,14 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 	return max(estimate, now.Sub(rec.overloadSince))
 }
 
+// recoveringLocked reports whether the backlog at and above band, built up by an overload, now drains: the overload
+// is over and capacity for the band is on its way back.
+func (c *Controller) recoveringLocked(band Band, now time.Time) bool {
+	rec := &c.recovery[band]
+	rec.observeBacklog(now, c.backlogAtOrAboveLocked(band), c.cfg.DrainRateWindow)
+	return rec.draining(now, c.cfg.DrainRateWindow)
+}
+
 // trackBlockedLocked records, per band, whether an arrival of it would be dispatched at once after the current
 // snapshot's dispatches, and the backlog at and above it.
 func (c *Controller) trackBlockedLocked(now time.Time) {
