@@ -120,7 +120,9 @@
 // promises: it remembers when each request it turned away was told to come back, by a key its caller derives from
 // the request's content (Request.ReturnKey; the EPP hashes tenant and body, which a retrying client sends again), and
 // lets a request that claims one at or after that moment wait in its queue, ahead of later arrivals of the band (which
-// are still turned away while anything of it waits), up to the band's MaxQueueTime. A client cannot forge a promise:
+// are still turned away while anything of it waits), up to the band's MaxQueueTime, once the overload is over (the
+// backlog at and above the band drains; during it the band is what keeps the load off the others, and sheds the
+// return again). A client cannot forge a promise:
 // only a request turned away earns one, only its own content claims it, and only once (promises.go; measured in
 // testbed/bench/scenarios/README.md, overload-recovery).
 //

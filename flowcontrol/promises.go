@@ -36,7 +36,8 @@ func (l *returnLedger) book(now time.Time, retry, hi time.Duration, cost, budget
 // promiseKeeper remembers when each request turned away was told to come back, by the key its caller derives from
 // the request's content (Request.ReturnKey), so that the client's return can be told apart from a fresh arrival.
 // A band that sheds at once when saturated (Sheddable) lets a recognised return wait in its queue, up to the band's
-// MaxQueueTime, for the capacity the promise was booked against (returnLedger), instead of turning it away again:
+// MaxQueueTime, for the capacity the promise was booked against (returnLedger), instead of turning it away again,
+// once the backlog the overload built drains (Controller.recoveringLocked):
 // clients told to come back just as a backlog drains otherwise meet its last seconds and are shed a second time.
 //
 // Recognition needs no token a client could forge: a promise is only made to a request that was turned away, only
