@@ -118,6 +118,10 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.unavailableLocked(&d, ReasonNoEndpoints)
 		return d, nil, false, nil
 	}
+	// A band that sheds at once queues only the returns it promised capacity to, once the overload that turned them
+	// away is over (under one, the band is what keeps the load off the others); a promise is used up on arrival.
+	returning := bc.RejectWhenSaturated && c.promises.claim(req.ReturnKey, now, promiseTTL(bc)) &&
+		c.recoveringLocked(band, now)
 	if best >= 0 && c.nobodyAheadLocked(band, req.Tenant, now) {
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst
@@ -129,29 +133,30 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		return d, nil, false, nil
 	}
 
-	if bc.RejectWhenSaturated {
-		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, now)
+	if bc.RejectWhenSaturated && !returning {
+		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, req.ReturnKey, now)
 		return d, nil, false, nil
 	}
 	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost, now); known && wait > bc.MaxQueueTime {
-		c.rejectLocked(&d, ReasonPredictedWait, wait, cost, now)
+		c.rejectLocked(&d, ReasonPredictedWait, wait, cost, req.ReturnKey, now)
 		return d, nil, false, nil
 	}
 	victims, fits := c.makeRoomLocked(band, req.Bytes)
 	if !fits {
-		c.rejectLocked(&d, ReasonQueueFull, c.retryEstimateLocked(band, cost, now), cost, now)
+		c.rejectLocked(&d, ReasonQueueFull, c.retryEstimateLocked(band, cost, now), cost, req.ReturnKey, now)
 		return d, nil, false, nil
 	}
 	for _, v := range victims {
 		c.removeQueuedLocked(v)
 		vd := Decision{Band: v.band, Capped: v.capped, Waited: now.Sub(v.enqueuedAt)}
-		c.rejectLocked(&vd, ReasonDisplaced, c.retryEstimateLocked(v.band, v.cost, now), v.cost, now)
+		c.rejectLocked(&vd, ReasonDisplaced, c.retryEstimateLocked(v.band, v.cost, now), v.cost, v.returnKey, now)
 		c.finalizeLocked(v, vd, nil)
 	}
 
 	c.seq++
 	it = &item{
 		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
+		returnKey:  req.ReturnKey,
 		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
 	}
 	c.bands[band].push(it, weight)

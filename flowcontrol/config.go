@@ -59,7 +59,7 @@ var defaultBands = [NumBands]BandConfig{
 	},
 	Sheddable: {
 		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
-		MaxQueueTime: 5 * time.Second, SaturationCeiling: 0.6, RejectWhenSaturated: true,
+		MaxQueueTime: 15 * time.Second, SaturationCeiling: 0.6, RejectWhenSaturated: true,
 		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 60 * time.Second,
 	},
 }

@@ -52,8 +52,9 @@ type APIBandConfig struct {
 	MaxQueuedRequests *int64 `json:"maxQueuedRequests,omitempty"`
 	// MaxQueuedBytes caps the band's waiting request bytes. Default 1 GiB.
 	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
-	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once.
-	// Defaults: Critical 30s, Standard 15s, Sheddable 5s.
+	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once. In a
+	// band that rejects when saturated only a client's return after its Retry-After waits, so it bounds that wait.
+	// Defaults: Critical 30s, Standard 15s, Sheddable 15s.
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. Ceilings must not increase from Critical to Sheddable.
@@ -63,7 +64,8 @@ type APIBandConfig struct {
 	// under overload a Critical request finds a batch it can join (testbed/bench/scenarios/priority-overload measures it).
 	SaturationCeiling *float64 `json:"saturationCeiling,omitempty"`
 	// RejectWhenSaturated rejects an arrival at once (reason "saturated") when no endpoint is below the ceiling,
-	// instead of queueing it. Defaults: true for Sheddable, false otherwise.
+	// instead of queueing it; only a request that comes back as its Retry-After told it waits (up to MaxQueueTime).
+	// Defaults: true for Sheddable, false otherwise.
 	RejectWhenSaturated *bool `json:"rejectWhenSaturated,omitempty"`
 	// RetryAfterMin and RetryAfterMax bound the computed Retry-After. Min is at least 1s.
 	// Defaults: min 1s; max Critical 15s, Standard 30s, Sheddable 60s.

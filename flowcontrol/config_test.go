@@ -19,7 +19,7 @@ func TestDefaultConfig(t *testing.T) {
 			SaturationCeiling: 1, RetryAfterMin: time.Second, RetryAfterMax: 15 * time.Second, MayDisplace: true},
 		Standard: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second,
 			SaturationCeiling: 0.8, RetryAfterMin: time.Second, RetryAfterMax: 30 * time.Second, MayDisplace: true},
-		Sheddable: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 5 * time.Second,
+		Sheddable: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second,
 			SaturationCeiling: 0.6, RejectWhenSaturated: true, RetryAfterMin: time.Second, RetryAfterMax: time.Minute},
 	}
 	for b, w := range want {

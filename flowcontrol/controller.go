@@ -32,6 +32,11 @@ type Request struct {
 	// endpoint has not begun answering lengthens its next steps, which is what delays a first token there. Set it only
 	// when the first chunk will be reported; Release ends the count in any case.
 	Streamed bool
+	// ReturnKey identifies the request's content across attempts (0: none), e.g. a hash of its tenant and body: a
+	// request of a band that sheds at once, turned away, whose client sends it again once its Retry-After has passed,
+	// is recognised as the return it was promised and may wait for capacity instead of being turned away again (see
+	// promiseKeeper).
+	ReturnKey uint64
 }
 
 // Deps are the controller's seams. Nil fields take production defaults.
@@ -97,6 +102,9 @@ type Controller struct {
 	recovery [NumBands]bandRecovery
 	// returns books, per band, when the clients it turned away were told to come back (see rejectLocked).
 	returns [NumBands]returnLedger
+	// promises remembers when the clients of bands that shed at once were told to come back, to recognise their
+	// returns (promiseKeeper).
+	promises promiseKeeper
 	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it the Critical reserve is
 	// on (see criticalReserveLocked).
 	lastCritical time.Time

@@ -1249,3 +1249,83 @@ func TestRetryAfterSpreadsReturns(t *testing.T) {
 		}
 	})
 }
+
+// TestReturnsWaitForPromisedCapacity: in a band that sheds at once, a request turned away that comes back with the
+// same content when its Retry-After told it, once the overload is over (the backlog ahead of it drains), waits for
+// capacity instead of being turned away again, ahead of later arrivals of its band, which are still turned away; up
+// to the band's maximum queue time, after which it is turned away with a new promise. A request that comes back
+// early, twice, with other content, or while the backlog ahead of it still builds is a fresh arrival.
+func TestReturnsWaitForPromisedCapacity(t *testing.T) {
+	const retry = 8 * time.Second
+	cfg := func(t *testing.T) *Config {
+		return testConfig(t, func(c *Config) {
+			c.Bands[Sheddable].RetryAfterMin = retry // no drain rate yet: Retry-After is the minimum
+			c.Bands[Sheddable].RetryAfterMax = 20 * time.Second
+			c.Bands[Sheddable].MaxQueueTime = 10 * time.Second
+		})
+	}
+	shedReq := func(h *harness, key uint64) *call {
+		h.seq++
+		return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "batch", Priority: -1, Bytes: 100,
+			EstimatedCost: 1, ReturnKey: key})
+	}
+	// comeBack has request 42 turned away by a full endpoint, told Retry-After retry, while eight Standard requests
+	// start waiting there; if draining, one of them leaves each second from 2 to 6 s; request 42 is sent again after
+	// (since it was told).
+	comeBack := func(t *testing.T, after time.Duration, draining bool) (*harness, *call) {
+		t.Helper()
+		h := newHarness(t, cfg(t))
+		h.scrape(ep("a", 5))
+		if d := shedReq(h, 42).wantOutcome(t, Rejected, ReasonSaturated); d.RetryAfter != retry {
+			t.Fatalf("Retry-After %v, want %v", d.RetryAfter, retry)
+		}
+		for range 8 {
+			h.admit(0, "t", 1).wantWaiting(t)
+		}
+		h.step(time.Second)
+		h.scrape(ep("a", 5))
+		for range 5 {
+			h.step(time.Second)
+			if draining {
+				h.scrape(ep("a", 4))
+			}
+		}
+		h.step(after - 6*time.Second)
+		return h, shedReq(h, 42)
+	}
+	t.Run("a return on time waits ahead of fresh arrivals", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h, back := comeBack(t, retry, true)
+			back.wantWaiting(t)
+			shedReq(h, 7).wantOutcome(t, Rejected, ReasonSaturated)
+			shedReq(h, 42).wantOutcome(t, Rejected, ReasonSaturated) // the promise is used up
+			h.scrape(ep("a", 0))
+			back.wantOutcome(t, Dispatched, ReasonNone)
+		})
+	})
+	t.Run("a return waits no longer than the band's maximum, and is promised again", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h, back := comeBack(t, retry, true)
+			h.step(10 * time.Second)
+			back.wantOutcome(t, Rejected, ReasonQueueTimeout)
+			if _, ok := h.c.promises.due[42]; !ok {
+				t.Fatal("no new promise for the return turned away")
+			}
+		})
+	})
+	for _, tc := range []struct {
+		name     string
+		after    time.Duration
+		draining bool
+	}{
+		{"early", retry - 2*time.Second, true},
+		{"while the backlog ahead builds", retry, false},
+	} {
+		t.Run("a return "+tc.name+" is a fresh arrival", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				_, back := comeBack(t, tc.after, tc.draining)
+				back.wantOutcome(t, Rejected, ReasonSaturated)
+			})
+		})
+	}
+}

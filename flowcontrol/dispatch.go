@@ -5,7 +5,8 @@ import "time"
 // dispatchLocked dispatches waiting requests in order while endpoints have headroom: bands strictly by priority,
 // fair within a band, a tenant under its share first (tenantseats.go). A band without headroom passes to the next: a
 // lower band's ceiling is no higher, so it has none either, unless it may use the burst tier and the band above may
-// not (a band that rejects when saturated keeps only what waited before a policy change made it so). It returns the
+// not (a band that rejects when saturated queues only the returns it promised capacity to, and what waited before a
+// policy change made it so). It returns the
 // number dispatched.
 func (c *Controller) dispatchLocked(now time.Time) int {
 	n := 0
@@ -46,7 +47,7 @@ func (c *Controller) expireLocked(now time.Time) int {
 			if noEndpoints {
 				c.unavailableLocked(&d, ReasonNoEndpoints)
 			} else {
-				c.rejectLocked(&d, ReasonQueueTimeout, c.retryEstimateLocked(b, it.cost, now), it.cost, now)
+				c.rejectLocked(&d, ReasonQueueTimeout, c.retryEstimateLocked(b, it.cost, now), it.cost, it.returnKey, now)
 			}
 			c.finalizeLocked(it, d, nil)
 			n++

@@ -75,7 +75,7 @@
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
 // headroom it hands to the scheduler. Otherwise, in order: a band that rejects when saturated (by default Sheddable,
-// the holdback band) rejects; a request whose predicted wait exceeds the band's maximum queue time is rejected; a full
+// the holdback band) rejects, unless the request is a client's return it promised capacity to (below); a request whose predicted wait exceeds the band's maximum queue time is rejected; a full
 // band rejects; a full controller lets a band allowed to displace evict the newest requests of the lowest lower band;
 // else the request waits.
 //
@@ -113,8 +113,17 @@
 // The estimate is clamped to the band's bounds, rounded up to whole seconds and spread by the jitter, only ever later:
 // a client sent back before the estimate returns while capacity is still expected to be short. Finally a ledger of
 // returns (promises.go) books each answer in the first second at or after it whose returns stay within the drain
-// rate, so that clients told during an overload's drain do not all come back in the second it ends. The EPP cannot
-// know how long an overload will last; clients turned away early in one are still told too short a wait (see
+// rate, so that clients told during an overload's drain do not all come back in the second it ends.
+//
+// The EPP cannot know how long an overload will last, so clients turned away early in one are told too short a wait
+// and come back while the backlog it left still drains. A band that rejects when saturated therefore keeps its
+// promises: it remembers when each request it turned away was told to come back, by a key its caller derives from
+// the request's content (Request.ReturnKey; the EPP hashes tenant and body, which a retrying client sends again), and
+// lets a request that claims one at or after that moment wait in its queue, ahead of later arrivals of the band (which
+// are still turned away while anything of it waits), up to the band's MaxQueueTime, once the overload is over (the
+// backlog at and above the band drains; during it the band is what keeps the load off the others, and sheds the
+// return again). A client cannot forge a promise:
+// only a request turned away earns one, only its own content claims it, and only once (promises.go; measured in
 // testbed/bench/scenarios/README.md, overload-recovery).
 //
 // # Invariants

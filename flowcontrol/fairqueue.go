@@ -17,6 +17,8 @@ type item struct {
 	// streamed is Request.Streamed: the reservation made at dispatch stays pending until Started.
 	streamed bool
 	seq      uint64 // arrival sequence, breaks ties between equal virtual start tags
+	// returnKey is Request.ReturnKey: a request turned away from the queue is promised a return under it.
+	returnKey uint64
 
 	enqueuedAt time.Time
 	deadline   time.Time // enqueuedAt + band's MaxQueueTime

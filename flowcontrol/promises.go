@@ -32,3 +32,59 @@ func (l *returnLedger) book(now time.Time, retry, hi time.Duration, cost, budget
 	l.due[now.Add(retry).Unix()] += cost
 	return retry
 }
+
+// promiseKeeper remembers when each request turned away was told to come back, by the key its caller derives from
+// the request's content (Request.ReturnKey), so that the client's return can be told apart from a fresh arrival.
+// A band that sheds at once when saturated (Sheddable) lets a recognised return wait in its queue, up to the band's
+// MaxQueueTime, for the capacity the promise was booked against (returnLedger), instead of turning it away again,
+// once the backlog the overload built drains (Controller.recoveringLocked):
+// clients told to come back just as a backlog drains otherwise meet its last seconds and are shed a second time.
+//
+// Recognition needs no token a client could forge: a promise is only made to a request that was turned away, only
+// the same content claims it, only once, and only once its Retry-After has passed.
+type promiseKeeper struct {
+	due    map[uint64]time.Time // key → the moment its client was told to come back
+	pruned time.Time
+}
+
+// At most maxPromises are kept, each until the band's longest Retry-After past the moment it names (a client that
+// comes back later than that arrives fresh): past that count, a new promise is not recorded (its client will be
+// answered as a fresh arrival).
+const maxPromises = 1 << 16
+
+// promiseEarly is how much earlier than told a client may come back and still claim its promise: Retry-After is in
+// whole seconds, and a client may count its wait from when it sent the request rather than from the answer.
+const promiseEarly = time.Second
+
+// promise records that the request with key (0: none) was told at now to come back after retry; the promise is kept
+// until ttl past that moment.
+func (p *promiseKeeper) promise(key uint64, now time.Time, retry, ttl time.Duration) {
+	if key == 0 {
+		return
+	}
+	if p.due == nil {
+		p.due = make(map[uint64]time.Time)
+	}
+	if now.Sub(p.pruned) >= time.Second {
+		p.pruned = now
+		for k, at := range p.due {
+			if now.Sub(at) > ttl {
+				delete(p.due, k)
+			}
+		}
+	}
+	if _, ok := p.due[key]; ok || len(p.due) < maxPromises {
+		p.due[key] = now.Add(retry)
+	}
+}
+
+// claim reports whether a request with key arriving at now is the return of a client that was promised capacity and
+// waited as it was told, and consumes that promise.
+func (p *promiseKeeper) claim(key uint64, now time.Time, ttl time.Duration) bool {
+	at, ok := p.due[key]
+	if !ok || key == 0 {
+		return false
+	}
+	delete(p.due, key)
+	return !now.Before(at.Add(-promiseEarly)) && now.Sub(at) <= ttl
+}

@@ -60,3 +60,50 @@ func TestReturnLedger(t *testing.T) {
 		})
 	}
 }
+
+// TestPromiseKeeper: a promise is claimed by its own key only, from a second before the moment it names until ttl
+// after it, and only once.
+func TestPromiseKeeper(t *testing.T) {
+	s := time.Second
+	for _, tc := range []struct {
+		name   string
+		key    uint64
+		claims []time.Duration // since t0; the promise says "come back after 10 s", kept 60 s past that
+		want   []bool
+	}{
+		{"on time", 42, []time.Duration{10 * s}, []bool{true}},
+		{"a second early counts", 42, []time.Duration{9 * s}, []bool{true}},
+		{"too early uses the promise up", 42, []time.Duration{8 * s, 10 * s}, []bool{false, false}},
+		{"only once", 42, []time.Duration{10 * s, 11 * s}, []bool{true, false}},
+		{"late but kept", 42, []time.Duration{70 * s}, []bool{true}},
+		{"too late", 42, []time.Duration{71 * s}, []bool{false}},
+		{"another key", 43, []time.Duration{10 * s}, []bool{false}},
+		{"no key", 0, []time.Duration{10 * s}, []bool{false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p promiseKeeper
+			p.promise(42, t0, 10*s, 60*s)
+			p.promise(0, t0, 10*s, 60*s) // no key: nothing to recognise the return by
+			for i, at := range tc.claims {
+				if got := p.claim(tc.key, t0.Add(at), 60*s); got != tc.want[i] {
+					t.Fatalf("claim(%d) at %v = %v, want %v", tc.key, at, got, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestPromisesArePruned: promises past their keeping are dropped, and no more than maxPromises are kept.
+func TestPromisesArePruned(t *testing.T) {
+	var p promiseKeeper
+	for k := range uint64(maxPromises + 10) {
+		p.promise(k+1, t0, time.Second, time.Minute)
+	}
+	if len(p.due) != maxPromises {
+		t.Fatalf("%d promises kept, want at most %d", len(p.due), maxPromises)
+	}
+	p.promise(1<<40, t0.Add(2*time.Minute), time.Second, time.Minute)
+	if len(p.due) != 1 {
+		t.Fatalf("%d promises kept after all others expired, want 1", len(p.due))
+	}
+}

@@ -81,10 +81,16 @@ func (r *bandRecovery) capacityReturn(now time.Time, backlog, drainRate float64)
 // while a backlog that built up shrinks, the rate it shrinks at (what the pool drains beyond the arrivals that keep
 // joining it, and so what is left for the band once it has drained); otherwise the drain rate.
 func (r *bandRecovery) returnBudget(now time.Time, drainRate float64, window time.Duration) float64 {
-	if shrink := -r.trend.slope; shrink > 0 && r.built(now, window) {
-		return min(drainRate, shrink)
+	if r.draining(now, window) {
+		return min(drainRate, -r.trend.slope)
 	}
 	return drainRate
+}
+
+// draining reports whether the overload that built up the backlog at and above the band is over: the backlog has
+// stood long enough to count as built up, and it shrinks.
+func (r *bandRecovery) draining(now time.Time, window time.Duration) bool {
+	return r.trend.slope < 0 && r.built(now, window)
 }
 
 // built reports whether the backlog at and above the band has stood long enough to count as built up by an

@@ -67,6 +67,14 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 	return max(estimate, now.Sub(rec.overloadSince))
 }
 
+// recoveringLocked reports whether the backlog at and above band, built up by an overload, now drains: the overload
+// is over and capacity for the band is on its way back.
+func (c *Controller) recoveringLocked(band Band, now time.Time) bool {
+	rec := &c.recovery[band]
+	rec.observeBacklog(now, c.backlogAtOrAboveLocked(band), c.cfg.DrainRateWindow)
+	return rec.draining(now, c.cfg.DrainRateWindow)
+}
+
 // trackBlockedLocked records, per band, whether an arrival of it would be dispatched at once after the current
 // snapshot's dispatches, and the backlog at and above it.
 func (c *Controller) trackBlockedLocked(now time.Time) {
@@ -78,15 +86,23 @@ func (c *Controller) trackBlockedLocked(now time.Time) {
 }
 
 // rejectLocked answers 429 for a request of cost turned away at now, with Retry-After from estimate, jittered and
-// booked in the band's ledger of returns (returnLedger).
-func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration, cost float64, now time.Time) {
+// booked in the band's ledger of returns (returnLedger); in a band that sheds at once, the return is promised under
+// the request's returnKey (promiseKeeper).
+func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration, cost float64, returnKey uint64, now time.Time) {
 	bc := &c.cfg.Bands[d.Band]
 	d.Outcome, d.Reason = Rejected, reason
 	d.RetryAfter = retryAfter(estimate, bc.RetryAfterMin, bc.RetryAfterMax, c.cfg.RetryAfterJitter, c.rng.Float64())
 	rate, _ := c.drain.rate()
 	budget := c.recovery[d.Band].returnBudget(now, rate, c.cfg.DrainRateWindow)
 	d.RetryAfter = c.returns[d.Band].book(now, d.RetryAfter, bc.RetryAfterMax, cost, budget)
+	if bc.RejectWhenSaturated {
+		c.promises.promise(returnKey, now, d.RetryAfter, promiseTTL(bc))
+	}
 }
+
+// promiseTTL is how long a band keeps a promise of capacity: a client that comes back more than the band's longest
+// Retry-After after it was told arrives fresh.
+func promiseTTL(bc *BandConfig) time.Duration { return bc.RetryAfterMax }
 
 // unavailableLocked answers 503: there is no backlog to estimate from, so Retry-After is the band's minimum, jittered.
 func (c *Controller) unavailableLocked(d *Decision, reason Reason) {

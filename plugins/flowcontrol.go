@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -226,6 +227,8 @@ type FlowControl struct {
 	// without peers or without exactly one.
 	sharedPrefix atomic.Pointer[PrefixCache]
 	prefixBlocks sharedBlocks
+	// returnSeed keys requests by content (returnKey).
+	returnSeed maphash.Seed
 
 	// warm is closed once a snapshot holds an endpoint that has been scraped, or Run stops; until then, and at most
 	// until warmUntil, Admit holds arrivals (FlowControlOptions.WarmUp).
@@ -272,6 +275,7 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 		started:   deps.Clock.Now(),
 		warmUntil: deps.Clock.Now().Add(opts.WarmUp),
 	}
+	f.returnSeed = maphash.MakeSeed()
 	f.tenantHeader.Store(&cfg.TenantHeader)
 	return f, nil
 }
@@ -415,7 +419,24 @@ func (f *FlowControl) requestOf(reqCtx *handlers.RequestContext, priority int) f
 	}
 	req.EstimatedCost = EstimatedCost(reqCtx.RequestSize, body, f.opts.DefaultOutputTokens)
 	req.Streamed = body != nil && body.Stream && f.chunksSeen.Load()
+	if reqCtx.Request != nil {
+		req.ReturnKey = f.returnKey(req.Tenant, reqCtx.Request.RawBody)
+	}
 	return req
+}
+
+// returnKey identifies a request by its tenant and body (flowcontrol.Request.ReturnKey): a client that retries after
+// Retry-After sends the same body again. 0 (no key) for an empty body.
+func (f *FlowControl) returnKey(tenant string, body []byte) uint64 {
+	if len(body) == 0 {
+		return 0
+	}
+	var h maphash.Hash
+	h.SetSeed(f.returnSeed)
+	h.WriteString(tenant)
+	h.WriteByte(0)
+	h.Write(body)
+	return max(h.Sum64(), 1)
 }
 
 // tenantOf is the request's tenant: the value of the configured tenant header, or upstream's default fairness ID

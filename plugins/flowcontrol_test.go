@@ -430,6 +430,29 @@ func TestFlowControlEstimatedCost(t *testing.T) {
 	}
 }
 
+// TestFlowControlReturnKey: a client's retry (the same tenant and body, another request ID) carries the key its first
+// attempt was promised a return under; other content, another tenant, or no body does not.
+func TestFlowControlReturnKey(t *testing.T) {
+	fc, _ := newTestFlowControl(t, nil, &fakePool{})
+	keyOf := func(id, tenant, body string) uint64 {
+		rc := requestContext(id, tenant, len(body), nil)
+		rc.Request.RawBody = []byte(body)
+		return fc.requestOf(rc, -1).ReturnKey
+	}
+	first := keyOf("a", "t", `{"prompt":"x"}`)
+	if first == 0 || keyOf("b", "t", `{"prompt":"x"}`) != first {
+		t.Fatalf("a retry's key differs from its first attempt's (%d)", first)
+	}
+	for _, other := range []uint64{keyOf("c", "t", `{"prompt":"y"}`), keyOf("d", "u", `{"prompt":"x"}`)} {
+		if other == first {
+			t.Fatal("other content or another tenant claims the first attempt's key")
+		}
+	}
+	if k := keyOf("e", "t", ""); k != 0 {
+		t.Fatalf("no body: key %d, want 0", k)
+	}
+}
+
 func TestFlowControlEndpointSnapshot(t *testing.T) {
 	scraped := fcT0.Add(-time.Second)
 	m := fwkdl.NewMetrics()
