@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -257,4 +258,99 @@ func TestIsPeerEndpoint(t *testing.T) {
 				h.c.IsPeerEndpoint("peer-ep"), h.c.IsPeerEndpoint("a"))
 		}
 	})
+}
+
+// TestCriticalStartsAtOnceWithPeers: with a live peer, a Critical request goes only to an endpoint where it starts at
+// once while one exists here or a peer lists an idle seat (as one replica seeing the whole pool would); with neither,
+// or alone, it may still go beyond an endpoint's tentative seats, as before.
+func TestCriticalStartsAtOnceWithPeers(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		peers     bool
+		idle      int  // idle seats the peers list
+		freeOnB   bool // one of this replica's requests on b ends: b has a free seat
+		want      []string
+		wantQueue bool
+	}{
+		{name: "a seat free here, peer live", peers: true, freeOnB: true, want: []string{"b"}},
+		{name: "a seat free here, alone", freeOnB: true, want: []string{"a", "b"}},
+		{name: "seats full, a peer's seat idle", peers: true, idle: 1, wantQueue: true},
+		{name: "seats full, no idle seat in the pool", peers: true, want: []string{"a", "b"}},
+		{name: "seats full, alone", want: []string{"a", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0), ep("b", 0))
+				var onB []string
+				for i := range 4 {
+					cl := h.admit(0, "t", 1)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					name := []string{"a", "b"}[i%2]
+					h.c.Bind(cl.req.ID, name)
+					if name == "b" {
+						onB = append(onB, cl.req.ID)
+					}
+				}
+				// Both showed a request waiting while they ran two, then none: tentative seats 2, capacity 3.
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: 1}, Endpoint{Name: "b", Running: 2, WaitingQueue: 1})
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2}, Endpoint{Name: "b", Running: 2})
+				if tc.freeOnB {
+					h.c.Release(onB[0])
+				}
+				if tc.peers {
+					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, IdleSeats: tc.idle})
+				}
+				cl := h.admit(1, "t", 1)
+				if tc.wantQueue {
+					cl.wantWaiting(t)
+					cl.cancel()
+					return
+				}
+				if d := cl.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, tc.want) {
+					t.Fatalf("Critical request may go to %v, want %v", d.Endpoints, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestPeersPoolSlots: a slot limit learned by a peer is the pool's here as soon as the peer tells it: under the
+// Critical reserve a lower band sends an endpoint whose own limit is not known no more than it (poolSlotsCapLocked);
+// and the summary tells only the limit learned on this replica's own endpoints.
+func TestPeersPoolSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		poolSlots int // the peers'
+		wantWait  bool
+	}{
+		{name: "peer learned 2", poolSlots: 2, wantWait: true},
+		{name: "peer learned 3", poolSlots: 3},
+		{name: "nothing learned", poolSlots: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0))
+				h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, PoolSlots: tc.poolSlots})
+				h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // Critical: the reserve is on
+				h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+				// a runs both, nothing waits there: no limit of its own, no seats.
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2})
+				cl := h.admit(0, "t", 1)
+				if tc.wantWait {
+					cl.wantWaiting(t)
+					cl.cancel()
+				} else {
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+				}
+				if s := h.c.SeatSummary(); s.PoolSlots != 0 {
+					t.Fatalf("summary tells pool slots %d, want 0: nothing was learned here", s.PoolSlots)
+				}
+			})
+		})
+	}
 }
