@@ -245,11 +245,15 @@ func (c *Controller) poolSlotsLocked() int {
 
 // pooledReserveLocked is this replica's part of the reserve the whole pool needs, given its own Critical arrival
 // rate, seat free rate and seat-bound seats: the pool's reserve sized from the pool's figures, as one replica would
-// size it, then shared out by Peers.ReserveShare.
+// size it, shared out by Peers.ReserveShare, plus what the peers' parts lack of it (their idle seats listed fall short
+// of the pool's reserve less this replica's part). One replica refills its reserve from whichever seat frees; a
+// replica whose part its own Critical requests took refills it only from its own seats, so meanwhile its peers keep
+// the pool's reserve whole (the next summary that shows its seats idle again gives them back).
 func (c *Controller) pooledReserveLocked(arrivals, frees float64, seats int) int {
 	p := c.peers
 	pool := reserveSeats(arrivals+p.CriticalRate, frees+p.SeatFrees, (seats+p.Seats)/2) + p.CriticalWaiting
-	return min(p.ReserveShare(pool, seats), seats/2)
+	share := p.ReserveShare(pool, seats)
+	return min(share+max(0, pool-share-p.IdleSeats), seats/2)
 }
 
 // MayUsePeerEndpoint reports whether a request of band may go to endpoint name when it is not one of this controller's

@@ -9,7 +9,8 @@ import (
 )
 
 // TestPooledReserve: with live peers the seat reserve is this replica's part of the reserve sized from the whole
-// pool's figures (plus a seat per Critical request waiting at a peer); alone it is sized from its own.
+// pool's figures (plus a seat per Critical request waiting at a peer), and what the peers' idle seats lack of theirs;
+// alone it is sized from its own.
 func TestPooledReserve(t *testing.T) {
 	half := func(pool, seats int) int { return pool / 2 }
 	for _, tc := range []struct {
@@ -21,12 +22,16 @@ func TestPooledReserve(t *testing.T) {
 	}{
 		// One replica of the pool, 12 seats freeing at 2.4/s, Critical at 0.95/s: its own reserve is 5 of 12.
 		{name: "alone", arrivals: 0.95, frees: 2.4, seats: 12, want: 5},
-		// Two such replicas: the pool needs 5 of 24 seats (r = 2.5 whatever the size), this one keeps its half.
+		// Two such replicas: the pool needs 5 of 24 seats (r = 2.5 whatever the size), this one keeps its half while
+		// the peer keeps the rest idle.
 		{name: "half of the pool's", arrivals: 0.95, frees: 2.4, seats: 12,
-			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half}, want: 2},
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half, IdleSeats: 3}, want: 2},
+		// The peer's Critical requests took two of its three: this one keeps them too until the peer's seats free.
+		{name: "and what the peer's part lacks", arrivals: 0.95, frees: 2.4, seats: 12,
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half, IdleSeats: 1}, want: 4},
 		// Three Critical requests wait at peers: the pool holds a seat for each on top.
 		{name: "and peers' waiting Critical", arrivals: 0.95, frees: 2.4, seats: 12,
-			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, CriticalWaiting: 3, ReserveShare: half}, want: 4},
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, CriticalWaiting: 3, ReserveShare: half, IdleSeats: 4}, want: 4},
 		// The share never exceeds half the replica's own seats.
 		{name: "at most half its seats", arrivals: 5, frees: 1, seats: 4,
 			peers: Peers{CriticalRate: 5, SeatFrees: 1, Seats: 40, ReserveShare: func(pool, _ int) int { return pool }}, want: 2},
