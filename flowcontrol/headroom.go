@@ -18,6 +18,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	tier := c.burstTierLocked(band, reserve)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
+	atOnceOnly := c.atOnceOnlyLocked(band, reserve, cutoff)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -26,7 +27,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, seatsFull, now) {
+		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, seatsFull, atOnceOnly, now) {
 			continue
 		}
 		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -47,12 +48,13 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 // it, where it would wait inside the server), and it takes a free seat of a seat-bound endpoint only if the seats are
 // not down to those kept for others (seatsFull). A request beyond the seats, where the capacity allows it, takes no
 // seat kept for another. Under the Critical reserve a lower band also keeps to the pool's slot limit where the
-// endpoint's own is not known (poolSlotsCapLocked).
-func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, seatsFull bool, now time.Time) bool {
+// endpoint's own is not known (poolSlotsCapLocked). With live peers a Critical request may have to start at once
+// (atOnceOnlyLocked).
+func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, seatsFull, atOnceOnly bool, now time.Time) bool {
 	if !e.hasSlot(strict) {
 		return false
 	}
-	if reserve && band != Critical && c.poolSlotsCapLocked(e) {
+	if reserve && band != Critical && c.poolSlotsCapLocked(e) || atOnceOnly && !c.startsAtOnceLocked(e) {
 		return false
 	}
 	return e.freeSeats() == 0 || !seatsFull || !c.seatBoundLocked(e, now)
@@ -65,7 +67,8 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 // one has shown is the likeliest of the others. A Critical request may still go beyond it, and one that starts at
 // once there shows the endpoint running more (learner.maxRunning), which lifts the cap for good.
 func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
-	return c.poolSlots > 0 && e.known == 0 && e.learner.maxRunning <= c.poolSlots && e.occupancy() >= c.poolSlots
+	n := c.poolSlotsLocked()
+	return n > 0 && e.known == 0 && e.learner.maxRunning <= n && e.occupancy() >= n
 }
 
 // seatsFullLocked reports whether the seat-bound endpoints are down to the idle seats a request of tenant in band must
@@ -110,12 +113,13 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	reserve := c.criticalReserveLocked(now)
 	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
+	atOnceOnly := c.atOnceOnlyLocked(band, reserve, cutoff)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(reserve)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, seatsFull, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, seatsFull, atOnceOnly, now)
 	}
 	n := 0
 	for i := range c.endpoints {

@@ -10,6 +10,10 @@ import "time"
 //   - sizes the reserve for the whole pool, from the pool's Critical rate and seats, and keeps idle only its part of
 //     it (Peers.ReserveShare: the replicas' parts add up to the pool's reserve), rather than a reserve sized for its
 //     own share of the traffic on its own share of the seats, which N replicas keep N times over;
+//   - takes the smallest slot limit any replica learned on its endpoints (SeatSummary.PoolSlots) for the pool's slot
+//     limit (poolSlotsLocked) as soon as one replica learns it, as one replica owning every endpoint would: the
+//     endpoints of a pool usually run one configuration, and each of N replicas, seeing 1/N of the endpoints and of
+//     the traffic, would learn one later;
 //   - when a Critical request finds no headroom on its own endpoints (CriticalWouldWait), its caller may send it to a
 //     peer's endpoint with an idle seat, as a replica alone would take any idle seat of the pool; the owner counts
 //     such requests (Peers.Load) against its endpoints' seats from the next summary on, and its scrapes show them too.
@@ -31,6 +35,11 @@ type Peers struct {
 	ReserveShare func(pool, seats int) int
 	// Load is, per endpoint of this controller, how many requests peers sent there that still run.
 	Load map[string]int
+	// PoolSlots is the smallest slot limit the peers learned on their endpoints (SeatSummary.PoolSlots); 0 when none
+	// did.
+	PoolSlots int
+	// IdleSeats is how many idle seats the peers listed (SeatSummary.Idle), whichever replica each is offered to.
+	IdleSeats int
 }
 
 // SetPeers puts what the live peers reported in force (Peers{} when none is live). A peer's load that ended frees
@@ -72,6 +81,10 @@ type SeatSummary struct {
 	Seats                   int
 	// CriticalWaiting is how many Critical requests wait here.
 	CriticalWaiting int
+	// PoolSlots is the smallest slot limit learned on this replica's own endpoints at its latest snapshot (0 when
+	// none): only what it learned itself, so that a limit its endpoints no longer show is forgotten by every replica
+	// within one summary rather than passed round among them.
+	PoolSlots int
 	// Idle lists endpoints with an idle seat now that lower bands here will not take, and how many each has, in
 	// snapshot order (at most maxOfferedEndpoints): where a peer's Critical request may go.
 	Idle []EndpointSeats
@@ -95,6 +108,7 @@ func (c *Controller) SeatSummary() SeatSummary {
 	s.Seats, _, s.SeatFrees = c.seatFiguresLocked(now)
 	s.CriticalRate, _ = c.criticalArrivals.rate(now)
 	s.CriticalWaiting = c.bands[Critical].count
+	s.PoolSlots = c.poolSlots
 	// While lower bands wait, an idle seat beyond the reserve is theirs at the next dispatch: only the reserve is
 	// offered. Either way at most maxOfferedEndpoints are listed, which bounds a summary's size in a large pool.
 	offer := -1
@@ -143,7 +157,36 @@ func (c *Controller) CriticalWouldWait(req Request) bool {
 // limit); a peer's idle seat starts it at once.
 func (c *Controller) criticalSeatLocked(now time.Time) bool {
 	for _, name := range c.endpointsWithHeadroomLocked(Critical, "", false, now) {
-		if e := &c.endpoints[c.endpointIndex[name]]; e.freeSeats() > 0 || e.seats == 0 && !c.poolSlotsCapLocked(e) {
+		if c.startsAtOnceLocked(&c.endpoints[c.endpointIndex[name]]) {
+			return true
+		}
+	}
+	return false
+}
+
+// startsAtOnceLocked reports whether a request sent to e now would start at once as far as anything known says: e has
+// a free seat, or no seat count while it holds fewer than the pool's slot limit.
+func (c *Controller) startsAtOnceLocked(e *endpointState) bool {
+	return e.freeSeats() > 0 || e.seats == 0 && !c.poolSlotsCapLocked(e)
+}
+
+// atOnceOnlyLocked reports whether a request of band may go only to an endpoint where it starts at once
+// (startsAtOnceLocked): with a live peer, a Critical request, while such a seat exists, on one of this replica's fresh
+// endpoints below band's ceiling or listed idle by a peer. One replica owning the pool would send it to such a seat
+// rather than into a server's queue behind whatever runs there, and sees every seat of the pool; so it goes to one of
+// this replica's, or waits here, first in line, for the next seat to free here or to be offered to this replica (a
+// peer's idle seats are offered to its peers in turn, an exchange interval each: DispatchWaitingElsewhere). Without a
+// live peer it decides as before.
+func (c *Controller) atOnceOnlyLocked(band Band, reserve bool, cutoff int64) bool {
+	if band != Critical || c.peers.ReserveShare == nil {
+		return false
+	}
+	if c.peers.IdleSeats > 0 {
+		return true
+	}
+	ceiling := c.cfg.Bands[band].SaturationCeiling
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.usable(cutoff) && e.saturationFor(reserve) < ceiling && c.startsAtOnceLocked(e) {
 			return true
 		}
 	}
@@ -191,13 +234,26 @@ func (c *Controller) DispatchWaitingElsewhere(take func(id string) (endpoint str
 	return n
 }
 
+// poolSlotsLocked is the pool's slot limit (poolSlotsCapLocked): the smallest learned on this replica's endpoints or
+// on its live peers' (0 when none is).
+func (c *Controller) poolSlotsLocked() int {
+	if c.poolSlots == 0 || c.peers.PoolSlots > 0 && c.peers.PoolSlots < c.poolSlots {
+		return c.peers.PoolSlots
+	}
+	return c.poolSlots
+}
+
 // pooledReserveLocked is this replica's part of the reserve the whole pool needs, given its own Critical arrival
 // rate, seat free rate and seat-bound seats: the pool's reserve sized from the pool's figures, as one replica would
-// size it, then shared out by Peers.ReserveShare.
+// size it, shared out by Peers.ReserveShare, plus what the peers' parts lack of it (their idle seats listed fall short
+// of the pool's reserve less this replica's part). One replica refills its reserve from whichever seat frees; a
+// replica whose part its own Critical requests took refills it only from its own seats, so meanwhile its peers keep
+// the pool's reserve whole (the next summary that shows its seats idle again gives them back).
 func (c *Controller) pooledReserveLocked(arrivals, frees float64, seats int) int {
 	p := c.peers
 	pool := reserveSeats(arrivals+p.CriticalRate, frees+p.SeatFrees, (seats+p.Seats)/2) + p.CriticalWaiting
-	return min(p.ReserveShare(pool, seats), seats/2)
+	share := p.ReserveShare(pool, seats)
+	return min(share+max(0, pool-share-p.IdleSeats), seats/2)
 }
 
 // MayUsePeerEndpoint reports whether a request of band may go to endpoint name when it is not one of this controller's

@@ -2,13 +2,15 @@ package flowcontrol
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
 // TestPooledReserve: with live peers the seat reserve is this replica's part of the reserve sized from the whole
-// pool's figures (plus a seat per Critical request waiting at a peer); alone it is sized from its own.
+// pool's figures (plus a seat per Critical request waiting at a peer), and what the peers' idle seats lack of theirs;
+// alone it is sized from its own.
 func TestPooledReserve(t *testing.T) {
 	half := func(pool, seats int) int { return pool / 2 }
 	for _, tc := range []struct {
@@ -20,12 +22,16 @@ func TestPooledReserve(t *testing.T) {
 	}{
 		// One replica of the pool, 12 seats freeing at 2.4/s, Critical at 0.95/s: its own reserve is 5 of 12.
 		{name: "alone", arrivals: 0.95, frees: 2.4, seats: 12, want: 5},
-		// Two such replicas: the pool needs 5 of 24 seats (r = 2.5 whatever the size), this one keeps its half.
+		// Two such replicas: the pool needs 5 of 24 seats (r = 2.5 whatever the size), this one keeps its half while
+		// the peer keeps the rest idle.
 		{name: "half of the pool's", arrivals: 0.95, frees: 2.4, seats: 12,
-			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half}, want: 2},
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half, IdleSeats: 3}, want: 2},
+		// The peer's Critical requests took two of its three: this one keeps them too until the peer's seats free.
+		{name: "and what the peer's part lacks", arrivals: 0.95, frees: 2.4, seats: 12,
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, ReserveShare: half, IdleSeats: 1}, want: 4},
 		// Three Critical requests wait at peers: the pool holds a seat for each on top.
 		{name: "and peers' waiting Critical", arrivals: 0.95, frees: 2.4, seats: 12,
-			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, CriticalWaiting: 3, ReserveShare: half}, want: 4},
+			peers: Peers{CriticalRate: 0.95, SeatFrees: 2.4, Seats: 12, CriticalWaiting: 3, ReserveShare: half, IdleSeats: 4}, want: 4},
 		// The share never exceeds half the replica's own seats.
 		{name: "at most half its seats", arrivals: 5, frees: 1, seats: 4,
 			peers: Peers{CriticalRate: 5, SeatFrees: 1, Seats: 40, ReserveShare: func(pool, _ int) int { return pool }}, want: 2},
@@ -257,4 +263,99 @@ func TestIsPeerEndpoint(t *testing.T) {
 				h.c.IsPeerEndpoint("peer-ep"), h.c.IsPeerEndpoint("a"))
 		}
 	})
+}
+
+// TestCriticalStartsAtOnceWithPeers: with a live peer, a Critical request goes only to an endpoint where it starts at
+// once while one exists here or a peer lists an idle seat (as one replica seeing the whole pool would); with neither,
+// or alone, it may still go beyond an endpoint's tentative seats, as before.
+func TestCriticalStartsAtOnceWithPeers(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		peers     bool
+		idle      int  // idle seats the peers list
+		freeOnB   bool // one of this replica's requests on b ends: b has a free seat
+		want      []string
+		wantQueue bool
+	}{
+		{name: "a seat free here, peer live", peers: true, freeOnB: true, want: []string{"b"}},
+		{name: "a seat free here, alone", freeOnB: true, want: []string{"a", "b"}},
+		{name: "seats full, a peer's seat idle", peers: true, idle: 1, wantQueue: true},
+		{name: "seats full, no idle seat in the pool", peers: true, want: []string{"a", "b"}},
+		{name: "seats full, alone", want: []string{"a", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0), ep("b", 0))
+				var onB []string
+				for i := range 4 {
+					cl := h.admit(0, "t", 1)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					name := []string{"a", "b"}[i%2]
+					h.c.Bind(cl.req.ID, name)
+					if name == "b" {
+						onB = append(onB, cl.req.ID)
+					}
+				}
+				// Both showed a request waiting while they ran two, then none: tentative seats 2, capacity 3.
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: 1}, Endpoint{Name: "b", Running: 2, WaitingQueue: 1})
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2}, Endpoint{Name: "b", Running: 2})
+				if tc.freeOnB {
+					h.c.Release(onB[0])
+				}
+				if tc.peers {
+					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, IdleSeats: tc.idle})
+				}
+				cl := h.admit(1, "t", 1)
+				if tc.wantQueue {
+					cl.wantWaiting(t)
+					cl.cancel()
+					return
+				}
+				if d := cl.wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, tc.want) {
+					t.Fatalf("Critical request may go to %v, want %v", d.Endpoints, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestPeersPoolSlots: a slot limit learned by a peer is the pool's here as soon as the peer tells it: under the
+// Critical reserve a lower band sends an endpoint whose own limit is not known no more than it (poolSlotsCapLocked);
+// and the summary tells only the limit learned on this replica's own endpoints.
+func TestPeersPoolSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		poolSlots int // the peers'
+		wantWait  bool
+	}{
+		{name: "peer learned 2", poolSlots: 2, wantWait: true},
+		{name: "peer learned 3", poolSlots: 3},
+		{name: "nothing learned", poolSlots: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0))
+				h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, PoolSlots: tc.poolSlots})
+				h.admit(1, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // Critical: the reserve is on
+				h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+				// a runs both, nothing waits there: no limit of its own, no seats.
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2})
+				cl := h.admit(0, "t", 1)
+				if tc.wantWait {
+					cl.wantWaiting(t)
+					cl.cancel()
+				} else {
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+				}
+				if s := h.c.SeatSummary(); s.PoolSlots != 0 {
+					t.Fatalf("summary tells pool slots %d, want 0: nothing was learned here", s.PoolSlots)
+				}
+			})
+		})
+	}
 }

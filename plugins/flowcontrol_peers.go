@@ -32,7 +32,7 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	f.applyPeers()
 	s := f.ctrl.SeatSummary()
 	own := replication.Summary{CriticalRate: s.CriticalRate, SeatFrees: s.SeatFrees, Seats: s.Seats,
-		CriticalWaiting: s.CriticalWaiting}
+		CriticalWaiting: s.CriticalWaiting, PoolSlots: s.PoolSlots}
 	for _, e := range s.Idle {
 		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
 	}
@@ -48,6 +48,9 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	}
 	return f.peers.Next(own, now)
 }
+
+// PeerWireVersion is the wire version to send peer this replica's summaries in (replication.Exchange.WireVersion).
+func (f *FlowControl) PeerWireVersion(peer string) byte { return f.peers.WireVersion(peer) }
 
 // DefaultSharedPrefixBlocks bounds the prompt blocks a summary carries: 8 bytes each, so at most 4 KiB (plus the
 // pods' names) per summary and peer, 800 KB/s per peer at the default 5 ms interval. Blocks routed beyond it in one
@@ -108,7 +111,8 @@ func (f *FlowControl) applyPeers() {
 	self := f.peers.Self()
 	f.ctrl.SetPeers(flowcontrol.Peers{
 		CriticalRate: pool.CriticalRate, SeatFrees: pool.SeatFrees, Seats: pool.Seats,
-		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load,
+		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, PoolSlots: pool.PoolSlots,
+		IdleSeats:    pool.IdleSeats,
 		ReserveShare: func(n, seats int) int { return pool.ReserveShare(self, n, seats) },
 	})
 }

@@ -26,9 +26,10 @@ import (
 // health probe answered. Nothing on the request path waits for a peer: admission acts on the latest summaries held.
 
 // PeerExchanger is what the peer exchange needs of the admission controller (plugins.FlowControl): the summary to
-// send, and the peers' summaries to take in.
+// send, the wire version each peer reads, and the peers' summaries to take in.
 type PeerExchanger interface {
 	PeerSummary() replication.Summary
+	PeerWireVersion(peer string) byte
 	HearPeer(replication.Summary)
 }
 
@@ -131,10 +132,8 @@ func (p *peerSender) Start(ctx context.Context) error {
 			return nil
 		case <-ticker.C():
 		}
-		wire, err := p.admission.PeerSummary().AppendBinary(nil)
-		if err != nil {
-			return err
-		}
+		summary := p.admission.PeerSummary()
+		wires := map[byte][]byte{} // by wire version: peers of another release are sent what they read
 		peers := p.view.Peers()
 		for peer, s := range outs {
 			if !slices.Contains(peers, peer) { // gone (a rollout replaced it): its sender and connection end
@@ -144,6 +143,15 @@ func (p *peerSender) Start(ctx context.Context) error {
 		}
 		p.traffic.keep(peers)
 		for _, peer := range peers {
+			v := p.admission.PeerWireVersion(peer)
+			wire, ok := wires[v]
+			if !ok {
+				var err error
+				if wire, err = summary.AppendVersion(nil, v); err != nil {
+					return err
+				}
+				wires[v] = wire
+			}
 			s, ok := outs[peer]
 			if !ok {
 				sctx, cancel := context.WithCancel(ctx)

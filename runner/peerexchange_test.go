@@ -21,17 +21,22 @@ import (
 // what it hears.
 type recordingExchanger struct {
 	self string
-	mu   sync.Mutex
-	seq  uint64
-	got  []replication.Summary
+	// version is the wire version it sends every peer in.
+	version byte
+	mu      sync.Mutex
+	seq     uint64
+	got     []replication.Summary
 }
 
 func (r *recordingExchanger) PeerSummary() replication.Summary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
-	return replication.Summary{From: r.self, Seq: r.seq, Seats: 4, Idle: []replication.EndpointCount{{Endpoint: "10.0.0.1:8000", N: 1}}}
+	return replication.Summary{From: r.self, Seq: r.seq, Seats: 4, Idle: []replication.EndpointCount{{Endpoint: "10.0.0.1:8000", N: 1}},
+		PoolSlots: 4}
 }
+
+func (r *recordingExchanger) PeerWireVersion(string) byte { return r.version }
 
 func (r *recordingExchanger) HearPeer(s replication.Summary) {
 	r.mu.Lock()
@@ -45,8 +50,9 @@ func (r *recordingExchanger) heard() []replication.Summary {
 	return append([]replication.Summary(nil), r.got...)
 }
 
-// Two replicas over loopback gRPC: each one's summaries reach the other's admission on one stream, in order, and
-// hearing a summary makes its sender live.
+// Two replicas over loopback gRPC: each one's summaries reach the other's admission on one stream, in order, in the
+// wire version the sender chose for that peer (a, as to a peer of an older release, version 1, without the pool's slot
+// limit), and hearing a summary makes its sender live.
 func TestPeerExchangeOverGRPC(t *testing.T) {
 	listen := func() (net.Listener, string) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -61,12 +67,12 @@ func TestPeerExchangeOverGRPC(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	traffic := map[string]*peerTraffic{a: newPeerTraffic(), b: newPeerTraffic()}
-	replica := func(l net.Listener, self string, peers []string) (*recordingExchanger, *replication.View) {
+	replica := func(l net.Listener, self string, peers []string, version byte) (*recordingExchanger, *replication.View) {
 		view, err := replication.NewView(self, peers, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		adm := &recordingExchanger{self: self}
+		adm := &recordingExchanger{self: self, version: version}
 		srv := grpc.NewServer()
 		srv.RegisterService(&peerExchangeDesc, &peerReceiver{view: view, admission: adm, clock: clock.RealClock{}, logger: testr.New(t),
 			traffic: traffic[self]})
@@ -81,16 +87,18 @@ func TestPeerExchangeOverGRPC(t *testing.T) {
 		})
 		return adm, view
 	}
-	admA, viewA := replica(la, a, []string{a, b})
-	admB, viewB := replica(lb, b, []string{b, a})
+	admA, viewA := replica(la, a, []string{a, b}, 1)
+	admB, viewB := replica(lb, b, []string{b, a}, replication.WireVersion)
 	runnertest.Eventually(t, "b hears a's summaries", func() string {
-		if got := admB.heard(); len(got) < 2 || got[0].From != a || got[len(got)-1].Seq <= got[0].Seq {
+		if got := admB.heard(); len(got) < 2 || got[0].From != a || got[len(got)-1].Seq <= got[0].Seq ||
+			got[0].Version != 1 || got[0].PoolSlots != 0 {
 			return "b heard " + summaryFroms(got)
 		}
 		return ""
 	})
 	runnertest.Eventually(t, "a hears b's summaries", func() string {
-		if got := admA.heard(); len(got) == 0 || got[0].From != b || got[0].Idle[0].N != 1 {
+		if got := admA.heard(); len(got) == 0 || got[0].From != b || got[0].Idle[0].N != 1 ||
+			got[0].Version != replication.WireVersion || got[0].PoolSlots != 4 {
 			return "a heard " + summaryFroms(got)
 		}
 		return ""

@@ -10,8 +10,10 @@
 // of it (ReserveShare), and sends a Critical request that would wait on its own endpoints to a peer's idle seat
 // (Take); the owner counts it from the next summary on. A summary also carries the prompt blocks the sender's prefix
 // index inserted since its last one (Prefix), so that every replica's index holds what any replica routed, and a
-// request routed to a peer's endpoint for prefix affinity is counted there like one sent to an idle seat (SentTo).
-// Summaries travel in a compact wire form (AppendBinary, ParseSummary); nothing on the request path waits for one.
+// request routed to a peer's endpoint for prefix affinity is counted there like one sent to an idle seat (SentTo),
+// and the smallest slot limit the sender learned on its endpoints (PoolSlots), which every replica takes for the
+// pool's. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary; each peer is sent the
+// newest version it sent, WireVersion); nothing on the request path waits for one.
 //
 // It is pure decision logic: plain inputs, time passed in as arguments, no I/O, no dependency on the Gateway API
 // Inference Extension. What carries peer messages and what acts on ownership live elsewhere; the design, and what

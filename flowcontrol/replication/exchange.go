@@ -21,6 +21,9 @@ type Summary struct {
 	Seats                   int
 	// CriticalWaiting is how many Critical requests wait at the sender for a seat.
 	CriticalWaiting int
+	// PoolSlots is the smallest slot limit the sender learned on its own endpoints, 0 when none
+	// (flowcontrol.SeatSummary).
+	PoolSlots int
 	// Idle lists the sender's endpoints with idle seats, and how many each has.
 	Idle []EndpointCount
 	// Sent counts, per endpoint the sender does not own, its requests running there: Critical ones sent to idle seats
@@ -33,6 +36,8 @@ type Summary struct {
 	// (prefixcache.PodInserts): what it routed there that the pod did not hold before, so each replica's index holds
 	// what any replica routed. Bounded by the sender (plugins.DefaultSharedPrefixBlocks) and by the wire form.
 	Prefix []BlockInserts
+	// Version is the wire version the summary was read in (ParseSummary); 0 for one built here.
+	Version byte
 }
 
 // BlockInserts are the prompt-block hashes a replica's prefix index inserted for one pod (its namespace/name), in
@@ -86,6 +91,8 @@ func (x *Exchange) Counts() Counts {
 type heardSummary struct {
 	Summary
 	at time.Time
+	// version is the newest wire version the peer has sent since it was last silent (WireVersion).
+	version byte
 }
 
 // sentRequest is a request sent to a peer's endpoint, and the Seq of the first of this replica's summaries to count
@@ -118,10 +125,28 @@ func (x *Exchange) Heard(s Summary, now time.Time) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if old, ok := x.peers[s.From]; ok && s.Seq <= old.Seq && now.Sub(old.at) < x.timeout {
-		return
+	h := heardSummary{Summary: s, at: now, version: s.Version}
+	if old, ok := x.peers[s.From]; ok && now.Sub(old.at) < x.timeout {
+		if s.Seq <= old.Seq {
+			return
+		}
+		h.version = max(h.version, old.version)
 	}
-	x.peers[s.From] = heardSummary{Summary: s, at: now}
+	x.peers[s.From] = h
+}
+
+// WireVersion is the wire version to send peer in: the newest it has sent since it was last silent, which it reads,
+// up to WireVersion; version 1, which every release reads, until it is heard. A release from before prefix sharing
+// sends only version 1, and one from before the pool's slot limit sends version 1 while it has no prefix inserts to
+// tell and 2 when it has, so it is sent version 2 from its first summary with inserts on.
+func (x *Exchange) WireVersion(peer string) byte {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	h, ok := x.peers[peer]
+	if !ok || h.version == 0 {
+		return wireVersionSeats
+	}
+	return min(h.version, WireVersion)
 }
 
 // liveLocked drops the summaries of peers silent for the timeout, and the records of requests sent to peers older than
@@ -165,6 +190,9 @@ func (x *Exchange) Next(own Summary, now time.Time) Summary {
 type Pool struct {
 	CriticalRate, SeatFrees float64
 	Seats, CriticalWaiting  int
+	// PoolSlots is the smallest slot limit a live peer learned on its endpoints; 0 when none did. IdleSeats is how
+	// many idle seats they listed, to whichever replica each is offered.
+	PoolSlots, IdleSeats int
 	// Load is, per endpoint, the requests peers said they sent there and still run.
 	Load map[string]int
 	// seats are the live replicas' seat-bound seats, self's not included, by name (ReserveShare).
@@ -185,6 +213,12 @@ func (x *Exchange) Pool(now time.Time) Pool {
 		p.SeatFrees += h.SeatFrees
 		p.Seats += h.Seats
 		p.CriticalWaiting += h.CriticalWaiting
+		for _, e := range h.Idle {
+			p.IdleSeats += e.N
+		}
+		if h.PoolSlots > 0 && (p.PoolSlots == 0 || h.PoolSlots < p.PoolSlots) {
+			p.PoolSlots = h.PoolSlots
+		}
 		p.seats[name] = h.Seats
 		for _, s := range h.Sent {
 			if p.Load == nil {

@@ -107,7 +107,7 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 		{From: "10.0.0.1:9003", Seq: 1},
 		{From: "epp-0", Seq: 1 << 40, CriticalRate: 3.5, SeatFrees: 9.25, Seats: 48, CriticalWaiting: 2,
 			Idle: []EndpointCount{{"10.0.1.1:8000", 1}, {"10.0.1.2:8000", 3}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}},
-			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}},
+			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}, PoolSlots: 4},
 		{From: "epp-1", Seq: 2, Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{1, 1 << 63, 42}},
 			{Pod: "default/vllm-1", Hashes: []uint64{7}}}},
 	} {
@@ -116,6 +116,7 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err := ParseSummary(wire)
+		s.Version = WireVersion
 		if err != nil || !reflect.DeepEqual(got, s) {
 			t.Fatalf("%+v came back as %+v (%v)", s, got, err)
 		}
@@ -140,6 +141,7 @@ func TestSummaryWireBoundsSeats(t *testing.T) {
 		{"at the bound", Summary{From: "b", Seats: maxWireSeats, Idle: []EndpointCount{{"e", maxWireSeats}}}, true},
 		{"seats", Summary{From: "b", Seats: maxWireSeats + 1}, false},
 		{"Critical waiting", Summary{From: "b", CriticalWaiting: maxWireSeats + 1}, false},
+		{"pool slots", Summary{From: "b", PoolSlots: maxWireSeats + 1}, false},
 		{"one idle endpoint", Summary{From: "b", Idle: []EndpointCount{{"e", 1<<31 - 1}}}, false},
 		{"idle seats summed", Summary{From: "b", Idle: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
 		{"sent summed", Summary{From: "b", Sent: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
@@ -172,6 +174,86 @@ func TestExchangeSentExpires(t *testing.T) {
 	}
 }
 
+// TestSummaryWireVersions: a summary written in an older version is that version's layout, which replicas of the
+// older release read (each version's bytes are the next one's without the fields it adds), and reads back without what
+// that version has no field for; a version beyond the newest is neither written nor read.
+func TestSummaryWireVersions(t *testing.T) {
+	s := Summary{From: "epp-0", Seq: 9, CriticalRate: 2, SeatFrees: 8, Seats: 12, CriticalWaiting: 1,
+		Idle: []EndpointCount{{"10.0.1.1:8000", 2}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}}, Acks: []Ack{{"epp-1", 3}},
+		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4}
+	wire := map[byte][]byte{}
+	for v := byte(wireVersionSeats); v <= WireVersion; v++ {
+		b, err := s.AppendVersion(nil, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wire[v] = b
+		want := s
+		want.Version = v
+		if v < WireVersion {
+			want.PoolSlots = 0
+		}
+		if v < wireVersionPrefix {
+			want.Prefix = nil
+		}
+		if got, err := ParseSummary(b); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("version %d came back as %+v (%v), want %+v", v, got, err, want)
+		}
+	}
+	noPrefix := s
+	noPrefix.Prefix = nil
+	v3, _ := noPrefix.AppendVersion(nil, WireVersion)
+	for _, tc := range []struct {
+		older, newer []byte
+		added        int
+	}{
+		{wire[wireVersionSeats], v3, 2}, // an empty prefix list and the slot limit
+		{wire[wireVersionPrefix], wire[WireVersion], 1},
+	} {
+		if !reflect.DeepEqual(tc.older[1:], tc.newer[1:len(tc.newer)-tc.added]) {
+			t.Errorf("version %d is not version %d without its added fields:\n%x\n%x", tc.older[0], tc.newer[0], tc.older, tc.newer)
+		}
+	}
+	if _, err := s.AppendVersion(nil, WireVersion+1); err == nil {
+		t.Error("wrote a version beyond the newest")
+	}
+	if _, err := ParseSummary(append([]byte{WireVersion + 1}, wire[WireVersion][1:]...)); err == nil {
+		t.Error("read a version beyond the newest")
+	}
+}
+
+// TestExchangeWireVersion: a peer is sent version 1 until it is heard, then the newest version it has sent since it
+// was last silent (a release from before the slot limit sends 1 or 2 as it has prefix inserts or not), at most the
+// newest; the pool's slot limit is the smallest a live peer reported, its idle seats all they listed.
+func TestExchangeWireVersion(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	x := NewExchange("a", time.Second)
+	steps := []struct {
+		heard Summary
+		at    time.Duration
+		want  byte
+	}{
+		{Summary{}, 0, wireVersionSeats}, // nothing heard
+		{Summary{From: "b", Seq: 1, Version: wireVersionSeats}, 0, wireVersionSeats},
+		{Summary{From: "b", Seq: 2, Version: wireVersionPrefix}, 0, wireVersionPrefix},
+		{Summary{From: "b", Seq: 3, Version: wireVersionSeats}, 0, wireVersionPrefix},              // no inserts this time
+		{Summary{From: "b", Seq: 1, Version: wireVersionSeats}, 2 * time.Second, wireVersionSeats}, // restarted, older
+		{Summary{From: "b", Seq: 2, Version: WireVersion, PoolSlots: 6}, 2 * time.Second, WireVersion},
+		{Summary{From: "b", Seq: 3, Version: WireVersion + 1}, 2 * time.Second, WireVersion},
+	}
+	for i, step := range steps {
+		x.Heard(step.heard, t0.Add(step.at))
+		if got := x.WireVersion("b"); got != step.want {
+			t.Fatalf("step %d: version %d, want %d", i, got, step.want)
+		}
+	}
+	x.Heard(Summary{From: "c", Seq: 1, Version: WireVersion, PoolSlots: 4, Idle: []EndpointCount{{"c-ep", 2}}}, t0.Add(2*time.Second))
+	x.Heard(Summary{From: "d", Seq: 1, Version: WireVersion, Idle: []EndpointCount{{"d-ep", 1}}}, t0.Add(2*time.Second))
+	if p := x.Pool(t0.Add(2 * time.Second)); p.PoolSlots != 4 || p.IdleSeats != 3 {
+		t.Fatalf("pool slot limit %d, idle seats %d; want the smallest reported, 4, and the 3 listed", p.PoolSlots, p.IdleSeats)
+	}
+}
+
 // Summaries cross the network from peers: any bytes parse to an error or to a summary that encodes back to them.
 func FuzzParseSummary(f *testing.F) {
 	wire, _ := Summary{From: "a", Seq: 3, Idle: []EndpointCount{{"e", 1}}, Acks: []Ack{{"b", 2}}}.AppendBinary(nil)
@@ -179,13 +261,15 @@ func FuzzParseSummary(f *testing.F) {
 	f.Add([]byte{1, 200, 200, 200, 200, 200})
 	wire, _ = Summary{From: "a", Seq: 4, Prefix: []BlockInserts{{"ns/p", []uint64{9, 1 << 60}}, {"ns/q", nil}}}.AppendBinary(nil)
 	f.Add(wire)
-	f.Add([]byte{wireVersion, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 'n', 's', '/', 'p', 200, 200, 200, 200, 1})
+	wire, _ = Summary{From: "a", Seq: 5, PoolSlots: 4}.AppendVersion(nil, wireVersionSeats)
+	f.Add(wire)
+	f.Add([]byte{wireVersionPrefix, 1, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 'n', 's', '/', 'p', 200, 200, 200, 200, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := ParseSummary(b)
 		if err != nil {
 			return
 		}
-		again, err := s.AppendBinary(nil)
+		again, err := s.AppendVersion(nil, s.Version)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,13 +10,17 @@ import (
 // The wire form of a Summary, what replicas send one another: a version byte, then the fields in order, strings as
 // a uvarint length and bytes, counts as uvarints, rates as float32 bits, block hashes as 8 bytes. A summary of a
 // replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
-// prefix inserts after the acknowledgements; a summary without any is written as version 1, which replicas from
-// before prefix sharing read, and both versions are read.
+// prefix inserts after the acknowledgements, version 3 the pool's slot limit after them. Every version is read; a
+// replica sends each peer the newest version that peer has sent (Exchange.WireVersion), so that during a rolling
+// upgrade replicas of different releases still exchange what both read: replicas from before prefix sharing refuse
+// anything but version 1, those from before the slot limit anything beyond 2.
 
 const (
-	wireVersion      = 2
-	wireVersionSeats = 1 // without prefix inserts
-	hashBytes        = 8
+	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
+	WireVersion       = 3
+	wireVersionPrefix = 2 // with prefix inserts, without the pool's slot limit
+	wireVersionSeats  = 1 // without prefix inserts
+	hashBytes         = 8
 )
 
 // maxWireHashes bounds the block hashes a received summary may carry, over all its pods: 32 KiB.
@@ -25,18 +29,23 @@ const maxWireHashes = 1 << 12
 // maxWireEntries bounds each list a received summary may hold: a corrupt or hostile length cannot allocate much.
 const maxWireEntries = 1 << 16
 
-// maxWireSeats bounds a received summary's seat count, its Critical requests waiting, and the seats of each of its
-// endpoint lists summed: admission walks them seat by seat under its lock (Exchange.Take, the reserve's sizing), so a
-// corrupt or hostile count must not make that walk long.
+// maxWireSeats bounds a received summary's seat count, its Critical requests waiting, its pool slot limit, and the
+// seats of each of its endpoint lists summed: admission walks them seat by seat under its lock (Exchange.Take, the
+// reserve's sizing), so a corrupt or hostile count must not make that walk long.
 const maxWireSeats = 1 << 16
 
-// AppendBinary appends s's wire form to b.
+// AppendBinary appends s's wire form, in the newest version, to b.
 func (s Summary) AppendBinary(b []byte) ([]byte, error) {
-	if len(s.Prefix) == 0 {
-		b = append(b, wireVersionSeats)
-	} else {
-		b = append(b, wireVersion)
+	return s.AppendVersion(b, WireVersion)
+}
+
+// AppendVersion appends s's wire form in version v (1 to WireVersion) to b: what an older version has no field for
+// (prefix inserts before 2, the pool's slot limit before 3) is left out.
+func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
+	if v < wireVersionSeats || v > WireVersion {
+		return b, fmt.Errorf("summary version %d, want 1 to %d", v, WireVersion)
 	}
+	b = append(b, v)
 	b = appendString(b, s.From)
 	b = binary.AppendUvarint(b, s.Seq)
 	b = binary.BigEndian.AppendUint32(b, math.Float32bits(float32(s.CriticalRate)))
@@ -55,7 +64,7 @@ func (s Summary) AppendBinary(b []byte) ([]byte, error) {
 		b = appendString(b, a.Peer)
 		b = binary.AppendUvarint(b, a.Seq)
 	}
-	if len(s.Prefix) == 0 {
+	if v < wireVersionPrefix {
 		return b, nil
 	}
 	b = binary.AppendUvarint(b, uint64(len(s.Prefix)))
@@ -66,7 +75,10 @@ func (s Summary) AppendBinary(b []byte) ([]byte, error) {
 			b = binary.BigEndian.AppendUint64(b, h)
 		}
 	}
-	return b, nil
+	if v < WireVersion {
+		return b, nil
+	}
+	return binary.AppendUvarint(b, uint64(max(0, s.PoolSlots))), nil
 }
 
 func appendString(b []byte, s string) []byte {
@@ -77,10 +89,10 @@ func appendString(b []byte, s string) []byte {
 func ParseSummary(b []byte) (Summary, error) {
 	r := reader{b: b}
 	v := r.byte()
-	if r.err == nil && v != wireVersion && v != wireVersionSeats {
-		return Summary{}, fmt.Errorf("summary version %d, want %d or %d", v, wireVersionSeats, wireVersion)
+	if r.err == nil && (v < wireVersionSeats || v > WireVersion) {
+		return Summary{}, fmt.Errorf("summary version %d, want 1 to %d", v, WireVersion)
 	}
-	var s Summary
+	s := Summary{Version: v}
 	s.From = r.string()
 	s.Seq = r.uvarint()
 	s.CriticalRate = float64(math.Float32frombits(r.uint32()))
@@ -101,7 +113,7 @@ func ParseSummary(b []byte) (Summary, error) {
 	for range r.entries() {
 		s.Acks = append(s.Acks, Ack{Peer: r.string(), Seq: r.uvarint()})
 	}
-	if v == wireVersion {
+	if v >= wireVersionPrefix {
 		total := 0
 		for range r.entries() {
 			p := BlockInserts{Pod: r.string()}
@@ -114,6 +126,9 @@ func ParseSummary(b []byte) (Summary, error) {
 			}
 			s.Prefix = append(s.Prefix, p)
 		}
+	}
+	if v >= WireVersion {
+		s.PoolSlots = r.seats(r.count())
 	}
 	switch {
 	case r.err != nil:
