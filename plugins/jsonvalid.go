@@ -3,9 +3,9 @@ package plugins
 import "encoding/binary"
 
 // A long prompt is one long JSON string, and json.Valid reads it a byte at a time through encoding/json's scanner, a
-// function call per byte: at a 220 KB chat that validation was most of the parser's CPU. validJSON accepts exactly
-// what json.Valid accepts and reads a string's content eight bytes at a time, stopping only at a quote, a backslash or
-// a control byte.
+// function call per byte: at long prompts the largest part of the parser's CPU. validJSON accepts exactly what
+// json.Valid accepts and reads a string's content eight bytes at a time, stopping only at a quote, a backslash or a
+// control byte.
 
 // maxJSONDepth is encoding/json's limit on nested arrays and objects.
 const maxJSONDepth = 10000
