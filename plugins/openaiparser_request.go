@@ -89,16 +89,17 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 
 // A chat's messages carry almost all of a long prompt's bytes, and encoding/json reads each message's content four
 // times: the document's validation and decoding, then, in upstream's Content.UnmarshalJSON, the content's own
-// validation and decoding. decodeChat reads it once after validating the document: it splits the messages with the
-// byte scanners below (eachMember, skipValue) and copies a plain string content (no escapes, valid UTF-8) as is,
-// which is what decoding it yields; every other member, message and content goes through encoding/json and
-// upstream's methods. Whatever it cannot decode exactly as encoding/json would (a key that could fold onto a field
-// name, a repeated key, a message that is not an object) leaves the body to json.Unmarshal.
+// validation and decoding. decodeChat reads it once after validating the document (validJSON, which accepts what
+// json.Valid accepts): it splits the messages with the byte scanners below (eachMember, skipValue) and copies a plain
+// string content (no escapes, valid UTF-8) as is, which is what decoding it yields; every other member, message and
+// content goes through encoding/json and upstream's methods. Whatever it cannot decode exactly as encoding/json would
+// (a key that could fold onto a field name, a repeated key, a message that is not an object) leaves the body to
+// json.Unmarshal.
 
 // decodeChat decodes a chat completions request as json.Unmarshal does into scheduling.ChatCompletionsRequest; ok
 // is false when the body is not valid JSON, does not decode, or is one decodeChat leaves to json.Unmarshal.
 func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
-	if !json.Valid(body) {
+	if !validJSON(body) {
 		return nil, false
 	}
 	rest := make([]byte, 0, 256)
