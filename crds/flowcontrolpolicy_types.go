@@ -310,13 +310,15 @@ type SheddableBand struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:default=1073741824
 	MaxQueuedBytes *int64 `json:"maxQueuedBytes,omitempty"`
-	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once.
+	// MaxQueueTime bounds how long a request may wait; a request predicted to wait longer is rejected at once. While
+	// the band rejects when saturated, only a client coming back when its Retry-After told it waits, so this bounds
+	// that wait.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
-	// +kubebuilder:default="5s"
+	// +kubebuilder:default="15s"
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. In (0, 1]; at most standard's.
