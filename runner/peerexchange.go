@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -77,6 +79,7 @@ func (p *peerReceiver) receive(stream grpc.ServerStream) error {
 // receiveAll reads stream until it ends. A summary that does not parse ends the stream with an error; one from a
 // replica that is not a peer (a stray or misconfigured sender) is dropped.
 func (p *peerReceiver) receiveAll(stream grpc.ServerStream) error {
+	reads := declaredWireVersion(stream.Context())
 	for {
 		var msg wrapperspb.BytesValue
 		if err := stream.RecvMsg(&msg); err != nil {
@@ -95,8 +98,27 @@ func (p *peerReceiver) receiveAll(stream grpc.ServerStream) error {
 			continue
 		}
 		p.traffic.received(s.From)
+		s.Reads = reads
 		p.admission.HearPeer(s)
 	}
+}
+
+// wireVersionKey is the stream metadata in which a sender declares the newest summary wire version it reads, so its
+// peers send it that version from the start (replication.Exchange.WireVersion). Releases from before it ignore it.
+const wireVersionKey = "sluice-peer-wire-version"
+
+// declaredWireVersion returns the wire version a peer's stream declares it reads; 0 when it declares none or one
+// that is not a version.
+func declaredWireVersion(ctx context.Context) byte {
+	vs := metadata.ValueFromIncomingContext(ctx, wireVersionKey)
+	if len(vs) != 1 {
+		return 0
+	}
+	v, err := strconv.ParseUint(vs[0], 10, 8)
+	if err != nil {
+		return 0
+	}
+	return byte(v)
 }
 
 // peerSender sends this replica's summary to every peer each interval. Each peer has a goroutine of its own holding
@@ -188,7 +210,8 @@ func (p *peerSender) sendTo(ctx context.Context, peer string, out <-chan []byte)
 		case wire = <-out:
 		}
 		if stream == nil {
-			if stream, err = conn.NewStream(ctx, &peerExchangeDesc.Streams[0], peerExchangeMethod); err != nil {
+			sctx := metadata.AppendToOutgoingContext(ctx, wireVersionKey, strconv.Itoa(replication.WireVersion))
+			if stream, err = conn.NewStream(sctx, &peerExchangeDesc.Streams[0], peerExchangeMethod); err != nil {
 				stream = nil
 				continue // the peer is down or starting: its liveness says so; the next summary tries again
 			}

@@ -38,6 +38,9 @@ type Summary struct {
 	Prefix []BlockInserts
 	// Version is the wire version the summary was read in (ParseSummary); 0 for one built here.
 	Version byte
+	// Reads is the newest wire version the sender reads, as it declared beside its summaries (the peer stream's
+	// metadata); 0 when it did not: a release from before the declaration reads what it sends.
+	Reads byte
 }
 
 // BlockInserts are the prompt-block hashes a replica's prefix index inserted for one pod (its namespace/name), in
@@ -91,7 +94,8 @@ func (x *Exchange) Counts() Counts {
 type heardSummary struct {
 	Summary
 	at time.Time
-	// version is the newest wire version the peer has sent since it was last silent (WireVersion).
+	// version is the newest wire version the peer has declared it reads or has sent since it was last silent
+	// (WireVersion).
 	version byte
 }
 
@@ -125,7 +129,7 @@ func (x *Exchange) Heard(s Summary, now time.Time) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	h := heardSummary{Summary: s, at: now, version: s.Version}
+	h := heardSummary{Summary: s, at: now, version: max(s.Version, s.Reads)}
 	if old, ok := x.peers[s.From]; ok && now.Sub(old.at) < x.timeout {
 		if s.Seq <= old.Seq {
 			return
@@ -135,10 +139,12 @@ func (x *Exchange) Heard(s Summary, now time.Time) {
 	x.peers[s.From] = h
 }
 
-// WireVersion is the wire version to send peer in: the newest it has sent since it was last silent, which it reads,
-// up to WireVersion; version 1, which every release reads, until it is heard. A release from before prefix sharing
-// sends only version 1, and one from before the pool's slot limit sends version 1 while it has no prefix inserts to
-// tell and 2 when it has, so it is sent version 2 from its first summary with inserts on.
+// WireVersion is the wire version to send peer in: the newest it has declared it reads (Summary.Reads) or has sent
+// since it was last silent, up to WireVersion; version 1, which every release reads, until it is heard. Replicas of
+// this release declare WireVersion, so they send each other the newest version from the first summary heard. Older
+// releases declare nothing: one from before prefix sharing sends only version 1, and one from before the pool's slot
+// limit sends version 1 while it has no prefix inserts to tell and 2 when it has, so it is sent version 2 from its
+// first summary with inserts on.
 func (x *Exchange) WireVersion(peer string) byte {
 	x.mu.Lock()
 	defer x.mu.Unlock()

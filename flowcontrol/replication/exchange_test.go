@@ -240,6 +240,10 @@ func TestExchangeWireVersion(t *testing.T) {
 		{Summary{From: "b", Seq: 1, Version: wireVersionSeats}, 2 * time.Second, wireVersionSeats}, // restarted, older
 		{Summary{From: "b", Seq: 2, Version: WireVersion, PoolSlots: 6}, 2 * time.Second, WireVersion},
 		{Summary{From: "b", Seq: 3, Version: WireVersion + 1}, 2 * time.Second, WireVersion},
+		// a replica of this release, restarted: its first summary came in version 1 (it had not heard us yet), but it
+		// declared what it reads, so both send the newest version from there on
+		{Summary{From: "b", Seq: 1, Version: wireVersionSeats, Reads: WireVersion}, 4 * time.Second, WireVersion},
+		{Summary{From: "b", Seq: 2, Version: wireVersionSeats, Reads: WireVersion + 1}, 4 * time.Second, WireVersion},
 	}
 	for i, step := range steps {
 		x.Heard(step.heard, t0.Add(step.at))
