@@ -40,6 +40,11 @@ func (c *Controller) arrive(req Request, prepare func(*item)) (Decision, *item, 
 	if it != nil && prepare != nil {
 		prepare(it)
 	}
+	// An arrival changes its band's and tenant's demand, and with it which tenants are under their share and the
+	// seats kept for them: requests already waiting may have headroom now.
+	if c.dispatchLocked(now) > 0 {
+		changed = true
+	}
 	var sample QueueSample
 	if changed {
 		c.endOpLocked(now)
