@@ -83,6 +83,7 @@ func (c *Controller) withdrawLocked(it *item, cause error) QueueSample {
 	c.removeQueuedLocked(it)
 	c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band, Capped: it.capped,
 		Waited: now.Sub(it.enqueuedAt)}, cause)
+	c.dispatchLocked(now) // its tenant's demand fell: the seats kept for it may now be free for others
 	c.endOpLocked(now)
 	return c.queueSampleLocked(now)
 }
