@@ -54,7 +54,7 @@ func TestRetryUnreachable(t *testing.T) {
 					}
 					return nil
 				}
-				r := &retryUnreachable{every: time.Millisecond, lw: &toolscache.ListWatch{
+				r := &retryUnreachable{first: time.Millisecond, lw: &toolscache.ListWatch{
 					ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 						return &corev1.PodList{}, answer()
 					},
