@@ -6,8 +6,7 @@ import "time"
 // fair within a band, a tenant under its share first (tenantseats.go). A band without headroom passes to the next: a
 // lower band's ceiling is no higher, so it has none either, unless it may use the burst tier and the band above may
 // not (a band that rejects when saturated queues only the returns it promised capacity to, and what waited before a
-// policy change made it so). It returns the
-// number dispatched.
+// policy change made it so). It returns the number dispatched.
 func (c *Controller) dispatchLocked(now time.Time) int {
 	n := 0
 	for _, b := range allBands {

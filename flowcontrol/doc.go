@@ -75,9 +75,9 @@
 // On arrival, if any endpoint has headroom for the band (and, therefore, nothing waits ahead), the request is
 // dispatched at once: the fast path takes one lock, scans the endpoints and allocates only the list of endpoints with
 // headroom it hands to the scheduler. Otherwise, in order: a band that rejects when saturated (by default Sheddable,
-// the holdback band) rejects, unless the request is a client's return it promised capacity to (below); a request whose predicted wait exceeds the band's maximum queue time is rejected; a full
-// band rejects; a full controller lets a band allowed to displace evict the newest requests of the lowest lower band;
-// else the request waits.
+// the holdback band) rejects, unless the request is a client's return it promised capacity to (below); a request
+// whose predicted wait exceeds the band's maximum queue time is rejected; a full band rejects; a full controller lets
+// a band allowed to displace evict the newest requests of the lowest lower band; else the request waits.
 //
 // Late metrics are not a down pool. When no endpoint's metrics are fresh but one was scraped within ten staleness
 // thresholds (2 s by default), a band that queues waits for the next scrape as it would for headroom (a scrape late
