@@ -122,9 +122,11 @@
 // lets a request that claims one at or after that moment wait in its queue, ahead of later arrivals of the band (which
 // are still turned away while anything of it waits), up to the band's MaxQueueTime, once the overload is over (the
 // backlog at and above the band drains; during it the band is what keeps the load off the others, and sheds the
-// return again). A client cannot forge a promise:
-// only a request turned away earns one, only its own content claims it, and only once (promises.go; measured in
-// testbed/bench/scenarios/README.md, overload-recovery).
+// return again). A client cannot forge a promise: only a request turned away earns one, only its own content claims
+// it, and only once (promises.go; measured in testbed/bench/scenarios/README.md, overload-recovery). Promises are kept
+// by each replica, not exchanged with its peers: a return that the proxy sends to another replica is a new arrival
+// there. The ledger is bounded as a whole, not per tenant, so one tenant turned away with many distinct bodies can
+// fill it, and later refusals then keep no promise until entries expire.
 //
 // # Invariants
 //
