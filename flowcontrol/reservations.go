@@ -125,8 +125,12 @@ func (c *Controller) Bind(id, endpoint string) bool {
 	if i, ok := c.endpointIndex[endpoint]; ok {
 		r.ahead, r.occupied = c.endpoints[i].pending, c.endpoints[i].occupied()
 		c.endpoints[i].add(&r, c.cfg.Endpoint)
+		c.reservations[id] = r
+	} else {
+		// An endpoint that left the pool (or never was in it) holds no seats to count: the reservation ends here, as
+		// the pool update that removes an endpoint ends the reservations on it.
+		delete(c.reservations, id)
 	}
-	c.reservations[id] = r
 	c.dispatchFreedAndUnlock(now)
 	return true
 }
