@@ -175,8 +175,12 @@ func (c *Controller) startsAtOnceLocked(e *endpointState) bool {
 // endpoints below band's ceiling or listed idle by a peer. One replica owning the pool would send it to such a seat
 // rather than into a server's queue behind whatever runs there, and sees every seat of the pool; so it goes to one of
 // this replica's, or waits here, first in line, for the next seat to free here or to be offered to this replica (a
-// peer's idle seats are offered to its peers in turn, an exchange interval each: DispatchWaitingElsewhere). Without a
-// live peer it decides as before.
+// peer's idle seats are offered to its peers in turn, an exchange interval each: DispatchWaitingElsewhere). It also
+// waits here when no such seat exists but every candidate already holds the pool's slot limit (poolSlotsLocked): sent
+// there it would wait inside a server for that server's next slot, typically a
+// second or more in a warm-up while every server runs its first requests, where here it takes the next seat that
+// frees anywhere in the pool. Where the limit is not known yet, or some candidate holds fewer, it goes beyond the seats
+// as before (a server's seats are the most it has run, not yet its limit). Without a live peer it decides as before.
 func (c *Controller) atOnceOnlyLocked(band Band, reserve bool, cutoff int64) bool {
 	if band != Critical || c.peers.ReserveShare == nil {
 		return false
@@ -185,12 +189,19 @@ func (c *Controller) atOnceOnlyLocked(band Band, reserve bool, cutoff int64) boo
 		return true
 	}
 	ceiling := c.cfg.Bands[band].SaturationCeiling
+	slots := c.poolSlotsLocked()
+	below := false
 	for i := range c.endpoints {
-		if e := &c.endpoints[i]; e.usable(cutoff) && e.saturationFor(reserve) < ceiling && c.startsAtOnceLocked(e) {
+		e := &c.endpoints[i]
+		if !e.usable(cutoff) || e.saturationFor(reserve) >= ceiling {
+			continue
+		}
+		if c.startsAtOnceLocked(e) {
 			return true
 		}
+		below = below || slots == 0 || e.occupancy() < slots
 	}
-	return false
+	return !below
 }
 
 // DispatchedElsewhere records and returns the decision for a Critical request that arrived here and was sent to

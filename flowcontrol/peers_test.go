@@ -266,14 +266,16 @@ func TestIsPeerEndpoint(t *testing.T) {
 }
 
 // TestCriticalStartsAtOnceWithPeers: with a live peer, a Critical request goes only to an endpoint where it starts at
-// once while one exists here or a peer lists an idle seat (as one replica seeing the whole pool would); with neither,
-// or alone, it may still go beyond an endpoint's tentative seats, as before.
+// once while one exists here or a peer lists an idle seat (as one replica seeing the whole pool would), and waits here
+// when every endpoint already holds the pool's slot limit; otherwise, or alone, it may still go beyond an endpoint's
+// tentative seats, as before.
 func TestCriticalStartsAtOnceWithPeers(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		peers     bool
 		idle      int  // idle seats the peers list
 		freeOnB   bool // one of this replica's requests on b ends: b has a free seat
+		poolSlots int  // the slot limit the peers learned
 		want      []string
 		wantQueue bool
 	}{
@@ -281,6 +283,11 @@ func TestCriticalStartsAtOnceWithPeers(t *testing.T) {
 		{name: "a seat free here, alone", freeOnB: true, want: []string{"a", "b"}},
 		{name: "seats full, a peer's seat idle", peers: true, idle: 1, wantQueue: true},
 		{name: "seats full, no idle seat in the pool", peers: true, want: []string{"a", "b"}},
+		// Both hold the pool's slot limit: beyond their seats it would wait inside a server, so it waits here for the
+		// next seat to free in the pool.
+		{name: "seats full, every endpoint at the pool's slot limit", peers: true, poolSlots: 2, wantQueue: true},
+		{name: "seats full, below the pool's slot limit", peers: true, poolSlots: 3, want: []string{"a", "b"}},
+		{name: "at the pool's slot limit, alone", poolSlots: 2, want: []string{"a", "b"}},
 		{name: "seats full, alone", want: []string{"a", "b"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -306,7 +313,10 @@ func TestCriticalStartsAtOnceWithPeers(t *testing.T) {
 					h.c.Release(onB[0])
 				}
 				if tc.peers {
-					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, IdleSeats: tc.idle})
+					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, IdleSeats: tc.idle,
+						PoolSlots: tc.poolSlots})
+				} else if tc.poolSlots > 0 {
+					h.c.SetPeers(Peers{PoolSlots: tc.poolSlots})
 				}
 				cl := h.admit(1, "t", 1)
 				if tc.wantQueue {
