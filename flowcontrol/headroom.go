@@ -57,7 +57,7 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 	if reserve && band != Critical && c.poolSlotsCapLocked(e) || atOnceOnly && !c.startsAtOnceLocked(e) {
 		return false
 	}
-	return e.freeSeats() == 0 || !seatsFull || !c.seatBoundLocked(e, now)
+	return c.freeSeatsLocked(e) == 0 || !seatsFull || !c.seatBoundLocked(e, now)
 }
 
 // poolSlotsCapLocked reports whether e holds as many requests as the smallest slot limit learned in the pool while

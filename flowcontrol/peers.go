@@ -121,7 +121,7 @@ func (c *Controller) SeatSummary() SeatSummary {
 			break
 		}
 		e := &c.endpoints[i]
-		if n := e.freeSeats(); n > 0 && e.usable(cutoff) {
+		if n := c.freeSeatsLocked(e); n > 0 && e.usable(cutoff) {
 			if offer > 0 {
 				n = min(n, offer)
 				offer -= n
@@ -167,7 +167,7 @@ func (c *Controller) criticalSeatLocked(now time.Time) bool {
 // startsAtOnceLocked reports whether a request sent to e now would start at once as far as anything known says: e has
 // a free seat, or no seat count while it holds fewer than the pool's slot limit.
 func (c *Controller) startsAtOnceLocked(e *endpointState) bool {
-	return e.freeSeats() > 0 || e.seats == 0 && !c.poolSlotsCapLocked(e)
+	return c.freeSeatsLocked(e) > 0 || e.seats == 0 && !c.poolSlotsCapLocked(e)
 }
 
 // atOnceOnlyLocked reports whether a request of band may go only to an endpoint where it starts at once
@@ -296,4 +296,27 @@ func (c *Controller) IsPeerEndpoint(name string) bool {
 	defer c.mu.Unlock()
 	_, own := c.endpointIndex[name]
 	return !own && c.peers.ReserveShare != nil
+}
+
+// seatsLocked is e's seats as the seat reserve counts them. With a live peer, an endpoint whose own slot limit is not
+// known, whose seats (the most it has run) are below the pool's slot limit (poolSlotsLocked) and that never ran more
+// than it, counts the pool's slot limit as its seats, within its tentative capacity: in a warm-up each replica learns
+// its endpoints' seats from its own share of the traffic, and the slots between what an endpoint has run and the
+// pool's limit start a request at once as a seat does. Counted as seats, the reserve keeps them idle for Critical; left
+// out, lower bands took them beyond the seats while the replicas' reserves held no seat. Alone, or once the
+// endpoint's limit is known, its seats are its own.
+func (c *Controller) seatsLocked(e *endpointState) int {
+	if c.peers.ReserveShare == nil || e.known > 0 || e.seats == 0 {
+		return e.seats
+	}
+	n := c.poolSlotsLocked()
+	if n <= e.seats || e.learner.maxRunning > n {
+		return e.seats
+	}
+	return max(e.seats, min(n, e.capacity))
+}
+
+// freeSeatsLocked is e's seats (seatsLocked) not occupied.
+func (c *Controller) freeSeatsLocked(e *endpointState) int {
+	return max(0, c.seatsLocked(e)-e.occupancy())
 }

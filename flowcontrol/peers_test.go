@@ -369,3 +369,38 @@ func TestPeersPoolSlots(t *testing.T) {
 		})
 	}
 }
+
+// TestSeatsCountPoolSlots: with a live peer, an endpoint whose own slot limit is not known counts the pool's slot
+// limit as its seats, within its tentative capacity, so that the reserve keeps those slots idle for Critical; alone,
+// with its limit known, or having run more than the pool's limit, it counts its own seats.
+func TestSeatsCountPoolSlots(t *testing.T) {
+	live := func(pool, _ int) int { return pool }
+	for _, tc := range []struct {
+		name                         string
+		alone                        bool
+		poolSlots                    int // the peers'
+		seats, capacity, known, most int // the endpoint's
+		want                         int
+	}{
+		{name: "pool's limit within capacity", poolSlots: 4, seats: 3, capacity: 4, want: 4},
+		{name: "capacity bounds it", poolSlots: 4, seats: 2, capacity: 3, want: 3},
+		{name: "alone", alone: true, poolSlots: 4, seats: 2, capacity: 3, want: 2},
+		{name: "no pool limit learned", seats: 2, capacity: 3, want: 2},
+		{name: "own limit known", poolSlots: 4, seats: 2, capacity: 3, known: 2, want: 2},
+		{name: "ran more than the pool's limit", poolSlots: 4, seats: 2, capacity: 3, most: 5, want: 2},
+		{name: "seats at the pool's limit", poolSlots: 4, seats: 4, capacity: 5, want: 4},
+		{name: "no seats yet", poolSlots: 4, capacity: 3, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Controller{peers: Peers{PoolSlots: tc.poolSlots}}
+			if !tc.alone {
+				c.peers.ReserveShare = live
+			}
+			e := &endpointState{seats: tc.seats, capacity: tc.capacity, known: tc.known}
+			e.learner.maxRunning = tc.most
+			if got := c.seatsLocked(e); got != tc.want {
+				t.Fatalf("seats %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -81,8 +81,8 @@ func (c *Controller) seatFiguresLocked(now time.Time) (seats, idle int, frees fl
 		if !e.usable(cutoff) || !c.seatBoundLocked(e, now) {
 			continue
 		}
-		seats += e.seats
-		idle += e.freeSeats()
+		seats += c.seatsLocked(e)
+		idle += c.freeSeatsLocked(e)
 	}
 	// Seats free at the rate a full pool frees them (Little's law): the reserve matters when lower bands keep every
 	// other seat busy, and sizing it from the seats busy now would grow it as the pool empties, and empty it further.
