@@ -35,7 +35,10 @@
 // also count over the pending threshold (a count cap). The reserve governs this controller only: another EPP replica
 // that sees no Critical traffic still uses the burst tier. Replicas that own shares of a pool and exchange summaries
 // (package replication) size the seat reserve for the whole pool and each keep their part of it, and a Critical
-// request that would wait on one replica's endpoints may take an idle seat of a peer's (peers.go, Peers).
+// request that would wait on one replica's endpoints may take an idle seat of a peer's (peers.go, Peers). With a live
+// peer, an endpoint whose own slot limit is not known counts the pool's slot limit as its seats (seatsLocked), and a
+// Critical request that finds no seat to start at once waits, first in line, rather than join a server's queue when
+// every candidate holds the pool's slot limit.
 //
 // Seats: a server that runs only a few requests at once (vLLM's --max-num-seqs) queues what it is sent behind the
 // requests it runs, FIFO, so on such a server the EPP's priority and fair order is not the order requests start. The

@@ -13,7 +13,8 @@ import "time"
 //   - takes the smallest slot limit any replica learned on its endpoints (SeatSummary.PoolSlots) for the pool's slot
 //     limit (poolSlotsLocked) as soon as one replica learns it, as one replica owning every endpoint would: the
 //     endpoints of a pool usually run one configuration, and each of N replicas, seeing 1/N of the endpoints and of
-//     the traffic, would learn one later;
+//     the traffic, would learn one later; and counts it as the seats of an endpoint whose own limit is not known
+//     (seatsLocked), where a replica's own share of the traffic has not shown it yet;
 //   - when a Critical request finds no headroom on its own endpoints (CriticalWouldWait), its caller may send it to a
 //     peer's endpoint with an idle seat, as a replica alone would take any idle seat of the pool; the owner counts
 //     such requests (Peers.Load) against its endpoints' seats from the next summary on, and its scrapes show them too.
