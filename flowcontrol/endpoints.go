@@ -210,9 +210,6 @@ func (e *endpointState) probeStarted(r reservation, now time.Time, th EndpointTh
 	e.learner.probeStarted(ended, now.Sub(r.at) > 2*e.promptTime(th))
 }
 
-// freeSeats is how many of its seats the endpoint has free.
-func (e *endpointState) freeSeats() int { return max(0, e.seats-e.occupancy()) }
-
 // roomSeats is how many of its seats (at least 1) the endpoint's KV cache has room for: those a request starts in at
 // once and keeps its blocks in while it decodes, up to kvRoomFill of what fills its KV cache. A KV-bound server's
 // seats (the most it has run) count requests of a moment when they were short; one holding more than its KV cache

@@ -317,7 +317,7 @@ func (c *Controller) seatsLocked(e *endpointState) int {
 	return max(e.seats, min(n, e.capacity))
 }
 
-// freeSeatsLocked is e's seats (seatsLocked) not occupied.
+// freeSeatsLocked is how many of e's seats (seatsLocked) are free.
 func (c *Controller) freeSeatsLocked(e *endpointState) int {
 	return max(0, c.seatsLocked(e)-e.occupancy())
 }
