@@ -305,10 +305,10 @@ func (e *endpointState) learnFirstChunk(d time.Duration) {
 	e.firstChunk = smoothDuration(e.firstChunk, d, firstChunkWeight)
 }
 
-// saturationFor is the saturation headroom is judged by in the normal tier: satReserve under the Critical reserve,
-// else sat.
-func (e *endpointState) saturationFor(reserve bool) float64 {
-	if reserve {
+// saturationFor is the saturation headroom is judged by in the normal tier: satReserve where seats stand for the KV
+// cache (seats: under the Critical reserve, or for a tenant under its share), else sat.
+func (e *endpointState) saturationFor(seats bool) float64 {
+	if seats {
 		return e.satReserve
 	}
 	return e.sat

@@ -10,7 +10,10 @@ import (
 // burst is true). An endpoint has headroom for a band when its metrics are fresh, it is not ejected, it has a free
 // slot (hasSlot) and its saturation is below the band's ceiling; while the Critical reserve is on, a band below
 // Critical takes no free seat of a seat-bound endpoint once those are down to their reserve of idle seats
-// (seatReserveLocked). An ejected endpoint still counts as fresh: an ejection never makes the pool look down.
+// (seatReserveLocked). Under the Critical reserve, and for a tenant under its share, saturation is judged without
+// the KV term (satReserve): the seats, bounded by what the KV cache holds, stand for it, so the seats kept for them
+// are not closed by a KV ceiling meant to leave room for them. An ejected endpoint still counts as fresh: an ejection
+// never makes the pool look down.
 func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fresh, best int, burst bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
@@ -30,7 +33,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, seatsFull, atOnceOnly, now) {
 			continue
 		}
-		if sat := e.saturationFor(reserve); sat < ceiling && (best < 0 || sat < bestSat) {
+		if sat := e.saturationFor(strict); sat < ceiling && (best < 0 || sat < bestSat) {
 			best, bestSat = i, sat
 		}
 		if sat := e.satBurst; tier && sat < ceiling && (bestBurst < 0 || sat < burstSat) {
@@ -115,7 +118,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, reserve, cutoff)
 	has := func(e *endpointState) bool {
-		sat := e.saturationFor(reserve)
+		sat := e.saturationFor(strict)
 		if burst {
 			sat = e.satBurst
 		}

@@ -16,6 +16,9 @@ import (
 //     its share it is given in full), so its backlog clears at the band's rate;
 //   - on seat-bound endpoints the other tenants of its band leave seats idle for it, sized from its own arrival rate
 //     as the Critical reserve is (reserveSeats; the same seats, the same chain), so its arrival finds a free seat.
+//   - its requests are judged by seats, not by the KV cache's use, as Critical's are under the reserve (satReserve):
+//     the band's ceiling on KV use, which leaves room above it for whatever has priority, would otherwise close the
+//     seats kept for it until a whole batch ends (on KV-bound servers whose requests start and end together, seconds).
 //
 // A tenant asking more than its share is not protected and waits its turn in fair order; a band with one active
 // tenant has nobody to protect it from, and lower bands keep seats for no tenant of a higher band (band priority

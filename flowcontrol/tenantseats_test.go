@@ -192,3 +192,44 @@ func TestUnderShare(t *testing.T) {
 		})
 	}
 }
+
+// TestTenantUnderShareKVRoom: on endpoints whose KV cache is over the band's ceiling but that have free seats, a heavy
+// tenant's requests wait; a tenant under its share is judged by the seats, as Critical is under its reserve (seats
+// stand for KV there), and starts at once. A tenant asking as much as the heavy one waits with it.
+func TestTenantUnderShareKVRoom(t *testing.T) {
+	tests := []struct {
+		name     string
+		light    int // requests the second tenant sends, one with each of the heavy tenant's four
+		dispatch bool
+	}{
+		{name: "under its share", light: 1, dispatch: true},
+		{name: "as much as the heavy tenant", light: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newSeatHarness(t)
+				full := func(name string) Endpoint { return Endpoint{Name: name, KVCacheUsage: 0.85} }
+				h.scrape(full("a"), full("b"))
+				var heavy, light []*call
+				for i := range 4 {
+					heavy = append(heavy, h.admit(0, "heavy", 10))
+					if i >= 4-tt.light {
+						light = append(light, h.admit(0, "light", 10))
+					}
+					h.step(100 * time.Millisecond)
+				}
+				for _, cl := range heavy {
+					cl.wantWaiting(t)
+				}
+				last := light[len(light)-1]
+				if got := last.finished(); got != tt.dispatch {
+					t.Fatalf("light request dispatched: %v, want %v", got, tt.dispatch)
+				}
+				if tt.dispatch {
+					last.wantOutcome(t, Dispatched, ReasonNone)
+				}
+			})
+		})
+	}
+}
