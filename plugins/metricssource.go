@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
@@ -124,7 +125,12 @@ func parseMetricsPage(r io.Reader) (families any, err error) {
 	if mfs, ok := parseMetricsFast(buf.Bytes()); ok {
 		return mfs, nil
 	}
-	page := withoutDistributionDetail(buf.Bytes())
+	return parseMetricsExpfmt(buf.Bytes())
+}
+
+// parseMetricsExpfmt is parseMetricsPage's way for any page: withoutDistributionDetail, then expfmt. It rewrites page.
+func parseMetricsExpfmt(raw []byte) (families map[string]*dto.MetricFamily, err error) {
+	page := withoutDistributionDetail(raw)
 	defer func() {
 		if p := recover(); p != nil {
 			families, err = nil, fmt.Errorf("malformed metrics page: %v", p)
