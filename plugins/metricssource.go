@@ -22,7 +22,8 @@ import (
 )
 
 // MetricsSourceType is Sluice's metrics data source: upstream's metrics-data-source (the same HTTP polling, the same
-// parameters and output) reading only what an extractor can use of a histogram or a summary.
+// parameters and output) reading only what an extractor can use of a histogram or a summary. It asks for pages
+// without gzip (upstream's client asks for it).
 //
 // Why: the EPP scrapes every server every 50 ms, and upstream's source parses the whole page with expfmt. A vLLM page
 // is mostly histogram buckets (four latency histograms, ~95 of the simulator's ~140 lines), and no extractor reads
