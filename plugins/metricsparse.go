@@ -70,7 +70,7 @@ func (p *fastParser) str(b []byte) *string {
 	return &s
 }
 
-// distribution is how a sample name resolves against the families so far, as expfmt's setOrCreateCurrentMF.
+// resolved is the family a name resolves to among the families so far, as expfmt's setOrCreateCurrentMF finds it.
 type resolved struct {
 	mf    *dto.MetricFamily
 	count bool // the _count of a histogram or summary
@@ -143,7 +143,7 @@ func (p *fastParser) comment(line []byte) bool {
 		return false
 	}
 	text := bytes.TrimLeft(rest[n:], " \t")
-	if len(text) == 0 || bytes.IndexAny(text, " \t") >= 0 && string(word) == "TYPE" {
+	if len(text) == 0 || bytes.ContainsAny(text, " \t") && string(word) == "TYPE" {
 		return false
 	}
 	p.named[unsafe.String(&rest[0], n)] = true
