@@ -2,19 +2,28 @@ package plugins
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
+	"reflect"
+	"sync"
+	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
-	sourcehttp "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/http"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
 )
 
 // MetricsSourceType is Sluice's metrics data source: upstream's metrics-data-source (the same HTTP polling, the same
-// parameters and output) reading only what an extractor can use of a histogram or a summary.
+// parameters and output) reading only what an extractor can use of a histogram or a summary. It asks for pages
+// without gzip (upstream's client asks for it).
 //
 // Why: the EPP scrapes every server every 50 ms, and upstream's source parses the whole page with expfmt. A vLLM page
 // is mostly histogram buckets (four latency histograms, ~95 of the simulator's ~140 lines), and no extractor reads
@@ -40,28 +49,103 @@ func MetricsSourceFactory(name string, raw json.RawMessage, _ fwkplugin.Handle) 
 	if name == "" {
 		name = MetricsSourceType
 	}
-	return sourcehttp.NewHTTPDataSource(api.Scheme, api.Path, api.InsecureSkipVerify, MetricsSourceType, name,
-		parseMetricsPage, sourcemetrics.PrometheusMetricType)
+	if api.Scheme != "http" && api.Scheme != "https" {
+		return nil, fmt.Errorf("unsupported scheme: %s", api.Scheme) // upstream's words
+	}
+	transport := &http.Transport{
+		// upstream's pool: idle connections enough for every endpoint, two per endpoint
+		MaxIdleConns:        5000,
+		MaxIdleConnsPerHost: 2,
+		// A page is a few kilobytes read on the pod network every 50 ms: gzip (which Go's client asks for unless
+		// told not to) costs the server its compression and the EPP its decompression and buys nothing.
+		DisableCompression: true,
+	}
+	if api.Scheme == "https" {
+		transport.TLSClientConfig = &tls.Config{InsecureSkipVerify: api.InsecureSkipVerify} //nolint:gosec // upstream's parameter
+	}
+	return &metricsSource{
+		typedName: fwkplugin.TypedName{Type: MetricsSourceType, Name: name},
+		scheme:    api.Scheme,
+		path:      api.Path,
+		client:    &http.Client{Timeout: 10 * time.Second, Transport: transport},
+	}, nil
+}
+
+// metricsSource polls each endpoint's metrics page as upstream's HTTP data source does (the same URL, status check,
+// timeout and output type), with its own client (see DisableCompression) and parseMetricsPage.
+type metricsSource struct {
+	typedName    fwkplugin.TypedName
+	scheme, path string
+	client       *http.Client
+}
+
+var _ fwkdl.PollingDataSource = (*metricsSource)(nil)
+
+func (s *metricsSource) TypedName() fwkplugin.TypedName { return s.typedName }
+
+func (s *metricsSource) OutputType() reflect.Type { return sourcemetrics.PrometheusMetricType }
+
+func (s *metricsSource) ExtractorType() reflect.Type { return fwkdl.ExtractorType }
+
+// Poll reads ep's page, as upstream's HTTPDataSource.Poll.
+func (s *metricsSource) Poll(ctx context.Context, ep fwkdl.Endpoint) (any, error) {
+	md := ep.GetMetadata()
+	target := url.URL{Scheme: s.scheme, Host: md.GetMetricsHost(), Path: s.path}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create request: %v", err)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("failed to fetch data from %s: %w", md.GetNamespacedName(), err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("unexpected status code from %s: %v", md.GetNamespacedName(), resp.StatusCode)
+	}
+	return parseMetricsPage(resp.Body)
 }
 
 // parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the samples of each
 // histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
 // all an extractor reading sample values finds there. A page whose only defects are in the samples left out parses.
-// expfmt panics on some malformed pages (a line "{}" after a comment); that is an error here, not the end of the
-// process, as the page comes from a model server.
+// The pages model servers write go through parseMetricsFast; any other page through expfmt, which panics on some
+// malformed pages (a line "{}" after a comment): that is an error here, not the end of the process, as the page comes
+// from a model server.
 func parseMetricsPage(r io.Reader) (families any, err error) {
-	page, err := io.ReadAll(r)
-	if err != nil {
+	buf := pageBuffers.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledPage {
+			buf.Reset()
+			pageBuffers.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(r); err != nil {
 		return nil, err
 	}
+	if mfs, ok := parseMetricsFast(buf.Bytes()); ok {
+		return mfs, nil
+	}
+	return parseMetricsExpfmt(buf.Bytes())
+}
+
+// parseMetricsExpfmt is parseMetricsPage's way for any page: withoutDistributionDetail, then expfmt. It rewrites page.
+func parseMetricsExpfmt(raw []byte) (families map[string]*dto.MetricFamily, err error) {
+	page := withoutDistributionDetail(raw)
 	defer func() {
 		if p := recover(); p != nil {
 			families, err = nil, fmt.Errorf("malformed metrics page: %v", p)
 		}
 	}()
 	parser := expfmt.NewTextParser(model.LegacyValidation)
-	return parser.TextToMetricFamilies(bytes.NewReader(withoutDistributionDetail(page)))
+	return parser.TextToMetricFamilies(bytes.NewReader(page))
 }
+
+// pageBuffers hold the pages being parsed: every family's strings are copies, so a page's bytes are free once it is
+// parsed. A page larger than maxPooledPage is not kept.
+var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledPage = 1 << 20
 
 // withoutDistributionDetail returns page without the sample lines of its histograms and summaries (as declared by
 // their TYPE lines) other than the _count ones: a histogram's buckets and sum, a summary's quantiles and sum. A
