@@ -95,9 +95,9 @@ func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]jso
 // compactPieces appends to pieces the pieces of the valid JSON value v as json.Marshal writes a json.RawMessage
 // (without whitespace outside strings, and with <, >, & and the line and paragraph separators U+2028 and U+2029
 // escaped as \u003c ... inside them), in order: spans of v itself (what compaction keeps as it is, nearly all of a
-// long prompt) and the escapes that replace what it changes. A long string
-// (of more than plainFrom bytes) without anything to escape is one span: its end is found with bytes.IndexByte, and
-// four more IndexByte reads of it, each a fraction of a byte loop's cost, show that nothing in it needs escaping.
+// long prompt) and the escapes that replace what it changes. A long string (of more than plainFrom bytes) without
+// anything to escape is one span: its end is found with bytes.IndexByte, and four more IndexByte reads of it, each a
+// fraction of a byte loop's cost, show that nothing in it needs escaping.
 func compactPieces(pieces [][]byte, v []byte, plainFrom int) [][]byte {
 	span := func(b []byte) {
 		if len(b) > 0 {
@@ -151,7 +151,7 @@ var jsonEscapes = [256][]byte{
 const plainStringMin = 64
 
 // needsEscape reports whether the content of a JSON string holds a byte json.Marshal escapes in a raw value: <, >, &,
-// or the first byte of U+2028 or U+2029 (0xE2, which other characters start with too: appendEscapedString decides).
+// or the first byte of U+2028 or U+2029 (0xE2, which other characters start with too: compactPieces decides).
 func needsEscape(s []byte) bool {
 	for _, c := range [...]byte{'<', '>', '&', 0xE2} {
 		if bytes.IndexByte(s, c) >= 0 {
