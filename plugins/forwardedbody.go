@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"slices"
@@ -43,88 +44,122 @@ func forwardedBodyOf(ctx context.Context) *ForwardedBody {
 }
 
 // Encode returns json.Marshal of the payload map (as the Director left it) with the long members put back; ok is
-// false when the parser left no member out (the Director's own encoding is the body).
+// false when the parser left no member out (the Director's own encoding is the body). The body is written once: its
+// pieces (the short members' encodings, the long members' bytes as they stand in the request body, less what
+// compaction drops) are joined into one buffer at the end, which bytes.Join does not zero first.
 func (f *ForwardedBody) Encode() (body []byte, ok bool, err error) {
 	if f == nil || len(f.long) == 0 {
 		return nil, false, nil
 	}
 	keys := make([]string, 0, len(f.payload)+len(f.long))
-	size := 2
 	for k := range f.payload {
 		keys = append(keys, k)
 	}
-	for k, v := range f.long {
+	for k := range f.long {
 		if _, dup := f.payload[k]; !dup {
 			keys = append(keys, k)
 		}
-		size += len(v) + len(k) + 4
 	}
 	slices.Sort(keys) // encoding/json orders a map's keys so
-	body = make([]byte, 0, size+64*len(f.payload))
-	body = append(body, '{')
+	pieces := make([][]byte, 0, 4*len(keys)+2)
+	pieces = append(pieces, jsonOpen)
 	for i, k := range keys {
 		if i > 0 {
-			body = append(body, ',')
+			pieces = append(pieces, jsonComma)
 		}
 		key, err := json.Marshal(k)
 		if err != nil {
 			return nil, false, err
 		}
-		body = append(append(body, key...), ':')
+		pieces = append(pieces, key, jsonColon)
 		if v, short := f.payload[k]; short {
 			value, err := json.Marshal(v)
 			if err != nil {
 				return nil, false, err
 			}
-			body = append(body, value...)
+			pieces = append(pieces, value)
 			continue
 		}
-		body = appendCompactJSON(body, f.long[k])
+		pieces = compactPieces(pieces, f.long[k], plainStringMin)
 	}
-	return append(body, '}'), true, nil
+	return bytes.Join(append(pieces, jsonClose), nil), true, nil
 }
+
+var jsonOpen, jsonComma, jsonColon, jsonClose = []byte("{"), []byte(","), []byte(":"), []byte("}")
 
 // split records the payload map and the long members ParseRequest left out of it.
 func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]json.RawMessage) {
 	f.payload, f.long = payload, long
 }
 
-// appendCompactJSON appends the valid JSON value v as json.Marshal writes a json.RawMessage: without whitespace
-// outside strings, and with <, >, & and the line and paragraph separators U+2028 and U+2029 escaped (\u003c ...)
-// inside them.
-func appendCompactJSON(dst, v []byte) []byte {
-	const hex = "0123456789abcdef"
+// compactPieces appends to pieces the pieces of the valid JSON value v as json.Marshal writes a json.RawMessage
+// (without whitespace outside strings, and with <, >, & and the line and paragraph separators U+2028 and U+2029
+// escaped as \u003c ... inside them), in order: spans of v itself (what compaction keeps as it is, nearly all of a
+// long prompt) and the escapes that replace what it changes. A long string (of more than plainFrom bytes) without
+// anything to escape is one span: its end is found with bytes.IndexByte, and four more IndexByte reads of it, each a
+// fraction of a byte loop's cost, show that nothing in it needs escaping.
+func compactPieces(pieces [][]byte, v []byte, plainFrom int) [][]byte {
+	span := func(b []byte) {
+		if len(b) > 0 {
+			pieces = append(pieces, b)
+		}
+	}
 	start := 0
 	for i := 0; i < len(v); i++ {
 		switch c := v[i]; c {
 		case ' ', '\t', '\n', '\r':
-			dst = append(dst, v[start:i]...)
+			span(v[start:i])
 			start = i + 1
 		case '"':
-			for i++; i < len(v); i++ {
+			end := skipString(v, i) - 1 // the closing quote
+			if end-i > plainFrom && !needsEscape(v[i+1:end]) {
+				i = end
+				continue
+			}
+			for i++; i < end; i++ {
 				c := v[i]
 				if !inStringSpecial[c] {
 					continue
-				}
-				if c == '"' {
-					break
 				}
 				switch {
 				case c == '\\':
 					i++ // the escaped byte; a \u escape's hex digits need nothing
 				case c == '<' || c == '>' || c == '&':
-					dst = append(append(dst, v[start:i]...), '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+					span(v[start:i])
+					pieces = append(pieces, jsonEscapes[c])
 					start = i + 1
 				case i+2 < len(v) && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8: // c is 0xE2: U+2028 or U+2029
-					dst = append(append(dst, v[start:i]...), '\\', 'u', '2', '0', '2', hex[v[i+2]&0xF])
+					span(v[start:i])
+					pieces = append(pieces, jsonEscapes[v[i+2]])
 					start = i + 3
 					i += 2
 				}
 			}
 		}
 	}
-	return append(dst, v[start:]...)
+	span(v[start:])
+	return pieces
 }
 
-// inStringSpecial marks the bytes appendCompactJSON acts on inside a string.
-var inStringSpecial = [256]bool{'"': true, '\\': true, '<': true, '>': true, '&': true, 0xE2: true}
+// jsonEscapes are the escapes compactPieces writes, by the byte they replace (the last byte of U+2028 and U+2029).
+var jsonEscapes = [256][]byte{
+	'<': []byte(`\u003c`), '>': []byte(`\u003e`), '&': []byte(`\u0026`), 0xA8: []byte(`\u2028`), 0xA9: []byte(`\u2029`),
+}
+
+// plainStringMin is the string length from which compactPieces looks for the bytes it escapes with
+// bytes.IndexByte rather than a byte at a time.
+const plainStringMin = 64
+
+// needsEscape reports whether the content of a JSON string holds a byte json.Marshal escapes in a raw value: <, >, &,
+// or the first byte of U+2028 or U+2029 (0xE2, which other characters start with too: compactPieces decides).
+func needsEscape(s []byte) bool {
+	for _, c := range [...]byte{'<', '>', '&', 0xE2} {
+		if bytes.IndexByte(s, c) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// inStringSpecial marks the bytes compactPieces acts on inside a string.
+var inStringSpecial = [256]bool{'\\': true, '<': true, '>': true, '&': true, 0xE2: true}

@@ -95,3 +95,23 @@ func sameForwardedBody(p *OpenAIParser, path string, body []byte, longFrom int) 
 	}
 	return nil
 }
+
+// FuzzCompactPieces holds compactPieces to encoding/json's encoding of a json.RawMessage (compacted, with
+// <, >, &, U+2028 and U+2029 escaped), with every string read by the long strings' path and by the byte loop.
+func FuzzCompactPieces(f *testing.F) {
+	for _, body := range append(forwardedBodies, requestBodies...) {
+		f.Add([]byte(body))
+	}
+	f.Add([]byte(`[ "a\"<" , "\\", "\u2028\u2029\u2027 \u00e9" ,{"k" : "\\u003c&"}]`))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		want, err := json.Marshal(json.RawMessage(v))
+		if err != nil {
+			return // not one valid JSON value: compactPieces is never given one
+		}
+		for _, plainFrom := range []int{0, plainStringMin} {
+			if got := bytes.Join(compactPieces(nil, v, plainFrom), nil); !bytes.Equal(got, want) {
+				t.Fatalf("strings from %d bytes read whole: %q, encoding/json %q", plainFrom, got, want)
+			}
+		}
+	})
+}

@@ -26,7 +26,7 @@ import (
 )
 
 // BenchmarkExtProcStream drives the EPP's ext_proc handler in process as Envoy drives it in FULL_DUPLEX_STREAMED
-// mode, for one streamed chat per operation: request headers, the body, the model server's response headers, then
+// mode, for one streamed chat per operation: request headers, the body (in 32 KiB messages), the model server's response headers, then
 // the response body in chunks (one SSE event each, the usage event and [DONE] in the last), every message carrying
 // the filter metadata the data plane forwards, and reads every answer. The EPP is the whole request path the binary
 // runs (Director, parser, scheduling, admission, model selection hold), on four endpoints whose metrics pages say
@@ -100,7 +100,7 @@ func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelSer
 		fmt.Sprintf("--grpc-port=%d", runnertest.FreePort(b)),
 		fmt.Sprintf("--grpc-health-port=%d", runnertest.FreePort(b)),
 		fmt.Sprintf("--metrics-port=%d", runnertest.FreePort(b)),
-		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=" + benchRefreshInterval.String(),
+		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=" + benchRefresh().String(),
 	}
 	if strings.HasPrefix(profile, "sluice") {
 		// Sluice admission dispatches only onto endpoints scraped within the staleness threshold; a loaded machine
@@ -161,6 +161,16 @@ type benchEPP struct {
 // benchRefreshInterval is the benchmark EPPs' metrics refresh interval.
 const benchRefreshInterval = 50 * time.Millisecond
 
+// benchRefresh is benchRefreshInterval, or SLUICE_BENCH_REFRESH_INTERVAL when set: the EPP's scrapes run in the
+// benchmark's process, and their CPU counts in cpu-ns/op in proportion to the wall time of an operation, which a
+// loaded machine stretches; a longer interval takes most of that background work out of a per-request figure.
+func benchRefresh() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("SLUICE_BENCH_REFRESH_INTERVAL")); err == nil && d > 0 {
+		return d
+	}
+	return benchRefreshInterval
+}
+
 // keepModel is a ModelSelector that leaves every request's model as it is: with one installed the stream holds the
 // request until its body is complete, as the binary's does.
 type keepModel struct{}
@@ -174,9 +184,14 @@ func (keepModel) SelectModel(context.Context, map[string]string, []byte) ModelCh
 type streamedChat struct {
 	body, respHeaders *extprocv3.ProcessingRequest
 	chunks            []*extprocv3.ProcessingRequest
-	wire              [][]byte // body, respHeaders and chunks, encoded
+	wire              [][]byte // body (in requestChunkBytes chunks), respHeaders and chunks, encoded
+	bodyMessages      int      // how many of wire carry the request body
 	stream            benchStream
 }
+
+// requestChunkBytes is the largest request body message the proxy sends: Envoy hands ext_proc the body as its
+// buffers fill, and the test bed's data plane sends 32 KiB chunks.
+const requestChunkBytes = 32 << 10
 
 func newStreamedChat(promptBytes, chunks int) *streamedChat {
 	served := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{metadata.DestinationEndpointNamespace: {
@@ -225,13 +240,20 @@ func (x *streamedChat) run(h benchEPP, id string) error {
 // runRecording is run, handing record (when not nil) every answer the handler sends.
 func (x *streamedChat) runRecording(h benchEPP, id string, record func(*extprocv3.ProcessingResponse)) error {
 	if x.wire == nil {
-		for _, m := range append([]*extprocv3.ProcessingRequest{x.body, x.respHeaders}, x.chunks...) {
+		body := x.body.GetRequestBody().GetBody()
+		for off := 0; off == 0 || off < len(body); off += requestChunkBytes {
+			end := min(off+requestChunkBytes, len(body))
+			x.wire = append(x.wire, mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}}))
+		}
+		x.bodyMessages = len(x.wire)
+		for _, m := range append([]*extprocv3.ProcessingRequest{x.respHeaders}, x.chunks...) {
 			x.wire = append(x.wire, mustMarshal(m))
 		}
 	}
 	s := &x.stream
 	s.reset()
-	s.codec, s.record = h.codec, record
+	s.codec, s.record, s.responsePhase = h.codec, record, 1+x.bodyMessages
 	s.in = append(s.in, mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: headerList(":method", "POST", ":path", "/v1/chat/completions",
 			":authority", "gateway", "content-type", "application/json", "x-request-id", id)}}}))
@@ -255,15 +277,17 @@ func mustMarshal(m proto.Message) []byte {
 // keeps what the handler sent, which it encodes with that codec as the gRPC server would.
 type benchStream struct {
 	grpc.ServerStream
-	codec   encoding.CodecV2
-	in      [][]byte
-	next    int
-	routed  bool
-	headers int // response-header answers
-	chunks  int // streamed response-body answers
-	done    bool
-	failure string
-	record  func(*extprocv3.ProcessingResponse) // nil: answers are only checked
+	codec encoding.CodecV2
+	in    [][]byte
+	next  int
+	// responsePhase is the index in in of the first response-phase message, which waits for the request phase's answer.
+	responsePhase int
+	routed        bool
+	headers       int // response-header answers
+	chunks        int // streamed response-body answers
+	done          bool
+	failure       string
+	record        func(*extprocv3.ProcessingResponse) // nil: answers are only checked
 }
 
 func (s *benchStream) reset() {
@@ -274,7 +298,7 @@ func (s *benchStream) reset() {
 func (s *benchStream) Context() context.Context { return context.Background() }
 
 func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
-	if s.next == 2 && !s.routed || s.next >= len(s.in) {
+	if s.next == s.responsePhase && !s.routed || s.next >= len(s.in) {
 		return nil, io.EOF
 	}
 	m := &extprocv3.ProcessingRequest{}

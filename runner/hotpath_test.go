@@ -159,40 +159,53 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 		t.Skip("starts two EPPs")
 	}
 	quietLogs(t)
-	answers := map[string][]*extprocv3.ProcessingResponse{}
+	// A 2 KB body (one message) and a 100 KB one (four messages from the proxy, which the model-selection hold joins;
+	// a long prompt with something to escape in it and a long one without).
+	sizes := []int{2 << 10, 100 << 10}
+	answers := map[string][][]*extprocv3.ProcessingResponse{}
 	for _, profile := range []string{"sluice", "sluice-upstream-path"} {
 		h, err := startBenchEPP(t, profile)
 		if err != nil {
 			t.Fatal(err)
 		}
-		chat := newStreamedChat(2<<10, 8)
-		// The forwarded body: on the hot path its long members are encoded without upstream's Director (what
-		// encoding/json's compaction changes: whitespace, <, >, &, U+2028).
-		body := chat.body.GetRequestBody()
-		body.Body = bytes.Replace(body.Body, []byte(`"messages":[{`), []byte("\"messages\" : [ {\"name\": \"<a & b>\u2028\", "), 1)
-		for i := range 20 {
-			record := func(r *extprocv3.ProcessingResponse) {
-				switch r.Response.(type) {
-				case *extprocv3.ProcessingResponse_RequestBody, *extprocv3.ProcessingResponse_ResponseHeaders, *extprocv3.ProcessingResponse_ResponseBody:
-					if i == 0 {
-						answers[profile] = append(answers[profile], r)
+		for k, size := range sizes {
+			chat := newStreamedChat(size, 8)
+			// The forwarded body: on the hot path its long members are encoded without upstream's Director (what
+			// encoding/json's compaction changes: whitespace, <, >, &, U+2028).
+			body := chat.body.GetRequestBody()
+			body.Body = bytes.Replace(body.Body, []byte(`"messages":[{`), []byte("\"messages\" : [ {\"name\": \"<a & b>\u2028\", "), 1)
+			if k == 1 {
+				body.Body = bytes.Replace(body.Body, []byte(`"stream":true`),
+					[]byte(`"stream":true,"system":"`+strings.Repeat("<a & b>\u2028 ", 2000)+`"`), 1)
+			}
+			answers[profile] = append(answers[profile], nil)
+			for i := range 20 {
+				record := func(r *extprocv3.ProcessingResponse) {
+					switch r.Response.(type) {
+					case *extprocv3.ProcessingResponse_RequestBody, *extprocv3.ProcessingResponse_ResponseHeaders, *extprocv3.ProcessingResponse_ResponseBody:
+						if i == 0 {
+							answers[profile][k] = append(answers[profile][k], r)
+						}
 					}
 				}
-			}
-			if err := chat.runRecording(h, fmt.Sprintf("hot-%s-%d", profile, i), record); err != nil {
-				t.Fatalf("%s, request %d: %v", profile, i, err)
+				if err := chat.runRecording(h, fmt.Sprintf("hot-%s-%d-%d", profile, size, i), record); err != nil {
+					t.Fatalf("%s, %d bytes, request %d: %v", profile, size, i, err)
+				}
 			}
 		}
 	}
-	hot, upstream := answers["sluice"], answers["sluice-upstream-path"]
-	if len(hot) != len(upstream) || len(hot) != 1+1+8 {
-		t.Fatalf("%d request-body and response answers on the hot path, %d on upstream's, want 10", len(hot), len(upstream))
-	}
-	for i := range hot {
-		sortSetHeaders(hot[i])
-		sortSetHeaders(upstream[i])
-		if !proto.Equal(hot[i], upstream[i]) {
-			t.Errorf("answer %d: hot path %v, upstream's path %v", i, hot[i], upstream[i])
+	for k, size := range sizes {
+		hot, upstream := answers["sluice"][k], answers["sluice-upstream-path"][k]
+		if len(hot) != len(upstream) || len(hot) < 1+1+8 {
+			t.Fatalf("%d bytes: %d request-body and response answers on the hot path, %d on upstream's, want as many, at least 10",
+				size, len(hot), len(upstream))
+		}
+		for i := range hot {
+			sortSetHeaders(hot[i])
+			sortSetHeaders(upstream[i])
+			if !proto.Equal(hot[i], upstream[i]) {
+				t.Errorf("%d bytes, answer %d: hot path %.300v, upstream's path %.300v", size, i, hot[i], upstream[i])
+			}
 		}
 	}
 }

@@ -48,7 +48,7 @@ func BenchmarkInFlightMemory(b *testing.B) {
 			for _, s := range servers {
 				s.Waiting.Store(fullQueue)
 			}
-			time.Sleep(4 * benchRefreshInterval) // a scrape or two of the full queues
+			time.Sleep(4 * benchRefresh()) // a scrape or two of the full queues
 			chat := newStreamedChat(promptBytes, 1)
 			for range b.N {
 				heapBefore, rssBefore := liveHeap(), residentBytes(b)

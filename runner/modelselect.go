@@ -166,22 +166,30 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 			break
 		}
 	}
-	choice := ms.selector.SelectModel(s.Context(), headerMap(headers), join(chunks, size))
+	body := join(chunks)
+	choice := ms.selector.SelectModel(s.Context(), headerMap(headers), body)
 	ms.done = choice.Done
 	if choice.Model != "" {
 		setHeader(headers, metadata.ModelNameRewriteKey, choice.Model)
 	}
-	if choice.Body != nil {
+	switch {
+	case choice.Body != nil:
 		ms.replaceBody(choice.Body)
+	case len(chunks) > 1:
+		// Upstream's handler appends each body message to a buffer it grows: handed the joined body as one
+		// message, it copies the body once instead of about twice.
+		ms.replaceBody(body)
 	}
 	return true, nil
 }
 
 // replaceBody swaps the held body chunks for one chunk holding body, keeping
-// the end-of-stream flag of the last one and any trailers after it.
+// the end-of-stream flag of the last one, its metadata (upstream's handler
+// keeps the metadata of the message that completes the body) and any
+// trailers after it.
 func (ms *modelSelection) replaceBody(body []byte) {
 	kept := make([]*extprocv3.ProcessingRequest, 0, 2)
-	var replacement *extprocv3.HttpBody
+	var replacement *extprocv3.ProcessingRequest
 	for _, msg := range ms.queue {
 		b := msg.GetRequestBody()
 		if b == nil {
@@ -189,14 +197,11 @@ func (ms *modelSelection) replaceBody(body []byte) {
 			continue
 		}
 		if replacement == nil {
-			replacement = &extprocv3.HttpBody{Body: body}
-			kept = append(kept, &extprocv3.ProcessingRequest{
-				Request:         &extprocv3.ProcessingRequest_RequestBody{RequestBody: replacement},
-				MetadataContext: msg.MetadataContext,
-				Attributes:      msg.Attributes,
-			})
+			replacement = &extprocv3.ProcessingRequest{}
+			kept = append(kept, replacement)
 		}
-		replacement.EndOfStream = b.EndOfStream
+		replacement.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: b.EndOfStream}}
+		replacement.MetadataContext, replacement.Attributes = msg.MetadataContext, msg.Attributes
 	}
 	ms.queue = kept
 }
@@ -283,14 +288,10 @@ func setHeader(h *extprocv3.HttpHeaders, key, value string) {
 	h.Headers.Headers = append(kept, &corev3.HeaderValue{Key: strings.ToLower(key), RawValue: []byte(value)})
 }
 
-// join concatenates the body chunks; one chunk is returned as is.
-func join(chunks [][]byte, size int64) []byte {
+// join concatenates the body chunks (into a buffer bytes.Join does not zero first); one chunk is returned as is.
+func join(chunks [][]byte) []byte {
 	if len(chunks) == 1 {
 		return chunks[0]
 	}
-	body := make([]byte, 0, size)
-	for _, c := range chunks {
-		body = append(body, c...)
-	}
-	return body
+	return bytes.Join(chunks, nil)
 }

@@ -182,7 +182,7 @@ func TestModelSelectionHoldsTheRequestUntilItsBodyIsComplete(t *testing.T) {
 			model:        "canary",
 			wantCalls:    1,
 			wantBody:     `{"model":"m"}`,
-			wantUpstream: []string{"headers", `body:{"model":`, `body:"m"}`},
+			wantUpstream: []string{"headers", `body:{"model":"m"}`},
 			wantRewrite:  []string{metadata.ModelNameRewriteKey + "=canary"},
 		},
 		{

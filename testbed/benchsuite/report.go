@@ -296,9 +296,57 @@ func writeEPPCost(b *bufio.Writer, s *ScenarioResult) {
 		fmt.Fprintf(b, "\nEPP wall time per routing decision (this machine): %s.\n", strings.Join(wall, ", "))
 	}
 	writePeerTraffic(b, s)
+	writeEPPHop(b, s)
 	if len(cpu) > 0 {
 		fmt.Fprintf(b, "\nCPU time per attempt while the load ran (user + system, this machine): %s.\n", strings.Join(cpu, "; "))
 	}
+}
+
+// writeEPPHop reports, for the contenders whose data plane timed the EPP (loadgen.Record.EPPTime), what the EPP hop
+// added to each successful attempt's time to first token: the median and the mean, and each contender's median
+// against upstream-default's. Round-robin has no EPP hop, so this is the time to first token an EPP adds over it,
+// taken per request from the data plane's clock rather than as a difference of two contenders' TTFTs.
+func writeEPPHop(b *bufio.Writer, s *ScenarioResult) {
+	medians := map[string]time.Duration{}
+	var parts []string
+	for _, run := range s.Runs {
+		if run.Result == nil {
+			continue
+		}
+		var hops []time.Duration
+		var sum time.Duration
+		for _, r := range run.Result.Records {
+			if r.OK() && r.EPPTime > 0 {
+				hops = append(hops, r.EPPTime)
+				sum += r.EPPTime
+			}
+		}
+		if len(hops) == 0 {
+			continue
+		}
+		slices.Sort(hops)
+		med := hops[len(hops)/2]
+		medians[run.Contender.Name] = med
+		parts = append(parts, fmt.Sprintf("%s median %s, mean %s (%d attempts)", run.Contender.Name,
+			formatMillis(med), formatMillis(sum/time.Duration(len(hops))), len(hops)))
+	}
+	if len(parts) == 0 {
+		return
+	}
+	var ratios []string
+	if up := medians["upstream-default"]; up > 0 {
+		for _, run := range s.Runs {
+			if m, ok := medians[run.Contender.Name]; ok && run.Contender.Name != "upstream-default" {
+				ratios = append(ratios, fmt.Sprintf("%s %.2fx", run.Contender.Name, float64(m)/float64(up)))
+			}
+		}
+	}
+	fmt.Fprintf(b, "\nTime each attempt waited on the EPP before its response headers (the data plane's %s): %s.",
+		"x-dataplane-epp-seconds", strings.Join(parts, "; "))
+	if len(ratios) > 0 {
+		fmt.Fprintf(b, " Median against upstream-default's: %s.", strings.Join(ratios, ", "))
+	}
+	fmt.Fprintln(b)
 }
 
 // writePeerTraffic lists, for the replicated runs that exchange peer

@@ -73,7 +73,8 @@ type Config struct {
 	// ReportServedHeader adds x-gateway-destination-endpoint-served with the
 	// endpoint that served the request to the client response, so load
 	// generators can see where each request went. Envoy does not do this;
-	// the EPP learns the served endpoint from metadata either way.
+	// the EPP learns the served endpoint from metadata either way. It also
+	// adds EPPTimeHeader, the time the request waited on the EPP.
 	ReportServedHeader bool
 	// AllowNonLoopbackUpstreams permits upstream endpoints outside
 	// 127.0.0.0/8, ::1 and "localhost". Off by default: this proxy is a

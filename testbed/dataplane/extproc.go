@@ -127,6 +127,7 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 	streamCtx, cancelStream := context.WithCancel(ex.r.Context())
 	defer cancelStream()
 	timer := newMessageTimer(p.cfg.MessageTimeout, cancelStream)
+	opened := time.Now()
 	stream, err := p.epps.pick().Process(streamCtx)
 	if err != nil {
 		timer.stop()
@@ -135,6 +136,7 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 	defer func() { _ = stream.CloseSend() }()
 
 	dec, err := requestPhase(stream, head, body, hint)
+	ex.eppTime = time.Since(opened)
 	if timer.stop() {
 		err = errMessageTimeout
 	}
@@ -290,6 +292,7 @@ func (ex *exchange) responsePhase(stream extprocv3.ExternalProcessor_ProcessClie
 		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
 	md := metadataContext(hint, served)
 
+	sent := time.Now()
 	err := stream.Send(&extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
 			Headers:     rh.toHeaderMap(),
@@ -307,6 +310,7 @@ func (ex *exchange) responsePhase(stream extprocv3.ExternalProcessor_ProcessClie
 	if err == nil || errors.Is(err, io.EOF) {
 		msg, err = stream.Recv()
 	}
+	ex.eppTime += time.Since(sent)
 	if err == nil {
 		switch v := msg.GetResponse().(type) {
 		case *extprocv3.ProcessingResponse_ImmediateResponse:

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -120,12 +121,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// EPPTimeHeader is where the data plane reports, with ReportServedHeader, how long a request waited on the EPP
+// before its response headers went to the client (seconds): the part of the time to first token the EPP hop adds,
+// from the data plane's own clock, which a round-robin request (no EPP) does not spend. The first response body
+// chunk's round trip through the EPP, also before the first token, is not in it.
+const EPPTimeHeader = "x-dataplane-epp-seconds"
+
 // exchange is the state of one client request.
 type exchange struct {
 	p          *Proxy
 	w          http.ResponseWriter
 	r          *http.Request
 	failedOpen bool
+	// eppTime is how long the request waited on the EPP before its response headers could go to the client: from
+	// opening the ext_proc stream to the request phase's last answer, and from sending the response headers to the
+	// EPP's answer to them. 0 without the EPP.
+	eppTime time.Duration
 }
 
 func (ex *exchange) run() Outcome {
@@ -239,6 +250,10 @@ func (ex *exchange) writeHead(rh *responseHead, served string) {
 	h.Del(metadata.DestinationEndpointServedKey)
 	if ex.p.cfg.ReportServedHeader && served != "" {
 		h.Set(metadata.DestinationEndpointServedKey, served)
+	}
+	h.Del(EPPTimeHeader)
+	if ex.p.cfg.ReportServedHeader && ex.eppTime > 0 {
+		h.Set(EPPTimeHeader, strconv.FormatFloat(ex.eppTime.Seconds(), 'f', 6, 64))
 	}
 	ex.w.WriteHeader(rh.status)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,9 @@ func TestEPPMutatesAndRoutes(t *testing.T) {
 	}
 	if got := hdr.Get("X-Gateway-Destination-Endpoint-Served"); got != b.addr() {
 		t.Errorf("served header %q, want %q", got, b.addr())
+	}
+	if s, err := strconv.ParseFloat(hdr.Get(EPPTimeHeader), 64); err != nil || s <= 0 {
+		t.Errorf("%s %q, want the time the request waited on the EPP", EPPTimeHeader, hdr.Get(EPPTimeHeader))
 	}
 	if n, _, _ := a.received(); n != 0 {
 		t.Errorf("client-chosen destination was honoured: backend a got %d requests", n)
@@ -501,6 +505,9 @@ func TestRoundRobin(t *testing.T) {
 			t.Fatalf("status %d body %q", code, body)
 		}
 		served = append(served, hdr.Get("X-Gateway-Destination-Endpoint-Served"))
+		if v := hdr.Get(EPPTimeHeader); v != "" {
+			t.Errorf("%s %q without an EPP", EPPTimeHeader, v)
+		}
 	}
 	// Rotation a, dead->b, b, a, dead->b, b.
 	want := []string{a.addr(), b.addr(), b.addr(), a.addr(), b.addr(), b.addr()}

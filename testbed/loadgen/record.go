@@ -60,6 +60,19 @@ type Record struct {
 	// routing, queueing in the gateway, proxies.
 	ServerQueue time.Duration `json:"server_queue_ns,omitempty"`
 	ServerTTFT  time.Duration `json:"server_ttft_ns,omitempty"`
+	// EPPTime is the data plane's account of how long the attempt waited on the EPP before its response headers
+	// (x-dataplane-epp-seconds): the EPP hop's part of TTFT. 0 without an EPP or without the header.
+	EPPTime time.Duration `json:"epp_ns,omitempty"`
+}
+
+// eppTimeHeader is the data plane's EPPTimeHeader (duplicated: loadgen is a client and imports no proxy code).
+const eppTimeHeader = "x-dataplane-epp-seconds"
+
+// parseEPPTime fills EPPTime from a response's headers; a missing or malformed value leaves it zero.
+func (r *Record) parseEPPTime(h http.Header) {
+	if s, err := strconv.ParseFloat(h.Get(eppTimeHeader), 64); err == nil && s > 0 && s < 1e6 {
+		r.EPPTime = time.Duration(s * float64(time.Second))
+	}
 }
 
 // Headers of the simulated model server (package simulator's

@@ -377,3 +377,26 @@ func TestParseServerTimes(t *testing.T) {
 		}
 	}
 }
+
+func TestParseEPPTime(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+	}{
+		{"0.012500", 12500 * time.Microsecond},
+		{"", 0},     // no EPP (round-robin) or a data plane that does not say
+		{"-0.1", 0}, // negative
+		{"fast", 0}, // malformed
+		{"0", 0},
+	} {
+		h := http.Header{}
+		if tc.value != "" {
+			h.Set(eppTimeHeader, tc.value)
+		}
+		var r Record
+		r.parseEPPTime(h)
+		if r.EPPTime != tc.want {
+			t.Errorf("%q: %v, want %v", tc.value, r.EPPTime, tc.want)
+		}
+	}
+}
