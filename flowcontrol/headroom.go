@@ -21,7 +21,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	tier := c.burstTierLocked(band, reserve)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
-	atOnceOnly := c.atOnceOnlyLocked(band, reserve, cutoff)
+	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -116,7 +116,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	reserve := c.criticalReserveLocked(now)
 	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
-	atOnceOnly := c.atOnceOnlyLocked(band, reserve, cutoff)
+	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(strict)
 		if burst {

@@ -178,11 +178,12 @@ func (c *Controller) startsAtOnceLocked(e *endpointState) bool {
 // this replica's, or waits here, first in line, for the next seat to free here or to be offered to this replica (a
 // peer's idle seats are offered to its peers in turn, an exchange interval each: DispatchWaitingElsewhere). It also
 // waits here when no such seat exists but every candidate already holds the pool's slot limit (poolSlotsLocked): sent
-// there it would wait inside a server for that server's next slot, typically a
-// second or more in a warm-up while every server runs its first requests, where here it takes the next seat that
-// frees anywhere in the pool. Where the limit is not known yet, or some candidate holds fewer, it goes beyond the seats
-// as before (a server's seats are the most it has run, not yet its limit). Without a live peer it decides as before.
-func (c *Controller) atOnceOnlyLocked(band Band, reserve bool, cutoff int64) bool {
+// there it would wait inside a server for that server's next slot (long in a warm-up, while every server runs its
+// first requests), where here it takes the next seat that frees anywhere in the pool. Where the limit is not known
+// yet, or some candidate holds fewer, it goes beyond the seats as before (a server's seats are the most it has run,
+// not yet its limit). Without a live peer it decides as before. strict is headroomLocked's: whether the request is
+// judged by seats (saturationFor).
+func (c *Controller) atOnceOnlyLocked(band Band, strict bool, cutoff int64) bool {
 	if band != Critical || c.peers.ReserveShare == nil {
 		return false
 	}
@@ -194,7 +195,7 @@ func (c *Controller) atOnceOnlyLocked(band Band, reserve bool, cutoff int64) boo
 	below := false
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
-		if !e.usable(cutoff) || e.saturationFor(reserve) >= ceiling {
+		if !e.usable(cutoff) || e.saturationFor(strict) >= ceiling {
 			continue
 		}
 		if c.startsAtOnceLocked(e) {

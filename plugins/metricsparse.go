@@ -21,7 +21,8 @@ import (
 // (TestMetricsFastParseAsExpfmt, FuzzMetricsPage). It does not modify page.
 //
 // Why: expfmt reads a page byte by byte through a state machine, copies every token twice and allocates a map per
-// label; at a scrape of every server every 50 ms that was most of the EPP's background CPU.
+// label, and the EPP parses a page of every server every scrape interval (figures in testbed/bench/scenarios/README.md,
+// "The EPP's own cost per request").
 func parseMetricsFast(page []byte) (families map[string]*dto.MetricFamily, ok bool) {
 	if len(page) > 0 && page[len(page)-1] != '\n' {
 		return nil, false
@@ -43,6 +44,7 @@ func parseMetricsFast(page []byte) (families map[string]*dto.MetricFamily, ok bo
 	return p.families, true
 }
 
+// fastParser is parseMetricsFast's state over one page.
 type fastParser struct {
 	families map[string]*dto.MetricFamily
 	// withoutDistributionDetail's state: the histogram or summary the last TYPE line declared, and the names of the
@@ -77,6 +79,8 @@ type resolved struct {
 	other bool // another sample of a histogram or summary (its sum, or its own name)
 }
 
+// resolve finds the family a sample or comment named name belongs to, as expfmt does: its own family, or a histogram's
+// or summary's that it is a _count, _sum or _bucket of; with create, a new untyped family of that name otherwise.
 func (p *fastParser) resolve(name []byte, create bool) resolved {
 	if mf := p.families[string(name)]; mf != nil {
 		return resolved{mf: mf}

@@ -81,13 +81,19 @@ type metricsSource struct {
 
 var _ fwkdl.PollingDataSource = (*metricsSource)(nil)
 
+// TypedName is the source's type and name.
 func (s *metricsSource) TypedName() fwkplugin.TypedName { return s.typedName }
 
+// OutputType is what Poll returns: metric families by name, as upstream's source.
 func (s *metricsSource) OutputType() reflect.Type { return sourcemetrics.PrometheusMetricType }
 
+// ExtractorType is the type an extractor of this source implements.
 func (s *metricsSource) ExtractorType() reflect.Type { return fwkdl.ExtractorType }
 
-// Poll reads ep's page, as upstream's HTTPDataSource.Poll.
+// Poll reads ep's page, as upstream's HTTPDataSource.Poll and its client do (GIE v1.5.0,
+// pkg/epp/framework/plugins/datalayer/source/http/datasource.go and client.go: the same URL, status check, timeout,
+// connection pool and error words). Upstream's client is a package global whose transport cannot be set, hence the
+// copy.
 func (s *metricsSource) Poll(ctx context.Context, ep fwkdl.Endpoint) (any, error) {
 	md := ep.GetMetadata()
 	target := url.URL{Scheme: s.scheme, Host: md.GetMetricsHost(), Path: s.path}

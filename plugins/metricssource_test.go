@@ -3,6 +3,7 @@ package plugins
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -382,6 +383,51 @@ func TestMetricsSourceAsksNoGzip(t *testing.T) {
 	}
 	if enc := <-encodings; enc != "" {
 		t.Errorf("Accept-Encoding %q, want none", enc)
+	}
+}
+
+// TestMetricsSourceHTTPS: with scheme https the source reads a page served with a certificate it cannot verify only
+// when insecureSkipVerify is on (upstream's default), and otherwise fails with the certificate error.
+func TestMetricsSourceHTTPS(t *testing.T) {
+	sim, err := os.ReadFile("testdata/vllm-sim-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(sim) }))
+	defer srv.Close()
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		params  string
+		wantErr string
+	}{
+		{name: "default skips verification", params: `{"scheme": "https"}`},
+		{name: "verification on", params: `{"scheme": "https", "insecureSkipVerify": false}`, wantErr: "certificate"},
+		{name: "plain http to a TLS server", params: `{"scheme": "http"}`, wantErr: "unexpected status code"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := MetricsSourceFactory("", json.RawMessage(tc.params), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: u.Host}, nil)
+			got, err := p.(fwkdl.PollingDataSource).Poll(context.Background(), ep)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Poll error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.(sourcemetrics.PrometheusMetricMap)) == 0 {
+				t.Error("no families")
+			}
+		})
 	}
 }
 

@@ -334,9 +334,9 @@ func writeEPPHop(b *bufio.Writer, s *ScenarioResult) {
 		return
 	}
 	var ratios []string
-	if up := medians["upstream-default"]; up > 0 {
+	if up := medians[UpstreamDefault]; up > 0 {
 		for _, run := range s.Runs {
-			if m, ok := medians[run.Contender.Name]; ok && run.Contender.Name != "upstream-default" {
+			if m, ok := medians[run.Contender.Name]; ok && run.Contender.Name != UpstreamDefault {
 				ratios = append(ratios, fmt.Sprintf("%s %.2fx", run.Contender.Name, float64(m)/float64(up)))
 			}
 		}
