@@ -355,26 +355,14 @@ func BenchmarkMetricsPage(b *testing.B) {
 // TestMetricsSourceAsksNoGzip: the source asks for the page uncompressed (Go's client asks for gzip unless told not
 // to, and a server that honours it compresses every page the EPP then decompresses).
 func TestMetricsSourceAsksNoGzip(t *testing.T) {
-	sim, err := os.ReadFile("testdata/vllm-sim-metrics.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
+	page := simulatorPage(t)
 	encodings := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		encodings <- r.Header.Get("Accept-Encoding")
-		_, _ = w.Write(sim)
+		_, _ = w.Write(page)
 	}))
 	defer srv.Close()
-	u, err := url.Parse(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := MetricsSourceFactory("", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: u.Host}, nil)
-	got, err := p.(fwkdl.PollingDataSource).Poll(context.Background(), ep)
+	got, err := pollOnce(t, "", srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,19 +374,41 @@ func TestMetricsSourceAsksNoGzip(t *testing.T) {
 	}
 }
 
+// simulatorPage is the simulator's metrics page from testdata.
+func simulatorPage(t *testing.T) []byte {
+	t.Helper()
+	page, err := os.ReadFile("testdata/vllm-sim-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return page
+}
+
+// pollOnce builds the source from params (JSON, "" for none) and polls the endpoint whose metrics are at serverURL.
+func pollOnce(t *testing.T, params, serverURL string) (any, error) {
+	t.Helper()
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw json.RawMessage
+	if params != "" {
+		raw = json.RawMessage(params)
+	}
+	p, err := MetricsSourceFactory("", raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: u.Host}, nil)
+	return p.(fwkdl.PollingDataSource).Poll(context.Background(), ep)
+}
+
 // TestMetricsSourceHTTPS: with scheme https the source reads a page served with a certificate it cannot verify only
 // when insecureSkipVerify is on (upstream's default), and otherwise fails with the certificate error.
 func TestMetricsSourceHTTPS(t *testing.T) {
-	sim, err := os.ReadFile("testdata/vllm-sim-metrics.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(sim) }))
+	page := simulatorPage(t)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(page) }))
 	defer srv.Close()
-	u, err := url.Parse(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
 		name    string
 		params  string
@@ -409,12 +419,7 @@ func TestMetricsSourceHTTPS(t *testing.T) {
 		{name: "plain http to a TLS server", params: `{"scheme": "http"}`, wantErr: "unexpected status code"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := MetricsSourceFactory("", json.RawMessage(tc.params), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ep := fwkdl.NewEndpoint(&fwkdl.EndpointMetadata{MetricsHost: u.Host}, nil)
-			got, err := p.(fwkdl.PollingDataSource).Poll(context.Background(), ep)
+			got, err := pollOnce(t, tc.params, srv.URL)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Poll error %v, want one containing %q", err, tc.wantErr)
