@@ -14,6 +14,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
@@ -263,6 +264,37 @@ func TestModelSelectionHoldsTheRequestUntilItsBodyIsComplete(t *testing.T) {
 				t.Errorf("Done called %d times, want %d", len(sel.outcomes), tt.wantCalls)
 			}
 		})
+	}
+}
+
+// TestModelSelectionKeepsTheLastBodyMessagesMetadata: the joined body reaches upstream with the metadata and
+// attributes of the body message that completed it, as upstream's handler, which reads them from every message, would
+// have been left with.
+func TestModelSelectionKeepsTheLastBodyMessagesMetadata(t *testing.T) {
+	withMetadata := func(m *extprocv3.ProcessingRequest, tag string) *extprocv3.ProcessingRequest {
+		m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": {Fields: map[string]*structpb.Value{"tag": structpb.NewStringValue(tag)}}}}
+		m.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{"tag": structpb.NewStringValue(tag)}}}
+		return m
+	}
+	proxy := &scriptedStream{steps: []step{
+		{msg: reqHeaders(false)},
+		{msg: withMetadata(reqBody(`{"model":`, false), "first")},
+		{msg: withMetadata(reqBody(`"m"}`, true), "last")},
+	}}
+	up := &recordingUpstream{}
+	srv := &shapingServer{upstream: up, selector: &fakeSelector{model: "canary"}, maxBodyBytes: 1 << 20, clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	if err := srv.Process(proxy); err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(up.got); !slices.Equal(got, []string{"headers", `body:{"model":"m"}`}) {
+		t.Fatalf("upstream received %v, want the headers and the joined body", got)
+	}
+	body := up.got[1]
+	if got := body.GetMetadataContext().GetFilterMetadata()["envoy.lb"].GetFields()["tag"].GetStringValue(); got != "last" {
+		t.Errorf("metadata context of the body message %q, want the last body message's", got)
+	}
+	if got := body.GetAttributes()["envoy.filters.http.ext_proc"].GetFields()["tag"].GetStringValue(); got != "last" {
+		t.Errorf("attributes of the body message %q, want the last body message's", got)
 	}
 }
 
