@@ -306,7 +306,9 @@ func (c *Controller) IsPeerEndpoint(name string) bool {
 // its endpoints' seats from its own share of the traffic, and the slots between what an endpoint has run and the
 // pool's limit start a request at once as a seat does. Counted as seats, the reserve keeps them idle for Critical; left
 // out, lower bands took them beyond the seats while the replicas' reserves held no seat. Alone, or once the
-// endpoint's limit is known, its seats are its own.
+// endpoint's limit is known, its seats are its own. Only the reserve, the idle seats offered to peers and where a
+// Critical request starts at once count them: whether the endpoint is full (noteFull) and its rank go by the seats it
+// is known to hold.
 func (c *Controller) seatsLocked(e *endpointState) int {
 	if c.peers.ReserveShare == nil || e.known > 0 || e.seats == 0 {
 		return e.seats
