@@ -190,6 +190,7 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 func (ms *modelSelection) replaceBody(body []byte) {
 	kept := make([]*extprocv3.ProcessingRequest, 0, 2)
 	var replacement *extprocv3.ProcessingRequest
+	joined := &extprocv3.HttpBody{Body: body}
 	for _, msg := range ms.queue {
 		b := msg.GetRequestBody()
 		if b == nil {
@@ -197,10 +198,10 @@ func (ms *modelSelection) replaceBody(body []byte) {
 			continue
 		}
 		if replacement == nil {
-			replacement = &extprocv3.ProcessingRequest{}
+			replacement = &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: joined}}
 			kept = append(kept, replacement)
 		}
-		replacement.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: b.EndOfStream}}
+		joined.EndOfStream = b.EndOfStream
 		replacement.MetadataContext, replacement.Attributes = msg.MetadataContext, msg.Attributes
 	}
 	ms.queue = kept
