@@ -190,13 +190,7 @@ func (p *fastParser) comment(line []byte) bool {
 
 // metricNameLen is the length of the legacy metric name b starts with, 0 if none; a name followed by a quote is none.
 func metricNameLen(b []byte) int {
-	i := 0
-	for ; i < len(b); i++ {
-		c := b[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == ':' || i > 0 && c >= '0' && c <= '9') {
-			break
-		}
-	}
+	i := legacyNameLen(b, true)
 	if i < len(b) && b[i] == '"' {
 		return 0
 	}
@@ -204,11 +198,15 @@ func metricNameLen(b []byte) int {
 }
 
 // labelNameLen is the length of the legacy label name b starts with, 0 if none.
-func labelNameLen(b []byte) int {
+func labelNameLen(b []byte) int { return legacyNameLen(b, false) }
+
+// legacyNameLen is the length of the legacy name b starts with: [a-zA-Z_] then [a-zA-Z0-9_], and ':' anywhere in a
+// metric name (colon).
+func legacyNameLen(b []byte, colon bool) int {
 	i := 0
 	for ; i < len(b); i++ {
 		c := b[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || i > 0 && c >= '0' && c <= '9') {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || colon && c == ':' || i > 0 && c >= '0' && c <= '9') {
 			break
 		}
 	}
