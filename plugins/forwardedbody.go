@@ -85,7 +85,7 @@ func (f *ForwardedBody) Encode() (body []byte, ok bool, err error) {
 	return bytes.Join(append(pieces, jsonClose), nil), true, nil
 }
 
-// The JSON punctuation compactPieces joins between members.
+// The JSON punctuation Encode puts around and between members.
 var jsonOpen, jsonComma, jsonColon, jsonClose = []byte("{"), []byte(","), []byte(":"), []byte("}")
 
 // split records the payload map and the long members ParseRequest left out of it.
