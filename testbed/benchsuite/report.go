@@ -314,21 +314,18 @@ func writeEPPHop(b *bufio.Writer, s *ScenarioResult) {
 			continue
 		}
 		var hops []time.Duration
-		var sum time.Duration
 		for _, r := range run.Result.Records {
 			if r.OK() && r.EPPTime > 0 {
 				hops = append(hops, r.EPPTime)
-				sum += r.EPPTime
 			}
 		}
 		if len(hops) == 0 {
 			continue
 		}
-		slices.Sort(hops)
-		med := hops[len(hops)/2]
-		medians[run.Contender.Name] = med
+		l := loadgen.SummarizeLatency(hops)
+		medians[run.Contender.Name] = l.P50
 		parts = append(parts, fmt.Sprintf("%s median %s, mean %s (%d attempts)", run.Contender.Name,
-			formatMillis(med), formatMillis(sum/time.Duration(len(hops))), len(hops)))
+			formatMillis(l.P50), formatMillis(l.Mean), l.Count))
 	}
 	if len(parts) == 0 {
 		return

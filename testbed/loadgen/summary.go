@@ -169,7 +169,7 @@ func summarizeClass(name string, records []Record, dur time.Duration, sloOf func
 			cs.Good++
 		}
 	}
-	cs.TTFT, cs.E2E, cs.ITL = summarizeLatency(ttft), summarizeLatency(e2e), summarizeLatency(itl)
+	cs.TTFT, cs.E2E, cs.ITL = SummarizeLatency(ttft), SummarizeLatency(e2e), SummarizeLatency(itl)
 	if secs := dur.Seconds(); secs > 0 {
 		cs.Throughput = float64(cs.Succeeded) / secs
 		cs.OutputTokensPerSecond = float64(outputTokens) / secs
@@ -192,7 +192,8 @@ func meetsSLO(s SLO, ttft, e2e, meanITL time.Duration) bool {
 		(s.ITL == 0 || meanITL <= time.Duration(s.ITL))
 }
 
-func summarizeLatency(sample []time.Duration) Latency {
+// SummarizeLatency is the count, mean, percentiles (Percentile) and maximum of sample; sample is not modified.
+func SummarizeLatency(sample []time.Duration) Latency {
 	if len(sample) == 0 {
 		return Latency{}
 	}
