@@ -70,8 +70,18 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 // one has shown is the likeliest of the others. A Critical request may still go beyond it, and one that starts at
 // once there shows the endpoint running more (learner.maxRunning), which lifts the cap for good.
 func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
+	n := c.poolSlotsForLocked(e)
+	return n > 0 && e.occupancy() >= n
+}
+
+// poolSlotsForLocked is the pool's slot limit (poolSlotsLocked) where it stands for e's own: e's limit is not known
+// and e has never been seen running more than it; 0 otherwise.
+func (c *Controller) poolSlotsForLocked(e *endpointState) int {
 	n := c.poolSlotsLocked()
-	return n > 0 && e.known == 0 && e.learner.maxRunning <= n && e.occupancy() >= n
+	if e.known > 0 || e.learner.maxRunning > n {
+		return 0
+	}
+	return n
 }
 
 // seatsFullLocked reports whether the seat-bound endpoints are down to the idle seats a request of tenant in band must

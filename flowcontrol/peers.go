@@ -310,11 +310,11 @@ func (c *Controller) IsPeerEndpoint(name string) bool {
 // Critical request starts at once count them: whether the endpoint is full (noteFull) and its rank go by the seats it
 // is known to hold.
 func (c *Controller) seatsLocked(e *endpointState) int {
-	if c.peers.ReserveShare == nil || e.known > 0 || e.seats == 0 {
+	if c.peers.ReserveShare == nil || e.seats == 0 {
 		return e.seats
 	}
-	n := c.poolSlotsLocked()
-	if n <= e.seats || e.learner.maxRunning > n {
+	n := c.poolSlotsForLocked(e)
+	if n <= e.seats {
 		return e.seats
 	}
 	return max(e.seats, min(n, e.capacity))
