@@ -80,7 +80,7 @@ func (c *Controller) wait(ctx context.Context, it *item) (Decision, error) {
 func (c *Controller) withdrawLocked(it *item, cause error) QueueSample {
 	now := c.clock.Now()
 	c.drain.advance(now)
-	c.removeQueuedLocked(it)
+	c.removeQueuedLocked(it, now)
 	c.finalizeLocked(it, Decision{Outcome: Cancelled, Reason: ReasonCancelled, Band: it.band, Capped: it.capped,
 		Waited: now.Sub(it.enqueuedAt)}, cause)
 	c.dispatchLocked(now) // its tenant's demand fell: the seats kept for it may now be free for others
@@ -153,7 +153,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		return d, nil, false, nil
 	}
 	for _, v := range victims {
-		c.removeQueuedLocked(v)
+		c.removeQueuedLocked(v, now)
 		vd := Decision{Band: v.band, Capped: v.capped, Waited: now.Sub(v.enqueuedAt)}
 		c.rejectLocked(&vd, ReasonDisplaced, c.retryEstimateLocked(v.band, v.cost, now), v.cost, v.returnKey, now)
 		c.finalizeLocked(v, vd, nil)
@@ -166,6 +166,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
 	}
 	c.bands[band].push(it, weight)
+	c.tenantEnqueuedLocked(it.tq, now)
 	c.queued[req.ID] = it
 	c.totalCount++
 	c.totalBytes += req.Bytes
@@ -259,9 +260,11 @@ func (c *Controller) makeRoomLocked(band Band, bytes int64) (victims []*item, fi
 	return victims, true
 }
 
-// removeQueuedLocked takes a waiting item out of all queue state.
-func (c *Controller) removeQueuedLocked(it *item) {
+// removeQueuedLocked takes a waiting item out of all queue state at now.
+func (c *Controller) removeQueuedLocked(it *item, now time.Time) {
+	tq := it.tq
 	c.bands[it.band].remove(it)
+	c.tenantLeftLocked(tq, 0, now)
 	c.dequeuedLocked(it)
 }
 

@@ -102,6 +102,14 @@ type Controller struct {
 	recovery [NumBands]bandRecovery
 	// returns books, per band, when the clients it turned away were told to come back (see rejectLocked).
 	returns [NumBands]returnLedger
+	// unreachableAt is when the waiting requests were last walked for those predicted to start after their deadline
+	// (shedUnreachableLocked).
+	unreachableAt time.Time
+	// load is the trend of the servers' own load (running and waiting, over the fresh endpoints' scrapes), and
+	// loadNow its latest value: a band blocked by saturation alone, with no backlog to watch drain, sees its capacity
+	// return in it (loadFallingLocked).
+	load    backlogTrend
+	loadNow float64
 	// promises remembers when the clients of bands that shed at once were told to come back, to recognise their
 	// returns (promiseKeeper).
 	promises promiseKeeper
@@ -214,6 +222,9 @@ func (c *Controller) SetConfig(cfg *Config) error {
 		maxWait := cfg.Bands[b].MaxQueueTime
 		for it := q.oldest; it != nil; it = it.bNext {
 			it.deadline = it.enqueuedAt.Add(maxWait)
+		}
+		for _, tq := range q.tenants {
+			tq.drain.setWindow(cfg.DrainRateWindow)
 		}
 	}
 	changed := c.dispatchLocked(now) + c.expireLocked(now)

@@ -19,6 +19,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			}
 			names := c.endpointsWithHeadroomLocked(b, tq.name, burst, now)
 			it := q.popTenant(tq)
+			c.tenantLeftLocked(tq, it.cost, now)
 			c.dequeuedLocked(it)
 			c.reserveLocked(it.id, it.streamed, best, now)
 			c.drain.add(it.cost)
@@ -41,7 +42,7 @@ func (c *Controller) expireLocked(now time.Time) int {
 		q := c.bands[b]
 		for q.oldest != nil && (down || !q.oldest.deadline.After(now)) {
 			it := q.oldest
-			c.removeQueuedLocked(it)
+			c.removeQueuedLocked(it, now)
 			d := Decision{Band: it.band, Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}
 			if noEndpoints {
 				c.unavailableLocked(&d, ReasonNoEndpoints)

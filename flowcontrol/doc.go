@@ -84,6 +84,14 @@
 // whose predicted wait exceeds the band's maximum queue time is rejected; a full band rejects; a full controller lets
 // a band allowed to displace evict the newest requests of the lowest lower band; else the request waits.
 //
+// A tenant that shares its band's drain with others (not under its share, and another tenant of the band waits or is
+// under its share) is predicted to wait no less than its own waiting cost over its own drain: the cost dispatched from
+// it per second of the time it had requests waiting (tenantdrain.go). The pool's drain rate alone overstates what a
+// heavy tenant gets by what the others take, so its excess was admitted and answered only at its deadline. A waiting
+// request that the same prediction, kept up to date, puts after its deadline is answered 429 (ReasonPredictedWait,
+// with Retry-After) at once, checked at most every 100 ms on a scrape, rather than at the deadline. A band's only
+// tenant is predicted as before.
+//
 // Late metrics are not a down pool. When no endpoint's metrics are fresh but one was scraped within ten staleness
 // thresholds (2 s by default), a band that queues waits for the next scrape as it would for headroom (a scrape late
 // because the EPP or a server was starved of CPU for a moment is not a reason to turn traffic away), and a band that
@@ -127,8 +135,10 @@
 // lets a request that claims one at or after that moment wait in its queue, ahead of later arrivals of the band (which
 // are still turned away while anything of it waits), up to the band's MaxQueueTime, once the overload is over (the
 // backlog at and above the band drains; during it the band is what keeps the load off the others, and sheds the
-// return again). A client cannot forge a promise: only a request turned away earns one, only its own content claims
-// it, and only once (promises.go; measured in testbed/bench/scenarios/README.md, overload-recovery). Promises are kept
+// return again); or, with no backlog standing at and above the band (it is blocked by the servers' saturation alone),
+// once the servers' own load (running and waiting, summed over the fresh scrapes) falls so fast that at its trend it
+// would be gone within the band's MaxQueueTime (loadFallingLocked). A client cannot forge a promise: only a request
+// turned away earns one, only its own content claims it, and only once (promises.go; measured in testbed/bench/scenarios/README.md, overload-recovery). Promises are kept
 // by each replica, not exchanged with its peers: a return that the proxy sends to another replica is a new arrival
 // there. The ledger is bounded as a whole, not per tenant, so one tenant turned away with many distinct bodies can
 // fill it, and later refusals then keep no promise until entries expire.

@@ -49,6 +49,10 @@ type tenantQueue struct {
 	// lastFinish is the virtual finish tag of the tenant's last dispatched item.
 	lastFinish float64
 	heapIdx    int // index in bandQueue.active, -1 when the tenant has nothing queued
+	// drain is the cost dispatched from this tenant per second of the time it had requests waiting: the share of
+	// its band's drain fair queuing gives it (tenantdrain.go). The controller keeps it, and its backlog state, up to
+	// date; it starts with the tenant's first wait and is forgotten with the tenant.
+	drain drainEstimator
 }
 
 // bandQueue holds one band's waiting requests and dispatches them by start-time fair queuing (SFQ) across tenants:

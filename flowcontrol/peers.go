@@ -236,7 +236,9 @@ func (c *Controller) DispatchWaitingElsewhere(take func(id string) (endpoint str
 		if !ok {
 			break
 		}
-		it := q.pop()
+		tq := q.active[0]
+		it := q.popTenant(tq)
+		c.tenantLeftLocked(tq, it.cost, now)
 		c.dequeuedLocked(it)
 		c.drain.add(it.cost)
 		c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: Critical, Capped: it.capped, Endpoints: []string{endpoint},

@@ -99,6 +99,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		}
 	}
 	c.dispatchLocked(now)
+	c.shedUnreachableLocked(now)
 	c.trackBlockedLocked(now)
 	c.endOpLocked(now)
 	sample := c.queueSampleLocked(now)

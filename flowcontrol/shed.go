@@ -4,11 +4,14 @@ import "time"
 
 // estimatedWaitLocked predicts how long a new request would wait: the cost ahead of it (higher bands' backlog plus
 // its fair position in its own band, or only its tenant's own waiting requests while the tenant is under its share
-// and so dispatches first, plus itself) over the drain rate. known is false while the rate is unknown.
+// and so dispatches first, plus itself) over the drain rate; and, for a tenant with requests waiting and not under
+// its share, no less than its tenant's waiting cost and its own over the tenant's own drain (tenantdrain.go). known
+// is false while neither rate is known.
 func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost float64, now time.Time) (wait time.Duration, known bool) {
+	tenantWait, tenantKnown := c.tenantWaitLocked(band, tenant, cost, now)
 	rate, ok := c.drain.rate()
 	if !ok {
-		return 0, false
+		return tenantWait, tenantKnown
 	}
 	ahead := c.bands[band].costAhead(tenant, weight) + cost
 	if c.isUnderShareLocked(band, tenant, now) {
@@ -20,7 +23,7 @@ func (c *Controller) estimatedWaitLocked(band Band, tenant string, weight, cost 
 	for b := Critical; b < band; b++ {
 		ahead += c.bands[b].cost
 	}
-	return secondsToDuration(ahead / rate), true
+	return max(tenantWait, secondsToDuration(ahead/rate)), true
 }
 
 // timeUntilAdmitLocked estimates when band would admit again: its backlog and the backlog of higher bands, plus
@@ -67,17 +70,38 @@ func (c *Controller) retryEstimateLocked(band Band, cost float64, now time.Time)
 	return max(estimate, now.Sub(rec.overloadSince))
 }
 
-// recoveringLocked reports whether the backlog at and above band, built up by an overload, now drains: the overload
-// is over and capacity for the band is on its way back.
+// recoveringLocked reports whether capacity for band is on its way back: the backlog at and above it, built up by
+// an overload, now drains (the overload is over); or, with no backlog standing there (none, or one that formed a
+// moment ago: the band is blocked by the servers' saturation alone, and the EPP's queue says nothing of when that
+// ends), the servers' own load falls (loadFallingLocked).
 func (c *Controller) recoveringLocked(band Band, now time.Time) bool {
 	rec := &c.recovery[band]
 	rec.observeBacklog(now, c.backlogAtOrAboveLocked(band), c.cfg.DrainRateWindow)
-	return rec.draining(now, c.cfg.DrainRateWindow)
+	w := c.cfg.DrainRateWindow
+	return rec.draining(now, w) || !rec.built(now, w) && c.loadFallingLocked(band)
+}
+
+// loadFallingLocked reports whether the servers' load falls fast enough that, at its trend, it would be gone within
+// band's MaxQueueTime: a request of band let wait now (a promised return) finds the capacity it waits for before it
+// would time out. Under a sustained overload the load stands near what the ceilings let in, and its trend stays a
+// small fraction of that.
+func (c *Controller) loadFallingLocked(band Band) bool {
+	slope := c.load.slope
+	return slope < 0 && -slope*c.cfg.Bands[band].MaxQueueTime.Seconds() >= c.loadNow
 }
 
 // trackBlockedLocked records, per band, whether an arrival of it would be dispatched at once after the current
-// snapshot's dispatches, and the backlog at and above it.
+// snapshot's dispatches, and the backlog at and above it; and the servers' load, from the fresh endpoints' scrapes.
 func (c *Controller) trackBlockedLocked(now time.Time) {
+	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	load := 0
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.scrapedNs >= cutoff {
+			load += e.Running + e.WaitingQueue
+		}
+	}
+	c.loadNow = float64(load)
+	c.load.observe(now, c.loadNow, (c.cfg.DrainRateWindow / trendWindowShare).Seconds())
 	for _, b := range allBands {
 		_, best, _ := c.headroomLocked(b, "", now)
 		blocked := best < 0 || c.queuedAtOrAboveLocked(b) > 0

@@ -42,7 +42,7 @@ func (c *Controller) flushLocked(now time.Time) {
 	for _, q := range c.bands {
 		for q.oldest != nil {
 			it := q.oldest
-			c.removeQueuedLocked(it)
+			c.removeQueuedLocked(it, now)
 			d := Decision{Band: it.band, Capped: it.capped, Waited: now.Sub(it.enqueuedAt)}
 			c.unavailableLocked(&d, ReasonShuttingDown)
 			c.finalizeLocked(it, d, nil)

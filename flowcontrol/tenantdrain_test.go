@@ -1,0 +1,173 @@
+package flowcontrol
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// tenantDrainHarness saturates a one-slot endpoint and for seconds drives two dispatches a second (one per scrape) of
+// the Standard band, where tenant "heavy" sends one request (cost 100) a second on top of two waiting from the start;
+// with light, tenant "light" sends one of the same cost a second too, which takes one of the two dispatches: the heavy
+// tenant then drains 100 a second of the pool's 200. It returns the heavy tenant's calls.
+func tenantDrainHarness(t *testing.T, h *harness, seconds int, light bool) []*call {
+	t.Helper()
+	h.scrape(ep("a", 1))
+	calls := []*call{h.admit(0, "heavy", 100), h.admit(0, "heavy", 100)}
+	for range seconds {
+		h.step(500 * time.Millisecond)
+		if light {
+			h.admit(0, "light", 100)
+		}
+		calls = append(calls, h.admit(0, "heavy", 100))
+		h.scrape(ep("a", 0))
+		h.step(500 * time.Millisecond)
+		h.scrape(ep("a", 0))
+	}
+	return calls
+}
+
+// TestTenantDrainPredictsWait: a tenant that shares its band with another gets only part of the band's drain, so its
+// arrival is predicted to wait its own backlog over its own drain. A burst of 12 heavy requests arrives: over the
+// pool's drain (200/s) all of them would start within the band's 8 s, but at the heavy tenant's own 100/s only the
+// first seven or so can, and the rest are turned away at once (ReasonPredictedWait, with a Retry-After at least that
+// long) rather than left to wait out their deadline. With the band to itself the tenant drains at the band's rate and
+// the whole burst waits.
+func TestTenantDrainPredictsWait(t *testing.T) {
+	tests := []struct {
+		name    string
+		light   bool
+		minShed int
+	}{
+		{name: "sharing the band", light: true, minShed: 3},
+		{name: "alone in the band"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) {
+					oneSlot(c)
+					c.Bands[Standard].MaxQueueTime = 8 * time.Second
+				}))
+				calls := tenantDrainHarness(t, h, 10, tt.light)
+				for _, cl := range calls {
+					if cl.finished() && cl.d.Outcome != Dispatched {
+						t.Fatalf("%s: %s/%q during the warm-up", cl.req.ID, cl.d.Outcome, cl.d.Reason)
+					}
+				}
+				shed := 0
+				for range 12 {
+					cl := h.admit(0, "heavy", 100)
+					if !cl.finished() || cl.d.Outcome == Dispatched {
+						continue
+					}
+					if d := cl.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter < 8*time.Second {
+						t.Fatalf("Retry-After %v, want at least the band's 8 s", d.RetryAfter)
+					}
+					shed++
+				}
+				if (tt.minShed == 0 && shed > 0) || shed < tt.minShed {
+					t.Fatalf("%d of the burst turned away, want at least %d (0 alone)", shed, tt.minShed)
+				}
+			})
+		})
+	}
+}
+
+// TestUnreachableAnsweredEarly: 20 heavy requests admitted before any drain was known wait with a deadline 8 s out;
+// once the heavy tenant's drain (100/s, the other half going to a light tenant) shows that those beyond the first
+// seven or so cannot start by then, they are answered 429 (ReasonPredictedWait, with a Retry-After) at once rather
+// than at their deadline, and the ones that can start keep waiting and are dispatched. Every request gets one answer.
+func TestUnreachableAnsweredEarly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			oneSlot(c)
+			c.Bands[Standard].MaxQueueTime = 8 * time.Second
+		}))
+		h.scrape(ep("a", 1))
+		var calls []*call
+		for range 20 {
+			calls = append(calls, h.admit(0, "heavy", 100))
+		}
+		for range 3 {
+			h.step(500 * time.Millisecond)
+			h.admit(0, "light", 100)
+			h.scrape(ep("a", 0))
+			h.step(500 * time.Millisecond)
+			h.scrape(ep("a", 0))
+		}
+		var early []*call
+		for _, cl := range calls {
+			if cl.finished() && cl.d.Outcome == Rejected {
+				if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= 8*time.Second {
+					t.Fatalf("%s: %s/%q after %v, Retry-After %v; want predicted_wait before the deadline",
+						cl.req.ID, cl.d.Outcome, cl.d.Reason, cl.d.Waited, cl.d.RetryAfter)
+				}
+				early = append(early, cl)
+			}
+		}
+		if len(early) < 5 {
+			t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least 5)", len(early))
+		}
+		if last := calls[len(calls)-1]; !last.finished() {
+			t.Fatalf("the newest heavy request still waits, predicted to start after its deadline")
+		}
+		for i, cl := range calls[:3] {
+			if cl.finished() && cl.d.Outcome != Dispatched {
+				t.Fatalf("heavy request %d: %s/%q, want it kept", i, cl.d.Outcome, cl.d.Reason)
+			}
+		}
+		// The rest are answered by the end: dispatched, or at the latest at their deadline.
+		for range 10 {
+			h.step(time.Second)
+			h.scrape(ep("a", 0))
+		}
+		for _, cl := range calls {
+			cl.result(t)
+		}
+	})
+}
+
+// TestReturnLetInWhileLoadFalls: a Sheddable request turned away while its band is blocked by saturation alone (no
+// backlog in the EPP) comes back once its Retry-After has passed, the band still blocked. If the servers' load has
+// been falling fast (by 10 requests every 100 ms, from 400 to 200), capacity is on its way back and the return waits
+// for it, then is dispatched when it comes; if the load stands, the overload goes on and the return is turned away.
+func TestReturnLetInWhileLoadFalls(t *testing.T) {
+	tests := []struct {
+		name    string
+		falling bool
+	}{
+		{name: "load falling", falling: true},
+		{name: "load standing"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				running := 400
+				// Waiting 4 of a queue depth of 5: Sheddable's ceiling (0.8) is reached, Standard's is not.
+				blocked := func() Endpoint { return Endpoint{Name: "a", WaitingQueue: 4, Running: running} }
+				h.scrape(blocked())
+				const key = 0x5111ce
+				first := h.admitReq(Request{ID: "shed-1", Priority: -1, EstimatedCost: 1, ReturnKey: key})
+				retry := first.wantOutcome(t, Rejected, ReasonSaturated).RetryAfter
+				for waited := time.Duration(0); waited < max(retry, 2*time.Second); waited += 100 * time.Millisecond {
+					h.step(100 * time.Millisecond)
+					if tt.falling {
+						running -= 10
+					}
+					h.scrape(blocked())
+				}
+				back := h.admitReq(Request{ID: "shed-2", Priority: -1, EstimatedCost: 1, ReturnKey: key})
+				if !tt.falling {
+					back.wantOutcome(t, Rejected, ReasonSaturated)
+					return
+				}
+				back.wantWaiting(t)
+				h.step(100 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: running})
+				back.wantOutcome(t, Dispatched, ReasonNone)
+			})
+		})
+	}
+}
