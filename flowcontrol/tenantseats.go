@@ -205,7 +205,12 @@ func (c *Controller) yieldsLocked(band Band, tenant string, now time.Time) bool 
 // and a ramp beyond, or its slot limit without a probe beyond it), or, where its own limit is not known and it never
 // ran more, the pool's slot limit (poolSlotsCapLocked). A KV-bound endpoint's capacity (what its KV cache holds of
 // the current mix, moving with it) does not bound it: kept to it, the heavy tenant of the tenant-fairness scenario's
-// KV-bound shape left the light one waiting longer inside the servers (testbed/bench/scenarios/README.md).
+// KV-bound shape left the light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An
+// endpoint holding none of the EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close
+// it for as long as that load lasts.
 func (c *Controller) yieldedFullLocked(e *endpointState) bool {
+	if e.inflight == 0 && e.peer == 0 {
+		return false
+	}
 	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e)
 }

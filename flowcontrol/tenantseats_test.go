@@ -245,9 +245,12 @@ func TestTenantUnderShareYields(t *testing.T) {
 		// light: a light tenant (under its share) has a request in the band; queued: the scrape shows a request
 		// waiting in the endpoint, so its tentative seats are what it ran; else the pool's slot limit is 2.
 		light, queued bool
-		kv            float64 // the endpoint's KV cache use
-		tenant        string  // of the request asking
-		wantWait      bool
+		// foreign: the requests sent so far have ended, and the endpoint's scrapes show as many running that the EPP
+		// did not send.
+		foreign  bool
+		kv       float64 // the endpoint's KV cache use
+		tenant   string  // of the request asking
+		wantWait bool
 	}{
 		{name: "heavy, at the pool's slot limit", light: true, tenant: "heavy", wantWait: true},
 		{name: "light, at the pool's slot limit", light: true, tenant: "light", wantWait: true},
@@ -255,6 +258,7 @@ func TestTenantUnderShareYields(t *testing.T) {
 		{name: "one tenant, at the pool's slot limit", tenant: "heavy"},
 		{name: "one tenant, at its capacity", queued: true, tenant: "heavy"},
 		{name: "heavy, at the capacity its KV cache bounds", light: true, queued: true, kv: 0.95, tenant: "heavy"},
+		{name: "heavy, foreign load at the pool's slot limit", light: true, foreign: true, tenant: "heavy"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -265,10 +269,20 @@ func TestTenantUnderShareYields(t *testing.T) {
 				if tt.light {
 					first = "light"
 				}
-				h.admit(0, first, 1).wantOutcome(t, Dispatched, ReasonNone)
-				h.admit(0, "heavy", 10).wantOutcome(t, Dispatched, ReasonNone)
+				sent := []*call{h.admit(0, first, 1), h.admit(0, "heavy", 10)}
+				for _, cl := range sent {
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+				}
 				h.step(50 * time.Millisecond)
 				a := Endpoint{Name: "a", Running: 2, KVCacheUsage: tt.kv}
+				if tt.foreign {
+					for _, cl := range sent {
+						h.c.Release(cl.req.ID)
+					}
+					h.step(50 * time.Millisecond)
+					h.scrape(a) // the second scrape that shows them after their end makes them foreign
+					h.step(50 * time.Millisecond)
+				}
 				if tt.queued {
 					h.admit(0, "heavy", 10).wantOutcome(t, Dispatched, ReasonNone)
 					a.WaitingQueue = 1
