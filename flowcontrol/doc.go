@@ -62,7 +62,9 @@
 // learned in the pool (Critical may go beyond it, and shows it wrong if it starts at once). Schedulers rank a KV-bound
 // endpoint by the seats its KV cache has room for, so requests go where they start at once. A tenant under its share
 // (tenantseats.go) is served as Critical is under its reserve: first in its band, seats kept for it, and headroom
-// judged by seats rather than by the band's ceiling on KV use. Large-batch servers, whose requests
+// judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an
+// endpoint's capacity (no probe, no burst into a server's queue) or, where the endpoint's own limit is not known,
+// beyond the pool's slot limit, so the first places to free go to it. Large-batch servers, whose requests
 // contend in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
 // Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
 // and requests whose end was never reported stop counting after three scrapes.

@@ -22,6 +22,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	tier := c.burstTierLocked(band, reserve)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
+	yields := c.yieldsLocked(band, tenant, now)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -30,7 +31,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, seatsFull, atOnceOnly, now) {
+		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) {
 			continue
 		}
 		if sat := e.saturationFor(strict); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -52,9 +53,10 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 // not down to those kept for others (seatsFull). A request beyond the seats, where the capacity allows it, takes no
 // seat kept for another. Under the Critical reserve a lower band also keeps to the pool's slot limit where the
 // endpoint's own is not known (poolSlotsCapLocked). With live peers a Critical request may have to start at once
-// (atOnceOnlyLocked).
-func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, seatsFull, atOnceOnly bool, now time.Time) bool {
-	if !e.hasSlot(strict) {
+// (atOnceOnlyLocked). While a tenant of the band is under its share (yields), no request of the band goes where it
+// would wait inside the server (yieldedFullLocked).
+func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, yields, seatsFull, atOnceOnly bool, now time.Time) bool {
+	if !e.hasSlot(strict) || yields && c.yieldedFullLocked(e) {
 		return false
 	}
 	if reserve && band != Critical && c.poolSlotsCapLocked(e) || atOnceOnly && !c.startsAtOnceLocked(e) {
@@ -127,12 +129,13 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	strict := reserve || c.isUnderShareLocked(band, tenant, now)
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
+	yields := c.yieldsLocked(band, tenant, now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(strict)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, seatsFull, atOnceOnly, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now)
 	}
 	n := 0
 	for i := range c.endpoints {

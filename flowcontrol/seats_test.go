@@ -334,6 +334,8 @@ func TestLearnedSlotLimit(t *testing.T) {
 		nextWaits bool
 		// nextTenant sends the request after it for another tenant than the one that sent the rest ("t").
 		nextTenant string
+		// light: a tenant "light" sent one request first (it ended at once), so it is under its share.
+		light bool
 	}{
 		{name: "it waited for a slot: strict", waiter: "slot", running: 4, nextWaits: true},
 		{name: "it started with nothing ended: forgotten", waiter: "at once", running: 5},
@@ -345,6 +347,9 @@ func TestLearnedSlotLimit(t *testing.T) {
 		// Nor is a request of a tenant under its share (tenantseats.go): it goes first to the next seat that frees.
 		{name: "no evidence: a tenant under its share is no probe", waiter: "failed", running: 4, nextWaits: true,
 			nextTenant: "light"},
+		// Nor, then, is a request of its band-mates (yieldsLocked): the probe would take the next slot to free there.
+		{name: "no evidence: a band-mate of a tenant under its share is no probe", waiter: "failed", running: 4,
+			nextWaits: true, light: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -365,6 +370,11 @@ func TestLearnedSlotLimit(t *testing.T) {
 						return streamedAs(tt.nextTenant, tt.next)
 					}
 					return streamed(tt.next)
+				}
+				if tt.light {
+					cl := streamedAs("light", 0)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Release(cl.req.ID)
 				}
 				var sent []*call
 				for range 5 { // nothing is known yet: all five go, and the fifth waits in the server

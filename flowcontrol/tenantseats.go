@@ -19,6 +19,10 @@ import (
 //   - its requests are judged by seats, not by the KV cache's use, as Critical's are under the reserve (satReserve):
 //     the band's ceiling on KV use, which leaves room above it for whatever has priority, would otherwise close the
 //     seats kept for it until a whole batch ends (on KV-bound servers whose requests start and end together, seconds).
+//   - no request of its band, its own included, is sent where it would wait inside a server (yieldsLocked): beyond
+//     an endpoint's capacity, or beyond the pool's slot limit where the endpoint's own is not known. In a warm-up,
+//     before any request has ended, the other tenants would fill the servers' queues and take the first places to
+//     free there, and the protected tenant's arrivals would wait for the ones after them.
 //
 // A tenant asking more than its share is not protected and waits its turn in fair order; a band with one active
 // tenant has nobody to protect it from, and lower bands keep seats for no tenant of a higher band (band priority
@@ -177,4 +181,36 @@ func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, free
 		}
 	}
 	return min(kept, seats/2)
+}
+
+// yieldsLocked reports whether a request of tenant in band is sent only where it starts at once (yieldedFullLocked):
+// while a tenant of its band (below Critical) is under its share. The other tenants' requests would otherwise fill the
+// servers' own queues during a warm-up, before the seats are known, and take the first places to free there; the
+// protected tenant's request would be the one to wait inside a server for a first request to end. It waits for a
+// place in the EPP instead, first in its band.
+func (c *Controller) yieldsLocked(band Band, tenant string, now time.Time) bool {
+	if band == Critical {
+		return false // the Critical reserve keeps its own rules (seats.go)
+	}
+	for k := range c.underShareLocked(now) {
+		if k.band == band {
+			return true
+		}
+	}
+	return false
+}
+
+// yieldedFullLocked reports whether e takes no request of a band whose requests yield (yieldsLocked): it holds what
+// it starts at once as far as the EPP can tell, which is its capacity (concurrencyLearner.limits: the most it has run
+// and a ramp beyond, or its slot limit without a probe beyond it), or, where its own limit is not known and it never
+// ran more, the pool's slot limit (poolSlotsCapLocked). A KV-bound endpoint's capacity (what its KV cache holds of
+// the current mix, moving with it) does not bound it: kept to it, the heavy tenant of the tenant-fairness scenario's
+// KV-bound shape left the light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An
+// endpoint holding none of the EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close
+// it for as long as that load lasts.
+func (c *Controller) yieldedFullLocked(e *endpointState) bool {
+	if e.inflight == 0 && e.peer == 0 {
+		return false
+	}
+	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e)
 }

@@ -233,3 +233,75 @@ func TestTenantUnderShareKVRoom(t *testing.T) {
 		})
 	}
 }
+
+// TestTenantUnderShareYields: while a tenant of the band is under its share, no request of the band, its own
+// included, is sent where it would wait inside a server: beyond the pool's slot limit on an endpoint whose own limit is
+// not known, or beyond an endpoint's capacity (its tentative seats while requests wait there). Without a tenant under
+// its share the band goes there as before (the saturation thresholds alone judge it), and so it does beyond the
+// capacity of an endpoint whose KV cache is what bounds it.
+func TestTenantUnderShareYields(t *testing.T) {
+	tests := []struct {
+		name string
+		// light: a light tenant (under its share) has a request in the band; queued: the scrape shows a request
+		// waiting in the endpoint, so its tentative seats are what it ran; else the pool's slot limit is 2.
+		light, queued bool
+		// foreign: the requests sent so far have ended, and the endpoint's scrapes show as many running that the EPP
+		// did not send.
+		foreign  bool
+		kv       float64 // the endpoint's KV cache use
+		tenant   string  // of the request asking
+		wantWait bool
+	}{
+		{name: "heavy, at the pool's slot limit", light: true, tenant: "heavy", wantWait: true},
+		{name: "light, at the pool's slot limit", light: true, tenant: "light", wantWait: true},
+		{name: "heavy, at its capacity", light: true, queued: true, tenant: "heavy", wantWait: true},
+		{name: "one tenant, at the pool's slot limit", tenant: "heavy"},
+		{name: "one tenant, at its capacity", queued: true, tenant: "heavy"},
+		{name: "heavy, at the capacity its KV cache bounds", light: true, queued: true, kv: 0.95, tenant: "heavy"},
+		{name: "heavy, foreign load at the pool's slot limit", light: true, foreign: true, tenant: "heavy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.KVCacheUtil = 1 }))
+				h.scrape(ep("a", 0))
+				first := "heavy"
+				if tt.light {
+					first = "light"
+				}
+				sent := []*call{h.admit(0, first, 1), h.admit(0, "heavy", 10)}
+				for _, cl := range sent {
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+				}
+				h.step(50 * time.Millisecond)
+				a := Endpoint{Name: "a", Running: 2, KVCacheUsage: tt.kv}
+				if tt.foreign {
+					for _, cl := range sent {
+						h.c.Release(cl.req.ID)
+					}
+					h.step(50 * time.Millisecond)
+					h.scrape(a) // the second scrape that shows them after their end makes them foreign
+					h.step(50 * time.Millisecond)
+				}
+				if tt.queued {
+					h.admit(0, "heavy", 10).wantOutcome(t, Dispatched, ReasonNone)
+					a.WaitingQueue = 1
+				} else {
+					h.c.SetPeers(Peers{PoolSlots: 2})
+				}
+				h.scrape(a)
+				cost := uint64(10)
+				if tt.tenant == "light" {
+					cost = 1
+				}
+				cl := h.admit(0, tt.tenant, cost)
+				if tt.wantWait {
+					cl.wantWaiting(t)
+					cl.cancel()
+					return
+				}
+				cl.wantOutcome(t, Dispatched, ReasonNone)
+			})
+		})
+	}
+}
