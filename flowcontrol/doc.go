@@ -59,7 +59,11 @@
 // arrival finds one free rather than waiting for a running request to end. No scrape shows a limit before a request
 // waits there, and that request takes the first slot to free there ahead of Critical; so under the reserve a lower
 // band sends an endpoint whose own limit is not known, and that never ran more, no more than the smallest slot limit
-// learned in the pool (Critical may go beyond it, and shows it wrong if it starts at once). Schedulers rank a KV-bound
+// learned in the pool (Critical may go beyond it, and shows it wrong if it starts at once). In the warm-up (no request
+// has ended on a seat-bound endpoint yet, so nothing frees) and once the pool has a slot limit, a lower band under the
+// reserve also goes beyond no endpoint's tentative seats while the reserve's idle seats are short: only Critical grows
+// an endpoint then, so the places beyond the seats are left for the Critical arrivals of the warm-up (headroom.go,
+// warmUpGrowthLocked). Schedulers rank a KV-bound
 // endpoint by the seats its KV cache has room for, so requests go where they start at once. A tenant under its share
 // (tenantseats.go) is served as Critical is under its reserve: first in its band, seats kept for it, and headroom
 // judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an

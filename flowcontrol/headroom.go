@@ -62,7 +62,22 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 	if reserve && band != Critical && c.poolSlotsCapLocked(e) || atOnceOnly && !c.startsAtOnceLocked(e) {
 		return false
 	}
-	return c.freeSeatsLocked(e) == 0 || !seatsFull || !c.seatBoundLocked(e, now)
+	if c.freeSeatsLocked(e) == 0 {
+		return !(reserve && seatsFull && c.warmUpGrowthLocked(e, now))
+	}
+	return !seatsFull || !c.seatBoundLocked(e, now)
+}
+
+// warmUpGrowthLocked reports whether a request beyond e's seats would take a place the Critical reserve needs in the
+// warm-up: no seat-bound request has ended yet (the hold time is unknown), a slot limit has been learned in the pool,
+// and e's own limit is not known: its seats are the most it has run, and the places beyond them are where it grows.
+// Until a first request ends nothing frees, so every Critical arrival needs a place nobody holds yet, and the places
+// beyond the seats are the only ones; lower bands that take them fill every server's first batch, and Critical then
+// waits for the first ends with the pool full. So in the warm-up, while the reserve's idle seats are short, only
+// Critical grows such an endpoint. Without a slot limit learned in the pool the endpoints may all be large ones
+// ramping up, which this would hold at a few requests each.
+func (c *Controller) warmUpGrowthLocked(e *endpointState, now time.Time) bool {
+	return c.holdTime == 0 && c.poolSlotsLocked() > 0 && e.seats > 0 && c.seatBoundLocked(e, now)
 }
 
 // poolSlotsCapLocked reports whether e holds as many requests as the smallest slot limit learned in the pool while

@@ -636,3 +636,90 @@ func TestPoolSlotsCap(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmUpGrowth: in the warm-up (no seat-bound request has ended yet) under the Critical reserve, once the pool
+// has a slot limit, a band below Critical does not go beyond the seats of an endpoint whose own limit is not known
+// (the places beyond them are where every Critical arrival of the warm-up must start); Critical does, and so does a
+// lower band once a request has ended, without a slot limit in the pool, or without Critical traffic.
+func TestWarmUpGrowth(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		aLearns   bool // a shows its slot limit, the pool's
+		reserveOn bool // Critical traffic is active
+		ended     bool // a seat-bound request ended before (the hold time is known)
+		priority  int  // of the request that finds b's seats full
+		wantWait  bool // it waits in the EPP; else it is dispatched to b
+	}{
+		{name: "a lower band does not grow b", aLearns: true, reserveOn: true, priority: 0, wantWait: true},
+		{name: "Critical grows b", aLearns: true, reserveOn: true, priority: 1},
+		{name: "a request has ended", aLearns: true, reserveOn: true, ended: true, priority: 0},
+		{name: "no slot limit in the pool", reserveOn: true, priority: 0},
+		{name: "no Critical traffic", aLearns: true, priority: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Pending, c.Endpoint.PendingTime = 0, 0 }))
+				h.scrape(ep("a", 0), ep("b", 0))
+				if tc.reserveOn {
+					critical := h.admit(1, "t", 1)
+					critical.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Release(critical.req.ID)
+				}
+				// Two streamed requests start on a, three on b.
+				var onA []string
+				for _, name := range []string{"a", "a", "b", "b", "b"} {
+					h.seq++
+					cl := h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Bind(cl.req.ID, name)
+					h.c.Started(cl.req.ID)
+					if name == "a" {
+						onA = append(onA, cl.req.ID)
+					}
+				}
+				// b shows a request waiting once (a step's queue, no plateau): its seats are the three it runs, its
+				// limit unknown. a shows one waiting at its two twice when aLearns (its slot limit, the pool's), else
+				// once, in the latest scrape: it is full either way.
+				aWaiting := 0
+				if tc.aLearns {
+					aWaiting = 1
+				}
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: aWaiting}, Endpoint{Name: "b", Running: 3, WaitingQueue: 1})
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2, WaitingQueue: 1}, Endpoint{Name: "b", Running: 3})
+				if want := map[bool]int{true: 2}[tc.aLearns]; h.c.poolSlots != want {
+					t.Fatalf("pool slots %d, want %d", h.c.poolSlots, want)
+				}
+				if tc.ended {
+					h.step(time.Second)
+					h.c.Release(onA[0])
+					synctest.Wait()
+					if h.c.holdTime == 0 {
+						t.Fatal("no hold time learned")
+					}
+				}
+				if !tc.reserveOn {
+					// Seats kept for a tenant under its share (seatsFull) do not hold the ramp: the warm-up's places
+					// are kept for Critical's arrivals only.
+					h.c.mu.Lock()
+					b := &h.c.endpoints[h.c.endpointIndex["b"]]
+					may := h.c.mayTakeLocked(b, Standard, false, true, true, false, h.clk.Now())
+					h.c.mu.Unlock()
+					if !may {
+						t.Fatal("seats kept for a tenant under its share kept a lower band from growing b")
+					}
+				}
+				cl := h.admit(tc.priority, "t", 1)
+				if tc.wantWait {
+					cl.wantWaiting(t)
+					return
+				}
+				d := cl.wantOutcome(t, Dispatched, ReasonNone)
+				if len(d.Endpoints) != 1 || d.Endpoints[0] != "b" {
+					t.Fatalf("dispatched to %v, want [b]", d.Endpoints)
+				}
+			})
+		})
+	}
+}
