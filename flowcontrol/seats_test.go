@@ -704,7 +704,7 @@ func TestWarmUpGrowth(t *testing.T) {
 					// are kept for Critical's arrivals only.
 					h.c.mu.Lock()
 					b := &h.c.endpoints[h.c.endpointIndex["b"]]
-					may := h.c.mayTakeLocked(b, Standard, false, true, true, false, h.clk.Now())
+					may := h.c.mayTakeLocked(b, Standard, false, true, false, true, false, h.clk.Now())
 					h.c.mu.Unlock()
 					if !may {
 						t.Fatal("seats kept for a tenant under its share kept a lower band from growing b")
