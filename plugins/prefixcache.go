@@ -59,7 +59,10 @@ type PrefixCache struct {
 
 // requestChains keeps each request's prompt chains from its first scoring
 // (admission's affinity look, Score) to the insert after the pick
-// (PreRequest), which takes them out. Keys are weak, so a request that is
+// (PreRequest), which takes them out. The key is the request object, which
+// upstream's Director allocates for each request and whose body does not
+// change once scheduling begins (the salt, which may, is checked by
+// Chains). Keys are weak, so a request that is
 // never routed is not kept alive by its entry; its entry expires after
 // chainsTTL or when maxRequestChains newer ones are held.
 type requestChains struct {
