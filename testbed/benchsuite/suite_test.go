@@ -169,6 +169,11 @@ func TestProgressBarLines(t *testing.T) {
 	if want := 6 * planOf(scs[0]); PlannedDuration(scs) != want {
 		t.Errorf("planned %v, want %v", PlannedDuration(scs), want)
 	}
+	together := *scs[1]
+	together.Interleave = true
+	if want := 4 * planOf(scs[0]); PlannedDuration([]*Scenario{scs[0], &together}) != want {
+		t.Errorf("planned %v with the second scenario interleaved, want %v", PlannedDuration([]*Scenario{scs[0], &together}), want)
+	}
 	c, _ := scs[0].Contender(Sluice)
 	bar.StartRun(2, 6, scs[0], c)
 	bar.Record(loadgen.Record{Final: true, Status: 200})
