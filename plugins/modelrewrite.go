@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,11 +93,33 @@ func (m *ModelRewrite) Pool() modelrewrite.PoolKey { return m.pool }
 // means no rules.
 func (m *ModelRewrite) SetTable(t *modelrewrite.Table) { m.table.Store(t) }
 
-// rewriteFields are the request body fields a decision reads. Other fields
-// are skipped by the decoder without being kept.
+// rewriteFields are the request body fields a decision reads, as
+// json.Unmarshal of the body into this struct would find them.
 type rewriteFields struct {
 	Model json.RawMessage `json:"model"`
 	User  json.RawMessage `json:"user"`
+}
+
+// readRewriteFields finds the top-level "model" and "user" of a request body
+// as json.Unmarshal(body, &f) would (keys matched under case folding, the
+// last match winning; ok false when the body is not valid JSON or not an
+// object) without decoding the body: one validation, then the members
+// skipped by byte scanners, so a long prompt is never decoded or copied.
+// FuzzReadRewriteFields holds it to json.Unmarshal.
+func readRewriteFields(body []byte) (f rewriteFields, ok bool) {
+	if !validJSON(body) {
+		return f, false
+	}
+	ok = eachMember(body, func(_ []byte, key string, value []byte) bool {
+		switch {
+		case strings.EqualFold(key, "model"):
+			f.Model = value
+		case strings.EqualFold(key, "user"):
+			f.User = value
+		}
+		return true
+	})
+	return f, ok
 }
 
 // Choose decides the model of a request from its headers (lower-case names)
@@ -109,8 +132,8 @@ func (m *ModelRewrite) Choose(headers map[string]string, body []byte) (d modelre
 	if t == nil {
 		return modelrewrite.Decision{}, false
 	}
-	var f rewriteFields
-	if err := json.Unmarshal(body, &f); err != nil {
+	f, ok := readRewriteFields(body)
+	if !ok {
 		return modelrewrite.Decision{}, false
 	}
 	var model string

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/modelrewrite"
+	"github.com/sluice-gw/sluice/runner/runnertest"
 )
 
 // BenchmarkModelRewriteChoose: the per-request cost of model selection with
-// 100 rewrite objects in force, for chat bodies of 1 KiB and 32 KiB, beside
-// decoding the body into a map as upstream's parser then does anyway.
+// 100 rewrite objects in force, for chat bodies of 1 KiB and of 2k, 16k and
+// 64k tokens (8, 64 and 256 KiB), beside decoding the body into a map as
+// upstream's parser then does anyway.
 func BenchmarkModelRewriteChoose(b *testing.B) {
 	rws := make([]modelrewrite.Rewrite, 100)
 	for i := range rws {
@@ -31,7 +33,7 @@ func BenchmarkModelRewriteChoose(b *testing.B) {
 	}
 	m.SetTable(table)
 	headers := map[string]string{":path": "/v1/chat/completions", "content-type": "application/json", "x-session-id": "user-42"}
-	for _, size := range []int{1 << 10, 32 << 10} {
+	for _, size := range []int{1 << 10, 8 << 10, 64 << 10, 256 << 10} {
 		body, err := json.Marshal(map[string]any{"model": "model-57", "stream": true, "max_tokens": 128,
 			"messages": []map[string]string{{"role": "user", "content": strings.Repeat("tok ", size/4)}}})
 		if err != nil {
@@ -40,11 +42,13 @@ func BenchmarkModelRewriteChoose(b *testing.B) {
 		b.Run(fmt.Sprintf("choose/%dKiB", size>>10), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
+			stop := runnertest.CPUPerOp(b)
 			for b.Loop() {
 				if _, ok := m.Choose(headers, body); !ok {
 					b.Fatal("not rewritten")
 				}
 			}
+			stop()
 		})
 		b.Run(fmt.Sprintf("upstream-decode/%dKiB", size>>10), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))

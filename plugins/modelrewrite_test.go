@@ -523,3 +523,72 @@ func FuzzReplaceModel(f *testing.F) {
 		}
 	})
 }
+
+// TestReadRewriteFieldsAsUnmarshal: the streaming read of "model" and "user"
+// finds what json.Unmarshal into rewriteFields finds, on the bodies whose
+// decoding has a rule of its own.
+func TestReadRewriteFieldsAsUnmarshal(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"a","user":"u","messages":[{"role":"user","content":"x"}]}`,
+		`{"messages":[{"model":"nested"}],"model":"top"}`,
+		`{"model":"a","model":"b"}`,
+		`{"MODEL":"folded","Model":"last","uſer":"long s"}`,
+		`{"mod\u0065l":"escaped key","user":"caf\u00e9"}`,
+		`{"model":"\ud800 lone surrogate","user":null}`,
+		"{\"model\":\"bad utf-8 \xff\"}",
+		`{"model":1,"user":["x"]}`,
+		`{"model":null}`,
+		`{}`,
+		` { "model" : "spaced" , "user" : "s" } `,
+		`{"model":"a"} trailing`,
+		`{"model":"a",}`,
+		`{"model":"unterminated}`,
+		`["model","a"]`,
+		`null`,
+		`"model"`,
+		``,
+		`{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `,"model":"too deep"}`,
+		`{"a":` + strings.Repeat("[", 9998) + strings.Repeat("]", 9998) + `,"model":"deep"}`,
+	} {
+		t.Run(body[:min(len(body), 40)], func(t *testing.T) {
+			checkRewriteFields(t, []byte(body))
+		})
+	}
+}
+
+// checkRewriteFields fails when readRewriteFields finds other inputs to a
+// rewrite decision than json.Unmarshal does.
+func checkRewriteFields(t *testing.T, body []byte) {
+	t.Helper()
+	var want rewriteFields
+	wantOK := json.Unmarshal(body, &want) == nil
+	got, gotOK := readRewriteFields(body)
+	if d, w := decisionInputs(got, gotOK), decisionInputs(want, wantOK); d != w {
+		t.Fatalf("%q: read %s, json.Unmarshal %s", body, d, w)
+	}
+}
+
+// decisionInputs is what Choose makes of the fields: the model (none unless a
+// non-empty string) and the user, if it decodes as a string.
+func decisionInputs(f rewriteFields, ok bool) string {
+	if !ok {
+		return "none"
+	}
+	var model, user string
+	if json.Unmarshal(f.Model, &model) != nil || model == "" {
+		return "none"
+	}
+	userOK := json.Unmarshal(f.User, &user) == nil
+	return fmt.Sprintf("model %q user %q (%v)", model, user, userOK)
+}
+
+// FuzzReadRewriteFields holds the model selector's read of a request body
+// (untrusted input) to json.Unmarshal's.
+func FuzzReadRewriteFields(f *testing.F) {
+	f.Add([]byte(`{"model":"llama","user":"u","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	f.Add([]byte(`{"Model":"a","mOdel":"b","user":null,"x":{"model":"c"}}`))
+	f.Add([]byte(`{"model":"\u006d","us\u0065r":"\ud83d\ude00"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkRewriteFields(t, body)
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sync"
 	"time"
+	"weak"
 
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -19,6 +20,7 @@ import (
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
 
+	"github.com/sluice-gw/sluice/internal/ttlmap"
 	"github.com/sluice-gw/sluice/prefixcache"
 )
 
@@ -52,12 +54,67 @@ type PrefixCache struct {
 	hitsMetric      string
 	queriesMetric   string
 	buffers         sync.Pool // *prefixBuffers
+	chains          requestChains
+}
+
+// requestChains keeps each request's prompt chains from its first scoring
+// (admission's affinity look, Score) to the insert after the pick
+// (PreRequest), which takes them out. The key is the request object, which
+// upstream's Director allocates for each request and whose body does not
+// change once scheduling begins (the salt, which may, is checked by
+// Chains). Keys are weak, so a request that is
+// never routed is not kept alive by its entry; its entry expires after
+// chainsTTL or when maxRequestChains newer ones are held.
+type requestChains struct {
+	mu sync.Mutex
+	m  *ttlmap.Map[weak.Pointer[fwksched.LLMRequest], *prefixcache.Chains]
+}
+
+// Bounds of requestChains. A request is scored and routed within one
+// scheduling cycle, so a few seconds suffice; a request admission looks at
+// and queues for longer is hashed again when it is scheduled.
+const (
+	chainsTTL        = 10 * time.Second
+	maxRequestChains = 4096
+)
+
+// get returns req's chains, new and kept when it has none (take: removed,
+// nil when it has none).
+func (rc *requestChains) get(now time.Time, req *fwksched.LLMRequest, take bool) *prefixcache.Chains {
+	key := weak.Make(req)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.m == nil {
+		rc.m = ttlmap.New[weak.Pointer[fwksched.LLMRequest], *prefixcache.Chains](chainsTTL, nil)
+	}
+	if take {
+		c, _ := rc.m.Take(now, key)
+		return c
+	}
+	if c, ok := rc.m.Get(now, key); ok {
+		return c
+	}
+	c := &prefixcache.Chains{}
+	rc.m.Put(now, key, c)
+	for rc.m.Len() > maxRequestChains {
+		rc.m.DropOldest()
+	}
+	return c
+}
+
+// heldChains is how many requests' chains the scorer holds (tests).
+func (p *PrefixCache) heldChains() int {
+	p.chains.mu.Lock()
+	defer p.chains.mu.Unlock()
+	if p.chains.m == nil {
+		return 0
+	}
+	return p.chains.m.Len()
 }
 
 // prefixBuffers are per-call scratch, pooled so that scoring allocates
 // little beyond the result map the Scorer interface requires.
 type prefixBuffers struct {
-	rendered []byte
 	messages []prefixcache.Message
 	parts    []prefixcache.Part
 	cands    []prefixcache.Candidate
@@ -195,7 +252,11 @@ func (p *PrefixCache) score(ctx context.Context, buf *prefixBuffers, req *fwksch
 		buf.scores = make([]float64, len(endpoints))
 	}
 	scores := buf.scores[:len(endpoints)]
-	prompt, err := p.prompt(buf, req)
+	var chains *prefixcache.Chains
+	if req != nil {
+		chains = p.chains.get(p.clock.Now(), req, false)
+	}
+	prompt, err := p.prompt(buf, req, chains)
 	if err != nil {
 		log.FromContext(ctx).V(1).Info("prefix cache scorer: no prompt, scoring 0", "reason", err.Error())
 		clear(scores)
@@ -221,12 +282,16 @@ func (p *PrefixCache) PreRequest(ctx context.Context, req *fwksched.LLMRequest, 
 	}
 	buf := p.getBuffers()
 	defer p.buffers.Put(buf)
-	prompt, err := p.prompt(buf, req)
+	now := p.clock.Now()
+	chains := p.chains.get(now, req, true)
+	if chains == nil {
+		chains = &prefixcache.Chains{} // for the P/D prefill pod's insert below
+	}
+	prompt, err := p.prompt(buf, req, chains)
 	if err != nil {
 		log.FromContext(ctx).V(1).Info("prefix cache scorer: no prompt to record", "reason", err.Error())
 		return
 	}
-	now := p.clock.Now()
 	p.index.Route(now, req.RequestId, prompt, prefixCandidate(primary.TargetEndpoints[0]))
 	if result.PrimaryProfileName != prefillProfile {
 		if pr := result.ProfileResults[prefillProfile]; pr != nil && len(pr.TargetEndpoints) > 0 {

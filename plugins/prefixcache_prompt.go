@@ -15,51 +15,50 @@ import (
 // errNoPrompt means the request carries nothing a prefix cache keys on.
 var errNoPrompt = errors.New("request has no prompt")
 
-// prompt renders the request's prompt into buf.rendered, as the model
-// server would see its prefix: a completions prompt as text; a chat as its
-// tools and every message in order; a responses request as instructions
-// (system), tools and input; a conversation as its items.
-func (p *PrefixCache) prompt(buf *prefixBuffers, req *fwksched.LLMRequest) (prefixcache.Prompt, error) {
+// prompt is the request's prompt, as the model server would see its prefix: a completions prompt as text; a chat as
+// its tools and every message in order; a responses request as instructions (system), tools and input; a conversation
+// as its items. It is hashed where it lies in upstream's parsed body, not rendered into a copy (prefixcache.ChatPrompt),
+// and carries the request's chains (chains, nil for none), so that scoring and the insert after the pick hash it once.
+func (p *PrefixCache) prompt(buf *prefixBuffers, req *fwksched.LLMRequest, chains *prefixcache.Chains) (prefixcache.Prompt, error) {
 	if req == nil || req.Body == nil {
 		return prefixcache.Prompt{}, errNoPrompt
 	}
 	b := req.Body
-	out := prefixcache.Prompt{Salt: prefixcache.Salt{Model: req.TargetModel, CacheSalt: b.CacheSalt()}}
+	salt := prefixcache.Salt{Model: req.TargetModel, CacheSalt: b.CacheSalt()}
+	var out prefixcache.Prompt
 	var err error
-	r := buf.rendered[:0]
 	switch {
 	case b.ChatCompletions != nil:
 		var tools any
 		if len(b.ChatCompletions.Tools) > 0 {
 			tools = b.ChatCompletions.Tools
 		}
-		r, err = prefixcache.AppendChat(r, prefixcache.Chat{Tools: tools, Messages: chatMessages(buf, b.ChatCompletions.Messages)})
+		out, err = prefixcache.ChatPrompt(salt, prefixcache.Chat{Tools: tools, Messages: chatMessages(buf, b.ChatCompletions.Messages)})
 	case b.Completions != nil:
-		r = prefixcache.AppendText(r, b.Completions.Prompt.PlainText())
+		out = prefixcache.TextPrompt(salt, b.Completions.Prompt.PlainText())
 	case b.Responses != nil:
-		r, err = prefixcache.AppendChat(r, responsesChat(b.Responses))
+		out, err = prefixcache.ChatPrompt(salt, responsesChat(b.Responses))
 	case b.Conversations != nil:
 		msgs := make([]prefixcache.Message, 0, len(b.Conversations.Items))
 		for _, it := range b.Conversations.Items {
 			msgs = append(msgs, prefixcache.Message{Role: it.Role, Parts: anyParts(it.Type, it.Content)})
 		}
-		r, err = prefixcache.AppendChat(r, prefixcache.Chat{Messages: msgs})
+		out, err = prefixcache.ChatPrompt(salt, prefixcache.Chat{Messages: msgs})
 	case b.Embeddings != nil:
 		if s, ok := b.Embeddings.Input.(string); ok {
-			r = prefixcache.AppendText(r, s)
+			out = prefixcache.TextPrompt(salt, s)
 		} else {
 			var in []byte
 			in, err = json.Marshal(b.Embeddings.Input)
-			r = prefixcache.AppendText(r, string(in))
+			out = prefixcache.TextPrompt(salt, string(in))
 		}
 	default:
 		return prefixcache.Prompt{}, errNoPrompt
 	}
-	buf.rendered = r
 	if err != nil {
 		return prefixcache.Prompt{}, err
 	}
-	out.Rendered = r
+	out.Chains = chains
 	return out, nil
 }
 

@@ -296,3 +296,52 @@ func TestPrefixCacheGuardInProfile(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixCacheHashesARequestOnce: the request's first scoring keeps its
+// prompt's chains and the insert after the pick takes them, so that the
+// prompt is hashed once per request; a request that is never routed does not
+// keep them past chainsTTL, nor beyond maxRequestChains newer ones.
+func TestPrefixCacheHashesARequestOnce(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg, err := parsePrefixCacheConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newPrefixCache("", cfg, nil, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := prefixEndpoints(3)
+	req := chatRequest("r1", chatMsg("user", strings.Repeat("a long prompt ", 200)))
+	ctx := context.Background()
+	p.Score(ctx, nil, req, eps)
+	p.Affinity(ctx, req, eps, make([]float64, len(eps)))
+	p.Score(ctx, nil, req, eps)
+	if n := p.heldChains(); n != 1 {
+		t.Fatalf("%d requests' chains held after scoring one request three times, want 1", n)
+	}
+	chains := p.chains.get(clk.Now(), req, false)
+	if chains.Len() != 1 {
+		t.Fatalf("%d chains for one block size, want 1", chains.Len())
+	}
+	routeTo(p, req, eps[1])
+	if n := p.heldChains(); n != 0 {
+		t.Fatalf("%d requests' chains held after the insert, want 0", n)
+	}
+	if s := p.Score(ctx, nil, chatRequest("r2", chatMsg("user", strings.Repeat("a long prompt ", 200))), eps); s[eps[1]] != 1 || s[eps[0]] != 0 {
+		t.Fatalf("scores %v after routing the prompt to pod-1", s)
+	}
+
+	// Scored, never routed: gone after chainsTTL.
+	clk.Step(chainsTTL)
+	p.Score(ctx, nil, chatRequest("r3", chatMsg("user", "x")), eps)
+	if n := p.heldChains(); n != 1 {
+		t.Fatalf("%d requests' chains held, want only the last one", n)
+	}
+	for i := range maxRequestChains + 10 {
+		p.Score(ctx, nil, chatRequest(fmt.Sprint("n", i), chatMsg("user", "x")), eps[:1])
+	}
+	if n := p.heldChains(); n != maxRequestChains {
+		t.Fatalf("%d requests' chains held, want at most %d", n, maxRequestChains)
+	}
+}

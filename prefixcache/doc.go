@@ -26,6 +26,12 @@
 // costs one lookup per block for the whole pool and stops at the first
 // block no remaining candidate holds.
 //
+// A prompt need not be rendered: ChatPrompt and TextPrompt hash the same
+// rendering piece by piece where its strings lie (the caller's parsed
+// request), so the prompt is not copied, and past MaxPrefixTokens it is only
+// counted. A Chains given in the Prompt keeps its chains per salt and block
+// size, so one request's scoring (Score, Peek) and its Route hash it once.
+//
 // # Calibration
 //
 // Route optimistically assumes the pod will keep what it was sent. Reality

@@ -41,10 +41,15 @@ type Candidate struct {
 	Load  Load
 }
 
-// Prompt is a rendered request (AppendText or AppendChat) with its salt.
+// Prompt is a request's prompt with its salt: rendered (Rendered, by
+// AppendText or AppendChat), or built by ChatPrompt or TextPrompt, which
+// hash the same rendering without writing it out. Chains, if set, keeps its
+// chains for the request's later calls.
 type Prompt struct {
 	Salt     Salt
 	Rendered []byte
+	Chains   *Chains
+	src      source
 }
 
 // Routed is what Route predicted for the pod it recorded.
@@ -406,7 +411,7 @@ func (ix *Index) Route(now time.Time, requestID string, pr Prompt, cand Candidat
 	}
 	bt := int(p.blockTokens.Load())
 	blockBytes := ix.cfg.Tokens.BlockBytes(bt)
-	chain := AppendChain(nil, pr.Salt, pr.Rendered, blockBytes, ix.maxBlocks(bt))
+	chain, length := pr.chain(nil, blockBytes, ix.maxBlocks(bt))
 
 	p.mu.Lock()
 	if p.gone {
@@ -431,14 +436,14 @@ func (ix *Index) Route(now time.Time, requestID string, pr Prompt, cand Candidat
 	}
 	ix.inserts.logInserts(p.id, shared)
 	p.shared = shared[:0]
-	promptTokens := ix.cfg.Tokens.Tokens(len(pr.Rendered))
+	promptTokens := ix.cfg.Tokens.Tokens(length)
 	p.cal.routed(float64(promptTokens), float64(ix.cfg.Tokens.Tokens(matched*blockBytes)))
 	p.mu.Unlock()
 
 	if requestID != "" {
 		frac := 0.0
-		if len(pr.Rendered) > 0 {
-			frac = math.Min(1, float64(matched*blockBytes)/float64(len(pr.Rendered)))
+		if length > 0 {
+			frac = math.Min(1, float64(matched*blockBytes)/float64(length))
 		}
 		if ix.pending.put(now, requestID, pendingEntry{pod: p, predicted: frac}) {
 			p.inflight.Add(1)

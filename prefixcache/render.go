@@ -1,9 +1,9 @@
 package prefixcache
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"unsafe"
 )
 
 // Chat is the part of a chat request that the model server turns into the
@@ -47,8 +47,9 @@ const (
 
 // AppendText appends the rendering of a completions-style prompt to dst.
 func AppendText(dst []byte, prompt string) []byte {
-	dst = append(dst, domainText)
-	return append(dst, prompt...)
+	w := appendSink{dst: dst}
+	renderText(&w, prompt)
+	return w.dst
 }
 
 // AppendChat appends the canonical rendering of c to dst and fails only when
@@ -66,33 +67,80 @@ func AppendText(dst []byte, prompt string) []byte {
 //
 // Text dominates the length, so the token rule applies to it unchanged.
 func AppendChat(dst []byte, c Chat) ([]byte, error) {
-	dst = append(dst, domainChat)
+	tools, err := encodeTools(c.Tools)
+	if err != nil {
+		return dst, err
+	}
+	w := appendSink{dst: dst}
+	renderChat(&w, c, tools)
+	return w.dst, nil
+}
+
+// encodeTools is the JSON of a chat's tools (object keys sorted), nil for
+// none.
+func encodeTools(tools any) ([]byte, error) {
+	if tools == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(tools)
+	if err != nil {
+		return nil, fmt.Errorf("encoding chat tools: %w", err)
+	}
+	return b, nil
+}
+
+// sink receives a rendering piece by piece: appendSink joins it, a
+// chainWriter hashes it without joining it.
+type sink interface {
+	writeByte(b byte)
+	writeString(s string)
+}
+
+// renderChat writes c's rendering (see AppendChat) to w; tools is c.Tools
+// encoded (encodeTools). It is the one definition of the chat rendering.
+func renderChat(w sink, c Chat, tools []byte) {
+	w.writeByte(domainChat)
 	if c.Tools != nil {
-		tools, err := json.Marshal(c.Tools)
-		if err != nil {
-			return dst, fmt.Errorf("encoding chat tools: %w", err)
-		}
-		dst = append(dst, tagTools)
-		dst = appendBytes(dst, tools)
+		w.writeByte(tagTools)
+		writeUvarint(w, uint64(len(tools)))
+		w.writeString(unsafeString(tools))
 	}
 	for _, m := range c.Messages {
-		dst = append(dst, tagMessage)
-		dst = appendString(dst, m.Role)
-		dst = binary.AppendUvarint(dst, uint64(len(m.Parts)))
+		w.writeByte(tagMessage)
+		writeString(w, m.Role)
+		writeUvarint(w, uint64(len(m.Parts)))
 		for _, p := range m.Parts {
-			dst = appendString(dst, p.Kind)
-			dst = appendString(dst, p.Value)
+			writeString(w, p.Kind)
+			writeString(w, p.Value)
 		}
 	}
-	return dst, nil
 }
 
-func appendString(dst []byte, s string) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(s)))
-	return append(dst, s...)
+// renderText writes AppendText's rendering of prompt to w.
+func renderText(w sink, prompt string) {
+	w.writeByte(domainText)
+	w.writeString(prompt)
 }
 
-func appendBytes(dst []byte, b []byte) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(b)))
-	return append(dst, b...)
+func writeString(w sink, s string) {
+	writeUvarint(w, uint64(len(s)))
+	w.writeString(s)
 }
+
+func writeUvarint(w sink, v uint64) {
+	for v >= 0x80 {
+		w.writeByte(byte(v) | 0x80)
+		v >>= 7
+	}
+	w.writeByte(byte(v))
+}
+
+// unsafeString views b as a string without copying; b must not change
+// while the string is in use.
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// appendSink appends a rendering to dst.
+type appendSink struct{ dst []byte }
+
+func (a *appendSink) writeByte(b byte)     { a.dst = append(a.dst, b) }
+func (a *appendSink) writeString(s string) { a.dst = append(a.dst, s...) }

@@ -28,7 +28,8 @@ type scoreScratch struct {
 	match []int
 	total []int
 	load  []float64
-	chain []uint64
+	chain []uint64 // scratch for chains not kept in the prompt's Chains
+	cur   []uint64 // the chain being matched
 }
 
 func (ix *Index) score(pr Prompt, cands []Candidate, scores []float64, record bool) {
@@ -58,8 +59,12 @@ func (ix *Index) score(pr Prompt, cands []Candidate, scores []float64, record bo
 			continue
 		}
 		bt := int(p.blockTokens.Load())
-		sc.chain = AppendChain(sc.chain[:0], pr.Salt, pr.Rendered, ix.cfg.Tokens.BlockBytes(bt), ix.maxBlocks(bt))
-		if len(sc.chain) == 0 {
+		chain, _ := pr.chain(sc.chain[:0], ix.cfg.Tokens.BlockBytes(bt), ix.maxBlocks(bt))
+		if pr.Chains == nil {
+			sc.chain = chain // keep the grown scratch
+		}
+		sc.cur = chain
+		if len(chain) == 0 {
 			sc.total[i] = -1
 			continue
 		}
@@ -87,10 +92,11 @@ func (ix *Index) score(pr Prompt, cands []Candidate, scores []float64, record bo
 	for i := range sc.pods[:n] {
 		sc.pods[i] = nil // do not keep pods alive from the pool
 	}
+	sc.cur = nil
 }
 
 // matchGroups computes the match of every candidate from first on whose
-// block size is bt, against sc.chain, and marks them done (total set).
+// block size is bt, against sc.cur, and marks them done (total set).
 func (ix *Index) matchGroups(sc *scoreScratch, first, bt int) {
 	for {
 		// Candidates of one group: bit → candidate.
@@ -115,12 +121,12 @@ func (ix *Index) matchGroups(sc *scoreScratch, first, bt int) {
 			}
 			alive |= p.bit
 			byBit[p.slot] = int32(i)
-			sc.total[i] = len(sc.chain)
+			sc.total[i] = len(sc.cur)
 		}
 		if g == nil {
 			return
 		}
-		for k, h := range sc.chain {
+		for k, h := range sc.cur {
 			held := g.held(h) & alive
 			for dead := alive &^ held; dead != 0; dead &= dead - 1 {
 				sc.match[byBit[bits.TrailingZeros64(dead)]] = k
@@ -130,11 +136,11 @@ func (ix *Index) matchGroups(sc *scoreScratch, first, bt int) {
 			}
 		}
 		for ; alive != 0; alive &= alive - 1 {
-			sc.match[byBit[bits.TrailingZeros64(alive)]] = len(sc.chain)
+			sc.match[byBit[bits.TrailingZeros64(alive)]] = len(sc.cur)
 		}
 		for _, i := range dup {
 			sc.match[i] = sc.match[byBit[sc.pods[i].slot]]
-			sc.total[i] = len(sc.chain)
+			sc.total[i] = len(sc.cur)
 		}
 	}
 }

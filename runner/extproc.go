@@ -68,15 +68,19 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 	if s.hot {
 		ss.ctx = withChunkCount(ss.ctx)
 	}
-	if shedders := shedders(s.shapers); len(shedders) > 0 {
-		ss.ctx = withShedQuietLogger(ss.ctx, func() bool {
-			for _, sh := range shedders {
-				if sh.Shed(ss.requestID) {
-					return true
+	if shedders := shedders(s.shapers); len(shedders) > 0 || s.hot {
+		var shed func() bool
+		if len(shedders) > 0 {
+			shed = func() bool {
+				for _, sh := range shedders {
+					if sh.Shed(ss.requestID) {
+						return true
+					}
 				}
+				return false
 			}
-			return false
-		})
+		}
+		ss.ctx = withShedQuietLogger(ss.ctx, shed, s.hot)
 	}
 	if s.requestIDs {
 		ss.ctx = plugins.WithRequestID(ss.ctx, func() string { return ss.requestID })

@@ -23,10 +23,32 @@ type Shedder interface {
 	Shed(requestID string) bool
 }
 
+// upstreamRequestLines are the lines upstream's ext_proc handler logs at
+// its default verbosity (2) for every request, whatever happens to it: a
+// line when it arrives, when its body was answered and when its response
+// ended. Formatting and writing them was 6% of Sluice's CPU per streamed
+// chat (testbed/bench/scenarios/README.md, issue 21). On the hot path they
+// are logged at verbosity 3 instead (demoteRequestLines): -v=3 brings them
+// back, beside upstream's "Request handled" line of each request, which
+// names the same models and the endpoint too.
+var upstreamRequestLines = map[string]bool{
+	"EPP received request":                       true,
+	"EPP sent request body response(s) to proxy": true,
+	"EPP sent response body back to proxy":       true,
+}
+
+// Verbosity levels of upstream's logging (logutil.DEFAULT, logutil.VERBOSE).
+const (
+	logDefault = 2
+	logVerbose = 3
+)
+
 // withShedQuietLogger returns ctx with a logger that drops error lines
-// carrying upstream's request error (errcommon.Error) while shed reports
-// the stream's request shed. Every other line passes unchanged.
-func withShedQuietLogger(ctx context.Context, shed func() bool) context.Context {
+// carrying upstream's request error (errcommon.Error) while shed (nil:
+// never) reports the stream's request shed and, with demote, logs
+// upstream's per-request lines (upstreamRequestLines) at verbosity 3 instead
+// of 2. Every other line passes unchanged.
+func withShedQuietLogger(ctx context.Context, shed func() bool, demote bool) context.Context {
 	base := log.FromContext(ctx)
 	sink := base.GetSink()
 	if sink == nil {
@@ -37,7 +59,10 @@ func withShedQuietLogger(ctx context.Context, shed func() bool) context.Context 
 	if cd, ok := sink.(logr.CallDepthLogSink); ok {
 		sink = cd.WithCallDepth(1)
 	}
-	return log.IntoContext(ctx, base.WithSink(&shedQuietSink{sink: sink, shed: shed}))
+	if shed == nil {
+		shed = func() bool { return false }
+	}
+	return log.IntoContext(ctx, base.WithSink(&shedQuietSink{sink: sink, shed: shed, demote: demote}))
 }
 
 // shedQuietSink is a logr.LogSink that drops the error lines of shed
@@ -47,8 +72,9 @@ func withShedQuietLogger(ctx context.Context, shed func() bool) context.Context 
 // chunk, and each derivation would otherwise allocate a wrapper and a clone of
 // the wrapped logger.
 type shedQuietSink struct {
-	sink logr.LogSink
-	shed func() bool
+	sink   logr.LogSink
+	shed   func() bool
+	demote bool
 }
 
 var _ logr.CallDepthLogSink = (*shedQuietSink)(nil)
@@ -58,7 +84,15 @@ func (s *shedQuietSink) Init(logr.RuntimeInfo) {}
 
 func (s *shedQuietSink) Enabled(level int) bool { return s.sink.Enabled(level) }
 
-func (s *shedQuietSink) Info(level int, msg string, kv ...any) { s.sink.Info(level, msg, kv...) }
+func (s *shedQuietSink) Info(level int, msg string, kv ...any) {
+	if s.demote && level == logDefault && upstreamRequestLines[msg] {
+		if !s.sink.Enabled(logVerbose) {
+			return
+		}
+		level = logVerbose
+	}
+	s.sink.Info(level, msg, kv...)
+}
 
 func (s *shedQuietSink) Error(err error, msg string, kv ...any) {
 	var reqErr errcommon.Error
@@ -72,16 +106,16 @@ func (s *shedQuietSink) WithValues(kv ...any) logr.LogSink {
 	if len(kv) == 0 {
 		return s
 	}
-	return &shedQuietSink{sink: s.sink.WithValues(kv...), shed: s.shed}
+	return &shedQuietSink{sink: s.sink.WithValues(kv...), shed: s.shed, demote: s.demote}
 }
 
 func (s *shedQuietSink) WithName(name string) logr.LogSink {
-	return &shedQuietSink{sink: s.sink.WithName(name), shed: s.shed}
+	return &shedQuietSink{sink: s.sink.WithName(name), shed: s.shed, demote: s.demote}
 }
 
 func (s *shedQuietSink) WithCallDepth(depth int) logr.LogSink {
 	if cd, ok := s.sink.(logr.CallDepthLogSink); ok {
-		return &shedQuietSink{sink: cd.WithCallDepth(depth), shed: s.shed}
+		return &shedQuietSink{sink: cd.WithCallDepth(depth), shed: s.shed, demote: s.demote}
 	}
 	return s
 }

@@ -83,11 +83,71 @@ func TestShedRequestsLeaveNoErrorLines(t *testing.T) {
 // and a clone of the wrapped logger each time).
 func TestShedQuietLoggerDerivesWithoutAllocating(t *testing.T) {
 	base := funcr.New(func(string, string) {}, funcr.Options{})
-	ctx := withShedQuietLogger(log.IntoContext(context.Background(), base), func() bool { return false })
+	ctx := withShedQuietLogger(log.IntoContext(context.Background(), base), func() bool { return false }, true)
 	if allocs := testing.AllocsPerRun(100, func() { _ = log.FromContext(ctx) }); allocs != 0 {
 		t.Fatalf("log.FromContext allocates %.0f times per call, want 0", allocs)
 	}
 	if _, ok := log.FromContext(ctx).WithValues("stage", "x").GetSink().(*shedQuietSink); !ok {
 		t.Fatal("a logger derived with values lost the shed-quiet sink")
+	}
+}
+
+// requestLiner logs as upstream's handler does for every request (its three
+// per-request lines at verbosity 2), beside another line at 2 and an error.
+type requestLiner struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (requestLiner) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	logger := log.FromContext(srv.Context())
+	if _, err := srv.Recv(); err != nil {
+		return err
+	}
+	logger.V(2).Info("EPP received request")
+	logger.WithValues("stage", "body").V(2).Info("EPP sent request body response(s) to proxy", "modelName", "m")
+	logger.V(2).Info("Pod added")
+	logger.Error(errors.New("boom"), "Failed to process request")
+	logger.V(2).Info("EPP sent response body back to proxy")
+	return nil
+}
+
+// TestHotPathDemotesUpstreamRequestLines: on the hot path upstream's three
+// per-request lines are logged at verbosity 3, not 2; errors and upstream's
+// other lines are not touched; off the hot path everything is as upstream's.
+func TestHotPathDemotesUpstreamRequestLines(t *testing.T) {
+	tests := []struct {
+		name      string
+		hot       bool
+		verbosity int
+		want      []string
+	}{
+		{"hot, default verbosity", true, 2, []string{"Pod added", "Failed to process request"}},
+		{"hot, -v=3", true, 3, []string{"EPP received request", "EPP sent request body response(s) to proxy", "Pod added", "Failed to process request", "EPP sent response body back to proxy"}},
+		{"upstream path", false, 2, []string{"EPP received request", "EPP sent request body response(s) to proxy", "Pod added", "Failed to process request", "EPP sent response body back to proxy"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var lines []string
+			logger := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: tt.verbosity})
+			stream := &fakeStream{ctx: logr.NewContext(context.Background(), logger), in: []*extprocv3.ProcessingRequest{headers("x-request-id", "a")}}
+			srv := &shapingServer{upstream: requestLiner{}, hot: tt.hot}
+			if err := srv.Process(stream); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, l := range lines {
+				for _, msg := range []string{"EPP received request", "EPP sent request body response(s) to proxy", "Pod added", "Failed to process request", "EPP sent response body back to proxy"} {
+					if strings.Contains(l, `"msg"="`+msg+`"`) {
+						got = append(got, msg)
+						if upstreamRequestLines[msg] && tt.hot && !strings.Contains(l, `"level"=3`) {
+							t.Errorf("%q logged as %s, want level 3", msg, l)
+						}
+					}
+				}
+			}
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") {
+				t.Errorf("logged %q, want %q (lines %q)", got, tt.want, lines)
+			}
+		})
 	}
 }

@@ -17,6 +17,14 @@ type Engine interface {
 	Run(ctx context.Context, sc *Scenario, c Contender) (*RunResult, error)
 }
 
+// InterleavingEngine is an Engine that can also run several contenders in
+// one load, the requests dealt among them in turns (Scenario.Interleave);
+// it returns one result per contender, in order, or an error for all.
+type InterleavingEngine interface {
+	Engine
+	RunInterleaved(ctx context.Context, sc *Scenario, cs []Contender) ([]*RunResult, error)
+}
+
 // RunResult is everything one run measured. It is what the report, the
 // plots and the raw JSON are made of.
 type RunResult struct {

@@ -49,11 +49,21 @@ func NewProgressBar(w io.Writer, live bool, scenarios []*Scenario) *ProgressBar 
 }
 
 // PlannedDuration estimates a suite's wall time on a quiet machine: every
-// run's issuing window, half its drain bound and the start-up overhead.
+// run's issuing window, half its drain bound and the start-up overhead; the
+// contenders of an interleaved scenario (real time) take one run.
 func PlannedDuration(scenarios []*Scenario) time.Duration {
 	var d time.Duration
 	for _, sc := range scenarios {
-		d += time.Duration(len(sc.Contenders)) * planOf(sc)
+		runs := len(sc.Contenders)
+		if sc.Interleave {
+			runs = 1
+			for _, c := range sc.Contenders {
+				if c.Unloaded {
+					runs++
+				}
+			}
+		}
+		d += time.Duration(runs) * planOf(sc)
 	}
 	return d
 }

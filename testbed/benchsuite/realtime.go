@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,7 +71,10 @@ type RealTime struct {
 // EPPCPUProfileFile is the name of the EPP's CPU profile in a run folder.
 const EPPCPUProfileFile = "epp.cpu.pprof"
 
-var _ Engine = (*RealTime)(nil)
+var (
+	_ Engine             = (*RealTime)(nil)
+	_ InterleavingEngine = (*RealTime)(nil)
+)
 
 // LocateBinaries returns the absolute folder of vllm-sim, epp and dataplane
 // for the test bed's process tests (run from a package two levels below the
@@ -297,7 +301,17 @@ func (r *realRun) startProcessLogged(bin, log string, args ...string) (*procs.Pr
 // counters.
 func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 	mix, arrival := r.sc.Load(r.c)
-	cfg := loadgen.RunConfig{
+	res, err := r.e.measure(ctx, []*realRun{r}, r.loadConfig(mix, arrival))
+	if err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// loadConfig is the load generator's configuration for this run's
+// scenario, to its data plane.
+func (r *realRun) loadConfig(mix *loadgen.Mix, arrival loadgen.ArrivalConfig) loadgen.RunConfig {
+	return loadgen.RunConfig{
 		Target:   r.target,
 		Mix:      mix,
 		Seed:     r.sc.Seed,
@@ -309,69 +323,170 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 		SLO:      r.sc.SLO,
 		OnRecord: r.e.OnRecord,
 	}
+}
+
+// RunInterleaved implements InterleavingEngine: every contender's fleet,
+// EPP and data plane start (one after another) and stay up together; one
+// load generator deals the requests among their data planes in turns,
+// at len(cs) times the scenario's arrival rate, so that each contender gets
+// the scenario's rate; each contender's result holds its own requests, its
+// own processes' CPU, samples and profiles over the same window.
+func (e *RealTime) RunInterleaved(ctx context.Context, sc *Scenario, cs []Contender) ([]*RunResult, error) {
+	if err := CheckBinaries(e.Bin); err != nil {
+		return nil, err
+	}
+	runs := make([]*realRun, 0, len(cs))
+	defer func() {
+		for i := len(runs) - 1; i >= 0; i-- {
+			r := runs[i]
+			for j := len(r.procs) - 1; j >= 0; j-- {
+				r.procs[j].Stop()
+			}
+			r.client.CloseIdleConnections()
+		}
+	}()
+	for _, c := range cs {
+		if c.Unloaded {
+			return nil, fmt.Errorf("%s/%s: the unloaded reference has its own load and is not interleaved", sc.Name, c.Name)
+		}
+		dir := filepath.Join(e.OutDir, sc.Name, c.Name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		r := &realRun{e: e, sc: sc, c: c, dir: dir, client: &http.Client{Timeout: 2 * time.Second}}
+		runs = append(runs, r)
+		if err := r.start(ctx); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", sc.Name, c.Name, err)
+		}
+	}
+	cfg := runs[0].loadConfig(sc.Mix, scaleArrival(sc.Arrival, float64(len(runs))))
+	cfg.Target = ""
+	for _, r := range runs {
+		cfg.Targets = append(cfg.Targets, r.target)
+	}
+	res, err := e.measure(ctx, runs, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s (interleaved): %w", sc.Name, err)
+	}
+	return res, nil
+}
+
+// scaleArrival multiplies an arrival process's rates by k.
+func scaleArrival(a loadgen.ArrivalConfig, k float64) loadgen.ArrivalConfig {
+	a.Rate *= k
+	a.Phases = slices.Clone(a.Phases)
+	for i := range a.Phases {
+		a.Phases[i].Rate *= k
+	}
+	return a
+}
+
+// measure runs one load through runs' data planes (cfg's Target, or its
+// Targets in runs' order) while sampling each run's queue depths and,
+// if asked, profiling its EPPs, then gives each run its result: its own
+// records (Record.Target) and summary, and its processes' CPU and counters.
+func (e *RealTime) measure(ctx context.Context, runs []*realRun, cfg loadgen.RunConfig) ([]*RunResult, error) {
 	sampleCtx, stopSampling := context.WithCancel(ctx)
-	if r.e.OnLoadStart != nil {
-		r.e.OnLoadStart()
+	defer stopSampling()
+	if e.OnLoadStart != nil {
+		e.OnLoadStart()
 	}
 	began := time.Now()
-	cpuBefore, cpuErr := r.cpu()
-	var samples []QueueSample
-	var wg sync.WaitGroup
-	wg.Go(func() { samples = r.sample(sampleCtx, began) })
-	profiled := make(chan error, 1)
-	if r.e.EPPCPUProfile {
-		go func() { profiled <- r.profileEPPs(ctx) }()
-	} else {
-		profiled <- nil
+	cpuBefore := make([]map[*procs.Process]time.Duration, len(runs))
+	cpuErr := make([]error, len(runs))
+	for i, r := range runs {
+		cpuBefore[i], cpuErr[i] = r.cpu()
+	}
+	samples := make([][]QueueSample, len(runs))
+	profiled := make([]error, len(runs))
+	var sampling, profiling sync.WaitGroup
+	for i, r := range runs {
+		sampling.Go(func() { samples[i] = r.sample(sampleCtx, began) })
+		if e.EPPCPUProfile {
+			profiling.Go(func() { profiled[i] = r.profileEPPs(ctx) })
+		}
 	}
 	lg, err := loadgen.Run(ctx, cfg)
 	stopSampling()
-	wg.Wait()
-	if perr := <-profiled; perr != nil && err == nil {
+	sampling.Wait()
+	profiling.Wait()
+	if perr := errors.Join(profiled...); perr != nil && err == nil {
 		err = fmt.Errorf("profiling the EPP: %w", perr)
 	}
-	cpuAfter, cpuAfterErr := r.cpu()
+	cpuAfter := make([]map[*procs.Process]time.Duration, len(runs))
+	for i, r := range runs {
+		var aerr error
+		cpuAfter[i], aerr = r.cpu()
+		cpuErr[i] = errors.Join(cpuErr[i], aerr)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	for _, p := range r.procs {
-		if p.Exited() {
-			return nil, fmt.Errorf("during the load: %w", p.ExitError())
-		}
-	}
-	res := &RunResult{
-		Scenario: r.sc.Name, Contender: r.c.Name, Describe: r.c.Describe(), Engine: RealTimeEngineName,
-		Started: lg.Started, Wall: time.Since(began), Summary: lg.Summary, Records: lg.Records,
-		Samples: samples, LogDir: r.dir,
-	}
-	if cpuErr == nil && cpuAfterErr == nil {
-		res.CPU = &ProcessCPU{}
+	for _, r := range runs {
 		for _, p := range r.procs {
-			used := cpuAfter[p] - cpuBefore[p]
-			switch p.Name {
-			case SimulatorBinary:
-				res.CPU.Fleet += used
-			case EPPBinary:
-				res.CPU.EPP += used
-			case DataPlaneBinary:
-				res.CPU.DataPlane += used
+			if p.Exited() {
+				return nil, fmt.Errorf("%s, during the load: %w", r.c.Name, p.ExitError())
 			}
 		}
 	}
-	if res.Fleet, err = r.fleetCounters(ctx); err != nil {
-		return nil, err
-	}
-	if len(r.eppMetrics) > 0 {
-		page, err := ScrapeMerged(ctx, r.client, r.eppMetrics)
-		if err != nil {
-			return nil, fmt.Errorf("reading the EPP's counters: %w", err)
+	wall := time.Since(began)
+	out := make([]*RunResult, len(runs))
+	for i, r := range runs {
+		records, summary := lg.Records, lg.Summary
+		if len(runs) > 1 {
+			records = recordsThrough(lg.Records, i)
+			slos := map[string]loadgen.SLO{}
+			for _, c := range cfg.Mix.Classes {
+				slos[c.Name] = c.SLO
+			}
+			summary = loadgen.Summarize(records, loadgen.SummaryOptions{Duration: lg.Summary.Duration, SLOs: slos, DefaultSLO: cfg.SLO})
 		}
-		res.Admission = admissionCounters(page)
+		res := &RunResult{
+			Scenario: r.sc.Name, Contender: r.c.Name, Describe: r.c.Describe(), Engine: RealTimeEngineName,
+			Started: lg.Started, Wall: wall, Summary: summary, Records: records,
+			Samples: samples[i], LogDir: r.dir,
+		}
+		if cpuErr[i] == nil {
+			res.CPU = &ProcessCPU{}
+			for _, p := range r.procs {
+				used := cpuAfter[i][p] - cpuBefore[i][p]
+				switch p.Name {
+				case SimulatorBinary:
+					res.CPU.Fleet += used
+				case EPPBinary:
+					res.CPU.EPP += used
+				case DataPlaneBinary:
+					res.CPU.DataPlane += used
+				}
+			}
+		}
+		if res.Fleet, err = r.fleetCounters(ctx); err != nil {
+			return nil, err
+		}
+		if len(r.eppMetrics) > 0 {
+			page, err := ScrapeMerged(ctx, r.client, r.eppMetrics)
+			if err != nil {
+				return nil, fmt.Errorf("reading the EPP's counters: %w", err)
+			}
+			res.Admission = admissionCounters(page)
+		}
+		out[i] = res
 	}
-	return res, nil
+	return out, nil
+}
+
+// recordsThrough returns the records of the requests sent through target k.
+func recordsThrough(records []loadgen.Record, k int) []loadgen.Record {
+	var out []loadgen.Record
+	for _, r := range records {
+		if r.Target == k {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // profileEPPs saves each EPP replica's CPU profile over the load's

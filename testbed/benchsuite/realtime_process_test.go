@@ -131,3 +131,64 @@ func TestCheckBinaries(t *testing.T) {
 		t.Errorf("CheckBinaries: %v", err)
 	}
 }
+
+// TestRealTimeInterleavedSmoke runs the three contenders in one load
+// (interleave): every contender gets the scenario's rate, its own requests
+// (each through its own data plane), and its own processes' CPU.
+func TestRealTimeInterleavedSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	bin := benchBinaries(t)
+	dir := writeScenarioDir(t, "together", map[string]string{
+		ScenarioFileName: `
+fleet: h100:1
+mix:
+  classes:
+    - {name: standard, model: m, prompt_tokens: 32, output_tokens: 8}
+arrival: {kind: constant, rate: 4}
+duration: 2s
+drain: 20s
+interleave: true
+`,
+	})
+	sc, err := LoadScenario(filepath.Join(dir, ScenarioFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	engine := &RealTime{Bin: bin, OutDir: out, SampleEvery: 100 * time.Millisecond, Settle: 200 * time.Millisecond,
+		StartupTimeout: 30 * time.Second}
+	res, err := (&Suite{Engine: engine, EngineName: RealTimeEngineName, OutDir: out}).Run(t.Context(), []*Scenario{sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts := map[time.Time]bool{}
+	for k, run := range res.Scenarios[0].Runs {
+		name, r := run.Contender.Name, run.Result
+		if r == nil {
+			t.Fatalf("%s failed: %s", name, run.Error)
+		}
+		starts[r.Started] = true
+		if o := r.Summary.Overall; o.Requests != 8 || o.Succeeded != 8 {
+			t.Errorf("%s: %d requests, %d succeeded; want 8 of each (4/s for 2 s)", name, o.Requests, o.Succeeded)
+		}
+		for _, rec := range r.Records {
+			if rec.Target != k {
+				t.Errorf("%s: a record of target %d", name, rec.Target)
+			}
+			if (rec.EPPTime > 0) != (name != RoundRobin) {
+				t.Errorf("%s: EPP time %v", name, rec.EPPTime)
+			}
+		}
+		if runtime.GOOS == "linux" && (r.CPU == nil || (r.CPU.EPP > 0) != (name != RoundRobin)) {
+			t.Errorf("%s: CPU %+v, want EPP time for an EPP contender only", name, r.CPU)
+		}
+		if len(r.Samples) == 0 {
+			t.Errorf("%s: no queue samples", name)
+		}
+	}
+	if len(starts) != 1 {
+		t.Errorf("the contenders' loads started at %d instants, want one load", len(starts))
+	}
+}

@@ -184,6 +184,9 @@ func writeScenario(b *bufio.Writer, s *ScenarioResult, plots []Plot) {
 	if u := sc.Unloaded; u != nil {
 		p(" · unloaded reference: %s alone, Poisson %g req/s", u.Class, u.Rate)
 	}
+	if sc.Interleave {
+		p(" · in real time the contenders run at once, their requests interleaved in one load (each at this rate)")
+	}
 	if len(sc.Adapters) > 0 {
 		p(" · %d LoRA adapters", len(sc.Adapters))
 	}

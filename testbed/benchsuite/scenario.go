@@ -65,6 +65,7 @@ const (
 //	duration: 30s                    # issuing window (default 30s)
 //	drain: 15s                       # then requests still running get this long (default 15s)
 //	seed: 11                         # request sequence and arrival times (default 11)
+//	interleave: true                 # real time: all contenders up at once, requests dealt among them in turns
 //	retry: {max_attempts: 3, max_wait: 10s}  # clients honouring Retry-After
 //	slo: {ttft: 1s}                  # goodput bound for classes without their own
 //	objectives: objectives.yaml      # InferenceObjectives for the EPP (static mode)
@@ -108,8 +109,16 @@ type ScenarioFile struct {
 	Duration string          `json:"duration,omitempty"`
 	Drain    string          `json:"drain,omitempty"`
 	Seed     *uint64         `json:"seed,omitempty"`
-	Retry    *RetryFile      `json:"retry,omitempty"`
-	SLO      SLOFile         `json:"slo,omitempty"`
+	// Interleave runs the contenders (but the unloaded reference) in one
+	// load in real time: every contender's fleet, EPP and data plane up at
+	// once, and the requests dealt among them in turns (loadgen's Targets),
+	// each contender at the scenario's arrival rate. Load swings on the
+	// machine then hit every contender alike; one contender after another,
+	// they hit whichever ran at the time. Engines that run no processes
+	// (virtual time) ignore it.
+	Interleave bool       `json:"interleave,omitempty"`
+	Retry      *RetryFile `json:"retry,omitempty"`
+	SLO        SLOFile    `json:"slo,omitempty"`
 	// Objectives is the path of an InferenceObjectives file given to every
 	// EPP contender (--inference-objectives-file).
 	Objectives      string               `json:"objectives,omitempty"`
@@ -265,8 +274,10 @@ type Scenario struct {
 	Duration  time.Duration         `json:"duration_ns"`
 	Drain     time.Duration         `json:"drain_ns"`
 	Seed      uint64                `json:"seed"`
-	Retry     loadgen.RetryPolicy   `json:"retry"`
-	SLO       loadgen.SLO           `json:"slo"`
+	// Interleave: see ScenarioFile.Interleave.
+	Interleave bool                `json:"interleave,omitempty"`
+	Retry      loadgen.RetryPolicy `json:"retry"`
+	SLO        loadgen.SLO         `json:"slo"`
 	// Objectives is an InferenceObjectives YAML file's content, nil for
 	// none; ObjectivesSource is its path.
 	Objectives       []byte `json:"objectives,omitempty"`
@@ -558,6 +569,7 @@ func (f *ScenarioFile) build(dir string) (*Scenario, error) {
 	if f.Seed != nil {
 		sc.Seed = *f.Seed
 	}
+	sc.Interleave = f.Interleave
 
 	if f.Fleet == "" {
 		errs.add("fleet", errors.New("required, e.g. h100:2,a10g:2"))

@@ -158,12 +158,22 @@ func (s *Suite) Run(ctx context.Context, scenarios []*Scenario) (*SuiteResult, e
 scenarios:
 	for _, sc := range scenarios {
 		sr := ScenarioResult{Scenario: sc}
+		var together map[string]interleavedRun
 		for _, c := range sc.Contenders {
 			if s.Progress != nil {
 				s.Progress.StartRun(index, total, sc, c)
 			}
 			index++
-			run, runErr := s.Engine.Run(ctx, sc, c)
+			var run *RunResult
+			var runErr error
+			if ie, ok := s.Engine.(InterleavingEngine); ok && sc.Interleave && !c.Unloaded {
+				if together == nil {
+					together = runInterleaved(ctx, ie, sc)
+				}
+				run, runErr = together[c.Name].res, together[c.Name].err
+			} else {
+				run, runErr = s.Engine.Run(ctx, sc, c)
+			}
 			if runErr == nil {
 				runErr = s.writeRun(run)
 			}
@@ -197,6 +207,33 @@ scenarios:
 	}
 	res.Wall = time.Since(res.Started)
 	return res, err
+}
+
+// interleavedRun is one contender's part of an interleaved load.
+type interleavedRun struct {
+	res *RunResult
+	err error
+}
+
+// runInterleaved runs sc's contenders but the unloaded reference in one
+// load; a failure fails every one of them.
+func runInterleaved(ctx context.Context, ie InterleavingEngine, sc *Scenario) map[string]interleavedRun {
+	var cs []Contender
+	for _, c := range sc.Contenders {
+		if !c.Unloaded {
+			cs = append(cs, c)
+		}
+	}
+	out := make(map[string]interleavedRun, len(cs))
+	res, err := ie.RunInterleaved(ctx, sc, cs)
+	for i, c := range cs {
+		if err != nil {
+			out[c.Name] = interleavedRun{err: err}
+		} else {
+			out[c.Name] = interleavedRun{res: res[i]}
+		}
+	}
+	return out
 }
 
 // writeRun writes a run's raw result to <out>/<scenario>/<contender>/run.json.

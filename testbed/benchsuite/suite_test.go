@@ -169,6 +169,11 @@ func TestProgressBarLines(t *testing.T) {
 	if want := 6 * planOf(scs[0]); PlannedDuration(scs) != want {
 		t.Errorf("planned %v, want %v", PlannedDuration(scs), want)
 	}
+	together := *scs[1]
+	together.Interleave = true
+	if want := 4 * planOf(scs[0]); PlannedDuration([]*Scenario{scs[0], &together}) != want {
+		t.Errorf("planned %v with the second scenario interleaved, want %v", PlannedDuration([]*Scenario{scs[0], &together}), want)
+	}
 	c, _ := scs[0].Contender(Sluice)
 	bar.StartRun(2, 6, scs[0], c)
 	bar.Record(loadgen.Record{Final: true, Status: 200})
@@ -195,5 +200,92 @@ func TestProgressBarLines(t *testing.T) {
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("progress lines:\n%s\nwant:\n%s", buf.String(), strings.Join(want, "\n"))
+	}
+}
+
+// interleavingEngine is a scriptedEngine that also runs contenders in one
+// load, recording each group.
+type interleavingEngine struct {
+	scriptedEngine
+	groups []string
+}
+
+func (e *interleavingEngine) RunInterleaved(ctx context.Context, sc *Scenario, cs []Contender) ([]*RunResult, error) {
+	var names []string
+	var out []*RunResult
+	for _, c := range cs {
+		names = append(names, c.Name)
+		out = append(out, fakeRun(sc.Name, c.Name, fakeRequests{class: "chat", ttft: ms(10, 20)}))
+	}
+	e.groups = append(e.groups, sc.Name+":"+strings.Join(names, ","))
+	if e.fail[cs[0].Name] {
+		return nil, errors.New("the first fleet did not start")
+	}
+	return out, nil
+}
+
+// TestSuiteInterleaves: a scenario with interleave runs its contenders in
+// one load through an engine that can, but the unloaded reference on its
+// own; without the option, or with an engine that cannot, one after another.
+func TestSuiteInterleaves(t *testing.T) {
+	parse := func(name, extra string) *Scenario {
+		sc, err := ParseScenario([]byte(minimalScenario+extra), "/x/"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	}
+	scenarios := func() []*Scenario {
+		return []*Scenario{
+			parse("together", "interleave: true\nunloaded: {class: chat, rate: 1}\n"),
+			parse("apart", ""),
+		}
+	}
+	for _, tc := range []struct {
+		name       string
+		engine     Engine
+		fail       bool
+		wantGroups string
+		wantRuns   string
+	}{
+		{"interleaving engine", &interleavingEngine{}, false,
+			"together:round-robin,upstream-default,sluice",
+			"together/unloaded apart/round-robin apart/upstream-default apart/sluice"},
+		{"interleaved load fails", &interleavingEngine{scriptedEngine: scriptedEngine{fail: map[string]bool{RoundRobin: true}}}, true,
+			"together:round-robin,upstream-default,sluice",
+			"together/unloaded apart/round-robin apart/upstream-default apart/sluice"},
+		{"engine that cannot", &scriptedEngine{}, false, "",
+			"together/round-robin together/upstream-default together/sluice together/unloaded apart/round-robin apart/upstream-default apart/sluice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := (&Suite{Engine: tc.engine, EngineName: "scripted"}).Run(t.Context(), scenarios())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls []string
+			var groups string
+			switch e := tc.engine.(type) {
+			case *interleavingEngine:
+				calls, groups = e.calls, strings.Join(e.groups, " ")
+			case *scriptedEngine:
+				calls = e.calls
+			}
+			if groups != tc.wantGroups {
+				t.Errorf("interleaved loads %q, want %q", groups, tc.wantGroups)
+			}
+			if got := strings.Join(calls, " "); got != tc.wantRuns {
+				t.Errorf("runs %q, want %q", got, tc.wantRuns)
+			}
+			together := res.Scenarios[0]
+			if len(together.Runs) != 4 {
+				t.Fatalf("%d runs, want 4", len(together.Runs))
+			}
+			for _, run := range together.Runs {
+				failed := run.Result == nil
+				if want := tc.fail && !run.Contender.Unloaded; failed != want {
+					t.Errorf("%s: failed %v (%s), want %v", run.Contender.Name, failed, run.Error, want)
+				}
+			}
+		})
 	}
 }

@@ -63,6 +63,9 @@ type Record struct {
 	// EPPTime is the data plane's account of how long the attempt waited on the EPP before its response headers
 	// (x-dataplane-epp-seconds): the EPP hop's part of TTFT. 0 without an EPP or without the header.
 	EPPTime time.Duration `json:"epp_ns,omitempty"`
+	// Target is the index in RunConfig.Targets of the gateway the request
+	// went through; 0 with one target.
+	Target int `json:"target,omitempty"`
 }
 
 // eppTimeHeader is the data plane's EPPTimeHeader (duplicated: loadgen is a client and imports no proxy code).

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -56,9 +57,16 @@ type RunConfig struct {
 	// Target is the base URL (scheme://host:port) of the gateway. Its host
 	// must be a loopback address.
 	Target string `json:"target"`
-	Mix    *Mix   `json:"mix"`
-	Seed   uint64 `json:"seed"`
-	Mode   Mode   `json:"mode"`
+	// Targets, when set (Target then empty), are several gateways the
+	// requests are interleaved over, one load for all: each run of
+	// len(Targets) consecutive requests goes through every target once, in
+	// an order drawn from Seed, and a retry goes where its first attempt
+	// went. Record.Target says which. Load swings on the machine then hit
+	// every target alike, which one target after another does not.
+	Targets []string `json:"targets,omitempty"`
+	Mix     *Mix     `json:"mix"`
+	Seed    uint64   `json:"seed"`
+	Mode    Mode     `json:"mode"`
 	// Arrival drives open-loop mode.
 	Arrival ArrivalConfig `json:"arrival"`
 	// Users is the number of closed-loop users.
@@ -124,8 +132,19 @@ func (c *RunConfig) applyDefaults() {
 // Validate checks a config, reporting every problem at once.
 func (c *RunConfig) Validate() error {
 	var errs []error
-	if err := CheckLoopbackURL(c.Target); err != nil {
-		errs = append(errs, err)
+	switch {
+	case len(c.Targets) == 0:
+		if err := CheckLoopbackURL(c.Target); err != nil {
+			errs = append(errs, err)
+		}
+	case c.Target != "":
+		errs = append(errs, errors.New("set a target or targets, not both"))
+	default:
+		for _, t := range c.Targets {
+			if err := CheckLoopbackURL(t); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(append(errs, c.ValidateLoad())...)
 }
@@ -236,6 +255,7 @@ type runner struct {
 
 	genMu sync.Mutex
 	gen   *Generator
+	turns *turns // nil with one target
 
 	recMu   sync.Mutex
 	records []Record
@@ -256,6 +276,9 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 		return nil, fmt.Errorf("invalid run config: %w", err)
 	}
 	r := &runner{cfg: cfg, gen: NewGenerator(cfg.Mix, cfg.Seed), slos: map[string]SLO{}}
+	if len(cfg.Targets) > 0 {
+		r.turns = newTurns(len(cfg.Targets), cfg.Seed)
+	}
 	for _, c := range cfg.Mix.Classes {
 		r.slos[c.Name] = c.SLO.orElse(cfg.SLO)
 	}
@@ -295,10 +318,50 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	return res, nil
 }
 
-func (r *runner) next() RequestSpec {
+// next returns the next request and the index of the target it goes to.
+func (r *runner) next() (RequestSpec, int) {
 	r.genMu.Lock()
 	defer r.genMu.Unlock()
-	return r.gen.Next()
+	target := 0
+	if r.turns != nil {
+		target = r.turns.next()
+	}
+	return r.gen.Next(), target
+}
+
+// targetURL is the base URL of target index i.
+func (r *runner) targetURL(i int) string {
+	if len(r.cfg.Targets) > 0 {
+		return r.cfg.Targets[i]
+	}
+	return r.cfg.Target
+}
+
+// turns hands out target indices in rounds: each round is a permutation
+// of all n, drawn from the seed, so every target gets every n-th request
+// on average and no target always follows another.
+type turns struct {
+	rng   *rand.Rand
+	round []int
+	pos   int
+}
+
+func newTurns(n int, seed uint64) *turns {
+	t := &turns{rng: rand.New(rand.NewPCG(seed, 0x7475726e73)), round: make([]int, n)}
+	for i := range t.round {
+		t.round[i] = i
+	}
+	t.pos = n
+	return t
+}
+
+func (t *turns) next() int {
+	if t.pos == len(t.round) {
+		t.rng.Shuffle(len(t.round), func(i, j int) { t.round[i], t.round[j] = t.round[j], t.round[i] })
+		t.pos = 0
+	}
+	t.pos++
+	return t.round[t.pos-1]
 }
 
 func (r *runner) runOpen(issueCtx, reqCtx context.Context, wg *sync.WaitGroup) {
@@ -315,15 +378,17 @@ func (r *runner) runOpen(issueCtx, reqCtx context.Context, wg *sync.WaitGroup) {
 		if r.cfg.wait(issueCtx, at-time.Since(r.start)) != nil {
 			return
 		}
-		spec := r.next()
+		spec, target := r.next()
 		if inFlight.Load() >= int64(r.cfg.MaxInFlight) {
-			r.add(recordFor(spec, at, time.Since(r.start), 1), true, "dropped by the load generator: max in-flight requests reached")
+			rec := recordFor(spec, at, time.Since(r.start), 1)
+			rec.Target = target
+			r.add(rec, true, "dropped by the load generator: max in-flight requests reached")
 			continue
 		}
 		inFlight.Add(1)
 		wg.Go(func() {
 			defer inFlight.Add(-1)
-			r.do(reqCtx, spec, at)
+			r.do(reqCtx, spec, target, at)
 		})
 	}
 }
@@ -336,8 +401,8 @@ func (r *runner) runClosed(issueCtx, reqCtx context.Context, wg *sync.WaitGroup)
 				if r.cfg.MaxRequests > 0 && issued.Add(1) > int64(r.cfg.MaxRequests) {
 					return
 				}
-				spec := r.next()
-				r.do(reqCtx, spec, time.Since(r.start))
+				spec, target := r.next()
+				r.do(reqCtx, spec, target, time.Since(r.start))
 			}
 		})
 	}
@@ -367,7 +432,7 @@ func (r *runner) add(rec Record, final bool, errMsg string) {
 }
 
 // do runs one request, retrying after Retry-After as the policy allows.
-func (r *runner) do(ctx context.Context, spec RequestSpec, scheduled time.Duration) {
+func (r *runner) do(ctx context.Context, spec RequestSpec, target int, scheduled time.Duration) {
 	var first time.Duration
 	for attempt := 1; ; attempt++ {
 		start := time.Since(r.start)
@@ -376,6 +441,7 @@ func (r *runner) do(ctx context.Context, spec RequestSpec, scheduled time.Durati
 		}
 		rec := recordFor(spec, scheduled, start, attempt)
 		rec.SinceFirstAttempt = start - first
+		rec.Target = target
 		r.attempt(ctx, spec, &rec)
 		retry := attempt < r.cfg.Retry.MaxAttempts && rec.RetryAfterSet &&
 			(rec.Status == http.StatusTooManyRequests || rec.Status == http.StatusServiceUnavailable) && ctx.Err() == nil
@@ -393,7 +459,7 @@ func (r *runner) do(ctx context.Context, spec RequestSpec, scheduled time.Durati
 func (r *runner) attempt(ctx context.Context, spec RequestSpec, rec *Record) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(r.cfg.Target, "/")+spec.API.Path(), bytes.NewReader(spec.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(r.targetURL(rec.Target), "/")+spec.API.Path(), bytes.NewReader(spec.Body))
 	if err != nil {
 		rec.Error = err.Error()
 		return

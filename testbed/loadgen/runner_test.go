@@ -292,6 +292,78 @@ func TestRunDurationBound(t *testing.T) {
 	}
 }
 
+// TestRunInterleavesTargets: with several targets, each round of
+// len(Targets) requests goes through every target once (in an order of the
+// seed's), each request reaches the target its record names, and a retry
+// goes where its first attempt went.
+func TestRunInterleavesTargets(t *testing.T) {
+	const n, rounds = 3, 20
+	var mu sync.Mutex
+	got := map[int][]int{} // target -> seqs it served
+	retried := map[int]bool{}
+	var urls []string
+	for k := range n {
+		srv, _ := fakeModelServer(t, func(w http.ResponseWriter, r *http.Request) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			// The first request through target 1 is shed once, with Retry-After.
+			if k == 1 && !retried[k] {
+				retried[k] = true
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusTooManyRequests)
+				return true
+			}
+			got[k] = append(got[k], 0)
+			return false
+		})
+		urls = append(urls, srv.URL)
+	}
+	res, err := Run(context.Background(), RunConfig{
+		Targets: urls, Mix: mustMix(t, runMix), Seed: 5, Mode: ModeOpen,
+		Arrival: ArrivalConfig{Kind: ArrivalConstant, Rate: 1}, MaxRequests: n * rounds,
+		Retry: RetryPolicy{MaxAttempts: 2}, wait: (&instantWait{}).wait,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySeq := map[int]int{}
+	perTarget := make([]int, n)
+	for _, r := range res.Records {
+		if prev, ok := bySeq[r.Seq]; ok && prev != r.Target {
+			t.Errorf("request %d: attempts through targets %d and %d", r.Seq, prev, r.Target)
+		}
+		bySeq[r.Seq] = r.Target
+		if r.Final {
+			if !r.OK() {
+				t.Errorf("request %d failed: %+v", r.Seq, r)
+			}
+			perTarget[r.Target]++
+		}
+	}
+	for k := range n {
+		if perTarget[k] != rounds || len(got[k]) != rounds {
+			t.Errorf("target %d: %d requests recorded, %d served; want %d", k, perTarget[k], len(got[k]), rounds)
+		}
+	}
+	orders := map[string]bool{}
+	for round := range rounds {
+		seen := make([]bool, n)
+		order := ""
+		for i := range n {
+			k := bySeq[round*n+i]
+			if seen[k] {
+				t.Errorf("round %d: target %d twice", round, k)
+			}
+			seen[k] = true
+			order += fmt.Sprint(k)
+		}
+		orders[order] = true
+	}
+	if len(orders) < 2 {
+		t.Errorf("every round in the same order %v: the turns are not drawn", orders)
+	}
+}
+
 func TestRunRejectsBadConfig(t *testing.T) {
 	m := mustMix(t, runMix)
 	for _, tc := range []struct {
@@ -307,6 +379,8 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"no rate", RunConfig{Target: "http://127.0.0.1:1", Mix: m, Mode: ModeOpen, Arrival: ArrivalConfig{Kind: ArrivalPoisson}, MaxRequests: 1}, "rate"},
 		{"no mix", RunConfig{Target: "http://127.0.0.1:1", Mode: ModeClosed, Users: 1, MaxRequests: 1}, "mix"},
 		{"bad mode", RunConfig{Target: "http://127.0.0.1:1", Mix: m, Mode: "both", MaxRequests: 1}, "mode"},
+		{"target and targets", RunConfig{Target: "http://127.0.0.1:1", Targets: []string{"http://127.0.0.1:2"}, Mix: m, Mode: ModeClosed, Users: 1, MaxRequests: 1}, "not both"},
+		{"remote among targets", RunConfig{Targets: []string{"http://127.0.0.1:2", "http://10.1.2.3:8000"}, Mix: m, Mode: ModeClosed, Users: 1, MaxRequests: 1}, "loopback"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Run(context.Background(), tc.cfg)
