@@ -18,6 +18,7 @@
 //	bench --engine virtual --scale          # and the scale study: 8..1000 servers
 //	bench --engine virtual --scenario scale --scale-sizes 8,64,256   # the scale study alone
 //	bench --engine virtual --seeds 1,2,3,4,5,6,7,8   # and every scenario with 8 other load seeds (make bench ENGINE=virtual SEEDS=1,2,...)
+//	bench --compare BASE NEW                # every Sluice figure that moved by more than 5% between two suite runs
 package main
 
 import (
@@ -73,9 +74,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 		scaleDur    = fs.Duration("scale-duration", benchsuite.DefaultScaleDuration, "scale study: virtual issuing window of every run")
 		eppProfile  = fs.Bool("epp-cpu-profile", false, "real-time engine: save each EPP's CPU profile over the load into its run folder ("+benchsuite.EPPCPUProfileFile+", for go tool pprof)")
 		seedList    = fs.String("seeds", "", "seed sweep (virtual engine): also run every scenario with each of these comma-separated load seeds and report Sluice's ratios across them")
+		compare     = fs.Bool("compare", false, "compare two suite output folders given as arguments (BASE NEW): list every figure (TTFT P50/P99, throughput, goodput of each class) that moved by more than --threshold; run nothing")
+		threshold   = fs.Float64("threshold", 0.05, "--compare: the ratio's move, either way, that counts (0.05: 5%)")
+		contenders  = fs.String("contenders", "sluice", "--compare: compare the contenders whose name starts with this (\"\" for all)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *compare {
+		if fs.NArg() != 2 {
+			return fmt.Errorf("--compare takes two suite output folders, BASE and NEW; got %d arguments", fs.NArg())
+		}
+		return compareSuites(stdout, fs.Arg(0), fs.Arg(1), *threshold, *contenders)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
@@ -285,4 +295,21 @@ func joinInts(ns []int) string {
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// compareSuites prints every figure that moved between two suite output folders, then the counts.
+func compareSuites(w io.Writer, base, next string, threshold float64, contenders string) error {
+	cmp, err := benchsuite.CompareRuns(base, next, threshold, contenders)
+	if err != nil {
+		return err
+	}
+	for _, run := range cmp.Unmatched {
+		fmt.Fprintf(w, "only in one folder: %s\n", run)
+	}
+	for _, m := range cmp.Moves {
+		fmt.Fprintln(w, m)
+	}
+	worse, better := cmp.Counts()
+	fmt.Fprintf(w, "%d worse, %d better by more than %g%%\n", worse, better, threshold*100)
+	return nil
 }

@@ -72,6 +72,18 @@ func TestRunFlags(t *testing.T) {
 			t.Errorf("%s: error %v, want %q", args, err, want)
 		}
 	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--compare", t.TempDir()}, "--compare takes two suite output folders"},
+		{[]string{"--compare", t.TempDir(), t.TempDir()}, "not a suite's output folder"},
+		{[]string{"--compare", "--threshold", "-1", t.TempDir(), t.TempDir()}, "threshold must not be negative"},
+	} {
+		if err := run(tc.args, &out, &errOut); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
 }
 
 // TestRunVirtual runs one short scenario, a two-size scale study and a two-seed sweep end to end in virtual time and
