@@ -105,7 +105,7 @@ type Controller struct {
 	// unreachableAt is when the waiting requests were last walked for those predicted to start after their deadline
 	// (shedUnreachableLocked).
 	unreachableAt time.Time
-	// load is the trend of the servers' own load (running and waiting, over the fresh endpoints' scrapes), and
+	// load is the trend of the servers' own load (running and waiting, per fresh endpoint, from their scrapes), and
 	// loadNow its latest value: a band blocked by saturation alone, with no backlog to watch drain, sees its capacity
 	// return in it (loadFallingLocked).
 	load    backlogTrend

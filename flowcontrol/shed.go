@@ -91,17 +91,22 @@ func (c *Controller) loadFallingLocked(band Band) bool {
 }
 
 // trackBlockedLocked records, per band, whether an arrival of it would be dispatched at once after the current
-// snapshot's dispatches, and the backlog at and above it; and the servers' load, from the fresh endpoints' scrapes.
+// snapshot's dispatches, and the backlog at and above it; and the servers' mean load, from the fresh endpoints' scrapes.
 func (c *Controller) trackBlockedLocked(now time.Time) {
+	// The load is a mean over the fresh endpoints, not a sum: an endpoint that goes stale or leaves the pool must not
+	// read as load falling. loadFallingLocked compares the trend with the level, so the scale does not matter.
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
-	load := 0
+	load, fresh := 0, 0
 	for i := range c.endpoints {
 		if e := &c.endpoints[i]; e.scrapedNs >= cutoff {
 			load += e.Running + e.WaitingQueue
+			fresh++
 		}
 	}
-	c.loadNow = float64(load)
-	c.load.observe(now, c.loadNow, (c.cfg.DrainRateWindow / trendWindowShare).Seconds())
+	if fresh > 0 {
+		c.loadNow = float64(load) / float64(fresh)
+		c.load.observe(now, c.loadNow, (c.cfg.DrainRateWindow / trendWindowShare).Seconds())
+	}
 	for _, b := range allBands {
 		_, best, _ := c.headroomLocked(b, "", now)
 		blocked := best < 0 || c.queuedAtOrAboveLocked(b) > 0
