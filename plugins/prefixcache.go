@@ -72,7 +72,10 @@ type requestChains struct {
 
 // Bounds of requestChains. A request is scored and routed within one
 // scheduling cycle, so a few seconds suffice; a request admission looks at
-// and queues for longer is hashed again when it is scheduled.
+// and queues for longer is hashed again when it is scheduled. Entries expire
+// only when the map is next used, so an idle EPP keeps at most
+// maxRequestChains of them: each a request's block hashes per block size
+// (at most the index's blocks per prompt), a few MiB in all at the defaults.
 const (
 	chainsTTL        = 10 * time.Second
 	maxRequestChains = 4096

@@ -26,8 +26,8 @@ type Shedder interface {
 // upstreamRequestLines are the lines upstream's ext_proc handler logs at
 // its default verbosity (2) for every request, whatever happens to it: a
 // line when it arrives, when its body was answered and when its response
-// ended. Formatting and writing them was 6% of Sluice's CPU per streamed
-// chat (testbed/bench/scenarios/README.md, issue 21). On the hot path they
+// ended. Formatting and writing them is a measurable share of Sluice's CPU
+// per streamed chat (testbed/bench/scenarios/README.md, issue 21). On the hot path they
 // are logged at verbosity 3 instead (demoteRequestLines): -v=3 brings them
 // back, beside upstream's "Request handled" line of each request, which
 // names the same models and the endpoint too.

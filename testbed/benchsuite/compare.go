@@ -78,7 +78,7 @@ func (m FigureMove) String() string {
 type Comparison struct {
 	// Moves are in scenario, contender, class and figure order.
 	Moves []FigureMove
-	// Unmatched names the runs (scenario/contender) found under one folder only.
+	// Unmatched names the runs (scenario/contender) and classes (scenario/contender/class) found in one folder only.
 	Unmatched []string
 }
 
@@ -97,7 +97,7 @@ func (c Comparison) Counts() (worse, better int) {
 // CompareRuns compares every run of the suite output folder next with the same scenario and contender under base
 // (each <scenario>/<contender>/run.json), for contenders whose name starts with contenderPrefix ("" for all), and
 // returns every class's figure whose ratio after/before moved by more than threshold either way. A figure zero
-// before (no successful request) is not compared.
+// before (no successful request) is not compared; a TTFT zero after (none now) is worse.
 func CompareRuns(base, next string, threshold float64, contenderPrefix string) (Comparison, error) {
 	if !(threshold >= 0) {
 		return Comparison{}, fmt.Errorf("threshold must not be negative, got %v", threshold)
@@ -119,11 +119,17 @@ func CompareRuns(base, next string, threshold float64, contenderPrefix string) (
 			continue
 		}
 		scenario, contender, _ := strings.Cut(key, "/")
+		for _, ca := range a.Classes {
+			if !slices.ContainsFunc(b.Classes, func(c loadgen.ClassSummary) bool { return c.Class == ca.Class }) {
+				cmp.Unmatched = append(cmp.Unmatched, key+"/"+ca.Class)
+			}
+		}
 		for _, cb := range append([]loadgen.ClassSummary{b.Overall}, b.Classes...) {
 			i := slices.IndexFunc(a.Classes, func(c loadgen.ClassSummary) bool { return c.Class == cb.Class })
 			ca := a.Overall
 			if cb.Class != b.Overall.Class {
 				if i < 0 {
+					cmp.Unmatched = append(cmp.Unmatched, key+"/"+cb.Class)
 					continue
 				}
 				ca = a.Classes[i]
@@ -137,8 +143,10 @@ func CompareRuns(base, next string, threshold float64, contenderPrefix string) (
 				if r > 1-threshold && r < 1+threshold {
 					continue
 				}
+				// A TTFT of zero after is no request served, not an instant one.
+				worse := (r > 1) == f.lowerIsBetter() || f.lowerIsBetter() && y == 0
 				cmp.Moves = append(cmp.Moves, FigureMove{Scenario: scenario, Contender: contender, Class: cb.Class,
-					Figure: f, Before: x, After: y, Worse: (r > 1) == f.lowerIsBetter()})
+					Figure: f, Before: x, After: y, Worse: worse})
 			}
 		}
 	}

@@ -38,6 +38,10 @@ func TestCompareRuns(t *testing.T) {
 	writeSuiteRun(t, base, "bursty", "sluice", classLine("all", 0, 0, 0, 0))
 	writeSuiteRun(t, next, "bursty", "sluice", classLine("all", 10*ms, 10*ms, 1, 1))
 	writeSuiteRun(t, next, "long-prompt", "sluice", classLine("all", 10*ms, 10*ms, 1, 1))
+	writeSuiteRun(t, base, "tenant-fairness", "sluice", classLine("all", 10*ms, 10*ms, 1, 1),
+		classLine("heavy", 10*ms, 10*ms, 1, 1), classLine("light", 10*ms, 10*ms, 1, 1))
+	writeSuiteRun(t, next, "tenant-fairness", "sluice", classLine("all", 10*ms, 10*ms, 1, 1),
+		classLine("heavy", 0, 0, 0, 0), classLine("lite", 10*ms, 10*ms, 1, 1))
 
 	tests := []struct {
 		name      string
@@ -54,18 +58,26 @@ func TestCompareRuns(t *testing.T) {
 				"WORSE  priority-overload/sluice/all throughput 10.00 -> 9.00 0.90x",
 				"better priority-overload/sluice/all goodput 8.00 -> 8.80 1.10x",
 				"better priority-overload/sluice/critical ttft_p50 50ms -> 40ms 0.80x",
+				"WORSE  tenant-fairness/sluice/heavy ttft_p50 10ms -> 0s 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy ttft_p99 10ms -> 0s 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy throughput 1.00 -> 0.00 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy goodput 1.00 -> 0.00 0.00x",
 			},
-			unmatched: []string{"long-prompt/sluice"},
-			worse:     2,
+			unmatched: []string{"long-prompt/sluice", "tenant-fairness/sluice/lite", "tenant-fairness/sluice/light"},
+			worse:     6,
 		},
 		{
 			name: "a wider threshold", threshold: 0.15, prefix: "sluice",
 			want: []string{
 				"WORSE  priority-overload/sluice/all ttft_p99 1s -> 1.2s 1.20x",
 				"better priority-overload/sluice/critical ttft_p50 50ms -> 40ms 0.80x",
+				"WORSE  tenant-fairness/sluice/heavy ttft_p50 10ms -> 0s 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy ttft_p99 10ms -> 0s 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy throughput 1.00 -> 0.00 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy goodput 1.00 -> 0.00 0.00x",
 			},
-			unmatched: []string{"long-prompt/sluice"},
-			worse:     1,
+			unmatched: []string{"long-prompt/sluice", "tenant-fairness/sluice/lite", "tenant-fairness/sluice/light"},
+			worse:     5,
 		},
 		{
 			name: "every contender", threshold: 0.5, prefix: "",
@@ -74,9 +86,13 @@ func TestCompareRuns(t *testing.T) {
 				"WORSE  priority-overload/round-robin/all ttft_p99 1s -> 9s 9.00x",
 				"WORSE  priority-overload/round-robin/all throughput 10.00 -> 1.00 0.10x",
 				"WORSE  priority-overload/round-robin/all goodput 8.00 -> 1.00 0.12x",
+				"WORSE  tenant-fairness/sluice/heavy ttft_p50 10ms -> 0s 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy ttft_p99 10ms -> 0s 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy throughput 1.00 -> 0.00 0.00x",
+				"WORSE  tenant-fairness/sluice/heavy goodput 1.00 -> 0.00 0.00x",
 			},
-			unmatched: []string{"long-prompt/sluice"},
-			worse:     4,
+			unmatched: []string{"long-prompt/sluice", "tenant-fairness/sluice/lite", "tenant-fairness/sluice/light"},
+			worse:     8,
 		},
 	}
 	for _, tc := range tests {

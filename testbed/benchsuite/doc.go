@@ -30,12 +30,19 @@
 //     functions of RunResults. WriteReport renders Markdown and WritePlots
 //     SVG and PNG charts from a SuiteResult.
 //   - Suite runs scenarios one after the other, writes the raw JSON of every
-//     run as it finishes, and reports progress.
+//     run as it finishes, and reports progress. A scenario with interleave
+//     runs its contenders in one load instead (InterleavingEngine: RealTime
+//     starts every contender's processes at once and deals the requests among
+//     them in turns), so load swings on a shared machine hit them alike.
+//   - CompareRuns compares two suites' output folders figure by figure (the
+//     regression rule "no figure worse by more than 5%" is across two runs,
+//     before and after a change): bench --compare.
 //
 // # Invariants
 //
-//   - Every figure compares runs of the same session: ratios never mix runs
-//     of different Suite.Run calls.
+//   - Every figure of a report compares runs of the same session: ratios
+//     never mix runs of different Suite.Run calls. CompareRuns, which reads
+//     two sessions, reports moves of a figure, not ratios between contenders.
 //   - A virtual run is deterministic: the same scenario and contender give
 //     the same records, samples and counters (only wall-clock costs vary).
 //   - Every real-time run gets a fresh fleet: a fleet that served the same
@@ -53,6 +60,8 @@
 // built and may be shared. An Engine runs one scenario at a time; Suite.Run
 // calls it sequentially because runs share the machine's CPUs and must not
 // disturb one another (Virtual's runs are independent and may run
-// concurrently, but wall-clock EPP costs are then inflated). Progress is
-// called from many goroutines.
+// concurrently, but wall-clock EPP costs are then inflated). An interleaved
+// scenario's contenders run at once by design: each is disturbed by the
+// others alike, which is what makes their ratios comparable on a loaded
+// machine. Progress is called from many goroutines.
 package benchsuite

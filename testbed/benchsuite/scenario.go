@@ -114,8 +114,10 @@ type ScenarioFile struct {
 	// once, and the requests dealt among them in turns (loadgen's Targets),
 	// each contender at the scenario's arrival rate. Load swings on the
 	// machine then hit every contender alike; one contender after another,
-	// they hit whichever ran at the time. Engines that run no processes
-	// (virtual time) ignore it.
+	// they hit whichever ran at the time. Dealt in shuffled rounds, each
+	// contender's arrivals are more regular than the scenario's process.
+	// Not with multi-turn classes (a chat's turns would reach different
+	// contenders). Engines that run no processes (virtual time) ignore it.
 	Interleave bool       `json:"interleave,omitempty"`
 	Retry      *RetryFile `json:"retry,omitempty"`
 	SLO        SLOFile    `json:"slo,omitempty"`
@@ -649,6 +651,15 @@ func (f *ScenarioFile) buildMix(sc *Scenario, dir string, errs *fieldErrors) {
 	if err != nil {
 		errs.add("mix", err)
 		return
+	}
+	if f.Interleave {
+		// Requests are dealt one by one: a chat's turns would go to different contenders, each seeing a history it
+		// never served.
+		for _, c := range mix.Classes {
+			if c.MultiTurn != nil {
+				errs.addf("interleave", "class %q has multi_turn: an interleaved run deals each request on its own, so a chat's turns would reach different contenders", c.Name)
+			}
+		}
 	}
 	if f.Adapters != nil {
 		adapters, ok := f.Adapters.expand(mix, errs)

@@ -162,6 +162,8 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"invalid inline mix", strings.Replace(minimalScenario, "model: m, ", "", 1), []string{"mix:", "model", "required"}},
 		{"two models", strings.Replace(minimalScenario, "output_tokens: 16}",
 			"output_tokens: 16}\n    - {name: other, model: n, prompt_tokens: 8, output_tokens: 8}", 1), []string{"mix:", "2 base models"}},
+		{"interleaved chats", strings.Replace(minimalScenario, "output_tokens: 16}", "output_tokens: 16, multi_turn: {turns: 2, concurrent: 2}}", 1) + "interleave: true\n",
+			[]string{"interleave:", `class "chat" has multi_turn`}},
 		{"no arrival kind", strings.Replace(minimalScenario, "kind: poisson, ", "", 1), []string{"arrival.kind: required"}},
 		{"bad arrival kind", strings.Replace(minimalScenario, "poisson", "gamma", 1), []string{"arrival.kind:", `"gamma"`}},
 		{"zero rate", strings.Replace(minimalScenario, "rate: 10", "rate: 0", 1), []string{"arrival.rate:", "positive"}},

@@ -54,9 +54,11 @@
 //
 // # Invariants
 //
-//   - Traffic goes only to loopback addresses: the target URL must name one,
-//     and the default client's dialer refuses any other address and never
-//     follows redirects.
+//   - Traffic goes only to loopback addresses: the target URL (or every URL
+//     of Targets, several gateways dealt requests in turns, each round
+//     visiting every one once) must name one, and the default client's dialer
+//     refuses any other address and never follows redirects. A request's
+//     retries go to the target its first attempt went to.
 //   - A run ends by itself: issuing stops at Duration or MaxRequests,
 //     requests still running get Drain to finish and are then cancelled.
 //   - Every issued request yields exactly one Final record; each retry
