@@ -15,9 +15,7 @@ import "time"
 //   - a waiting request whose predicted start (the cost waiting ahead of it in its tenant's FIFO, and its own, over the
 //     tenant's rate) falls after its deadline is answered at once, 429 with ReasonPredictedWait and a Retry-After,
 //     rather than at its deadline (shedUnreachableLocked): the same prediction the arrival was judged by, kept up to
-//     date as the tenant's drain changes. Only once the tenant's drain has settled (a window of backlogged time): an
-//     arrival turned away on a young rate can come back, but a request already admitted and answered 429 is lost
-//     work, and a rate measured over the first dispatches of a warm-up, before anything has ended, is far too low.
+//     date as the tenant's drain changes.
 
 // unreachableCheckEvery bounds how often the waiting requests are walked for those that can no longer start in time:
 // a walk costs one step per waiting request, and a scrape (what triggers it) may come every few milliseconds.
@@ -111,7 +109,7 @@ func (c *Controller) shedUnreachableLocked(now time.Time) int {
 		var doomed []*item
 		for _, tq := range q.active {
 			rate, ok := c.tenantDrainLocked(tq, now)
-			if !ok || !tq.drain.settled() || !c.sharesDrainLocked(b, tq.name, now) {
+			if !ok || !c.sharesDrainLocked(b, tq.name, now) {
 				continue
 			}
 			ahead := 0.0

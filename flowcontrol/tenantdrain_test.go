@@ -74,79 +74,58 @@ func TestTenantDrainPredictsWait(t *testing.T) {
 	}
 }
 
-// TestUnreachableAnsweredEarly: 20 heavy requests admitted before any drain was known wait with a deadline 8 s out.
-// Once the heavy tenant's drain (100/s, the other half going to a light tenant) has settled (a 2 s window) and shows
-// that those beyond the first seven or so cannot start by then, they are answered 429 (ReasonPredictedWait, with a
-// Retry-After) at once rather than at their deadline, and the ones that can start keep waiting and are dispatched.
-// With the default 10 s window the same 3 s of drain is a warm-up's young rate: no admitted request is answered
-// before its deadline on it. Every request gets one answer.
+// TestUnreachableAnsweredEarly: 20 heavy requests admitted before any drain was known wait with a deadline 8 s out;
+// once the heavy tenant's drain (100/s, the other half going to a light tenant) shows that those beyond the first
+// seven or so cannot start by then, they are answered 429 (ReasonPredictedWait, with a Retry-After) at once rather
+// than at their deadline, and the ones that can start keep waiting and are dispatched. Every request gets one answer.
 func TestUnreachableAnsweredEarly(t *testing.T) {
-	tests := []struct {
-		name   string
-		window time.Duration
-		early  bool
-	}{
-		{name: "drain settled", window: 2 * time.Second, early: true},
-		{name: "drain young", window: DefaultDrainRateWindow},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, func(c *Config) {
-					oneSlot(c)
-					c.Bands[Standard].MaxQueueTime = 8 * time.Second
-					c.DrainRateWindow = tt.window
-				}))
-				h.scrape(ep("a", 1))
-				var calls []*call
-				for range 20 {
-					calls = append(calls, h.admit(0, "heavy", 100))
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, func(c *Config) {
+			oneSlot(c)
+			c.Bands[Standard].MaxQueueTime = 8 * time.Second
+		}))
+		h.scrape(ep("a", 1))
+		var calls []*call
+		for range 20 {
+			calls = append(calls, h.admit(0, "heavy", 100))
+		}
+		for range 3 {
+			h.step(500 * time.Millisecond)
+			h.admit(0, "light", 100)
+			h.scrape(ep("a", 0))
+			h.step(500 * time.Millisecond)
+			h.scrape(ep("a", 0))
+		}
+		var early []*call
+		for _, cl := range calls {
+			if cl.finished() && cl.d.Outcome == Rejected {
+				if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= 8*time.Second {
+					t.Fatalf("%s: %s/%q after %v, Retry-After %v; want predicted_wait before the deadline",
+						cl.req.ID, cl.d.Outcome, cl.d.Reason, cl.d.Waited, cl.d.RetryAfter)
 				}
-				for range 3 {
-					h.step(500 * time.Millisecond)
-					h.admit(0, "light", 100)
-					h.scrape(ep("a", 0))
-					h.step(500 * time.Millisecond)
-					h.scrape(ep("a", 0))
-				}
-				var early []*call
-				for _, cl := range calls {
-					if cl.finished() && cl.d.Outcome == Rejected {
-						if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= 8*time.Second {
-							t.Fatalf("%s: %s/%q after %v, Retry-After %v; want predicted_wait before the deadline",
-								cl.req.ID, cl.d.Outcome, cl.d.Reason, cl.d.Waited, cl.d.RetryAfter)
-						}
-						early = append(early, cl)
-					}
-				}
-				if !tt.early {
-					if len(early) > 0 {
-						t.Fatalf("%d waiting heavy requests answered on a drain younger than its window", len(early))
-					}
-				} else {
-					if len(early) < 5 {
-						t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least 5)", len(early))
-					}
-					if last := calls[len(calls)-1]; !last.finished() {
-						t.Fatalf("the newest heavy request still waits, predicted to start after its deadline")
-					}
-				}
-				for i, cl := range calls[:3] {
-					if cl.finished() && cl.d.Outcome != Dispatched {
-						t.Fatalf("heavy request %d: %s/%q, want it kept", i, cl.d.Outcome, cl.d.Reason)
-					}
-				}
-				// The rest are answered by the end: dispatched, or at the latest at their deadline.
-				for range 10 {
-					h.step(time.Second)
-					h.scrape(ep("a", 0))
-				}
-				for _, cl := range calls {
-					cl.result(t)
-				}
-			})
-		})
-	}
+				early = append(early, cl)
+			}
+		}
+		if len(early) < 5 {
+			t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least 5)", len(early))
+		}
+		if last := calls[len(calls)-1]; !last.finished() {
+			t.Fatalf("the newest heavy request still waits, predicted to start after its deadline")
+		}
+		for i, cl := range calls[:3] {
+			if cl.finished() && cl.d.Outcome != Dispatched {
+				t.Fatalf("heavy request %d: %s/%q, want it kept", i, cl.d.Outcome, cl.d.Reason)
+			}
+		}
+		// The rest are answered by the end: dispatched, or at the latest at their deadline.
+		for range 10 {
+			h.step(time.Second)
+			h.scrape(ep("a", 0))
+		}
+		for _, cl := range calls {
+			cl.result(t)
+		}
+	})
 }
 
 // TestReturnLetInWhileLoadFalls: a Sheddable request turned away while its band is blocked by saturation alone (no
