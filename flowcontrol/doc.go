@@ -142,7 +142,7 @@
 // are still turned away while anything of it waits), up to the band's MaxQueueTime, once the overload is over (the
 // backlog at and above the band drains; during it the band is what keeps the load off the others, and sheds the
 // return again); or, with no backlog standing at and above the band (it is blocked by the servers' saturation alone),
-// once the servers' own load (running and waiting, summed over the fresh scrapes) falls so fast that at its trend it
+// once the servers' own load (running and waiting, per fresh endpoint) falls so fast that at its trend it
 // would be gone within the band's MaxQueueTime (loadFallingLocked). A client cannot forge a promise: only a request
 // turned away earns one, only its own content claims it, and only once (promises.go; measured in testbed/bench/scenarios/README.md, overload-recovery). Promises are kept
 // by each replica, not exchanged with its peers: a return that the proxy sends to another replica is a new arrival

@@ -73,8 +73,7 @@ func (c *Controller) tenantWaitLocked(band Band, tenant string, cost float64, no
 // under its share. A band's only tenant drains at the band's rate, which the pool's drain rate and the backlog above
 // it already predict (estimatedWaitLocked); its own meter would add nothing but its noise.
 func (c *Controller) sharesDrainLocked(band Band, tenant string, now time.Time) bool {
-	under := c.underShareLocked(now)
-	if _, ok := under[tenantKey{band, tenant}]; ok {
+	if c.isUnderShareLocked(band, tenant, now) {
 		return false
 	}
 	for _, tq := range c.bands[band].active {
@@ -82,12 +81,7 @@ func (c *Controller) sharesDrainLocked(band Band, tenant string, now time.Time) 
 			return true
 		}
 	}
-	for k := range under {
-		if k.band == band {
-			return true
-		}
-	}
-	return false
+	return c.bandUnderShareLocked(band, now)
 }
 
 // shedUnreachableLocked answers, 429 with ReasonPredictedWait, every waiting request predicted to start after its

@@ -192,6 +192,11 @@ func (c *Controller) yieldsLocked(band Band, tenant string, now time.Time) bool 
 	if band == Critical {
 		return false // the Critical reserve keeps its own rules (seats.go)
 	}
+	return c.bandUnderShareLocked(band, now)
+}
+
+// bandUnderShareLocked reports whether a tenant of band is under its share at now.
+func (c *Controller) bandUnderShareLocked(band Band, now time.Time) bool {
 	for k := range c.underShareLocked(now) {
 		if k.band == band {
 			return true
