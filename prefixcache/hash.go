@@ -64,21 +64,8 @@ func (s Salt) seed() uint64 {
 // changes every later hash. A trailing partial block is not hashed: servers
 // cache full blocks only. Hashes are never 0.
 func AppendChain(dst []uint64, salt Salt, prompt []byte, blockBytes, maxBlocks int) []uint64 {
-	if blockBytes <= 0 {
-		return dst
-	}
-	n := min(len(prompt)/blockBytes, maxBlocks)
-	prev := salt.seed()
-	var d xxhash.Digest
-	for i := range n {
-		d.ResetWithSeed(prev)
-		_, _ = d.Write(prompt[i*blockBytes : (i+1)*blockBytes])
-		h := d.Sum64()
-		if h == 0 {
-			h = 1 // 0 marks an empty slot in the tables
-		}
-		dst = append(dst, h)
-		prev = h
-	}
-	return dst
+	var w chainWriter
+	w.reset(dst, salt, blockBytes, maxBlocks)
+	w.write(prompt)
+	return w.chain
 }

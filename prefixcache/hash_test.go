@@ -308,3 +308,29 @@ func FuzzAppendChain(f *testing.F) {
 		}
 	})
 }
+
+// TestChainValues pins the chain's hashes: replicas exchange them (prefix inserts) and servers' caches are matched
+// by them, so a change of the definition must be deliberate.
+func TestChainValues(t *testing.T) {
+	p := []byte("The quick brown fox jumps over the lazy dog, twice over: the quick brown fox.")
+	tests := []struct {
+		name                  string
+		salt                  Salt
+		blockBytes, maxBlocks int
+		want                  []uint64
+	}{
+		{"salted, capped", Salt{Model: "m", Adapter: "a"}, 16, 3,
+			[]uint64{0x4db9d933cbb585d7, 0xcdb7186b944a1bf, 0x3e21dd72e53e14d9}},
+		{"unsalted, every full block", Salt{}, 7, 100,
+			[]uint64{0xad410869b6ade641, 0x21497c42ec90c5, 0x2ee070a9abe1dd3d, 0x44aa474104d452fd, 0xfffa60680dbf975d,
+				0x1c135470081793e3, 0x24d773f37cd34778, 0x31972159e8b03399, 0xf7ebc9899075559f, 0x24074e2d52e70239,
+				0xbd1a800155f24cf5}},
+		{"no block size", Salt{}, 0, 100, nil},
+		{"no blocks allowed", Salt{}, 7, 0, nil},
+	}
+	for _, tc := range tests {
+		if got := AppendChain(nil, tc.salt, p, tc.blockBytes, tc.maxBlocks); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %#v, want %#v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -134,8 +134,10 @@ type lenSink int
 func (n *lenSink) writeByte(byte)       { *n++ }
 func (n *lenSink) writeString(s string) { *n += lenSink(len(s)) }
 
-// chainWriter is AppendChain over a rendering written to it piece by piece:
-// it hashes the pieces where they lie and counts the rendering's bytes.
+// chainWriter hashes a rendering written to it piece by piece into its
+// chain (see AppendChain, which writes a whole rendering at once): it hashes
+// the pieces where they lie and counts the rendering's bytes. It is the one
+// definition of the chain.
 type chainWriter struct {
 	d          xxhash.Digest
 	blockBytes int
@@ -185,7 +187,7 @@ func (w *chainWriter) endBlock(k int) {
 	}
 	h := w.d.Sum64()
 	if h == 0 {
-		h = 1 // as AppendChain
+		h = 1 // 0 marks an empty slot in the tables
 	}
 	w.chain = append(w.chain, h)
 	w.filled = 0
