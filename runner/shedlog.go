@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 )
 
 // Shedder is implemented by a ResponseShaper whose admission turns requests
@@ -36,12 +37,6 @@ var upstreamRequestLines = map[string]bool{
 	"EPP sent request body response(s) to proxy": true,
 	"EPP sent response body back to proxy":       true,
 }
-
-// Verbosity levels of upstream's logging (logutil.DEFAULT, logutil.VERBOSE).
-const (
-	logDefault = 2
-	logVerbose = 3
-)
 
 // withShedQuietLogger returns ctx with a logger that drops error lines
 // carrying upstream's request error (errcommon.Error) while shed (nil:
@@ -85,11 +80,11 @@ func (s *shedQuietSink) Init(logr.RuntimeInfo) {}
 func (s *shedQuietSink) Enabled(level int) bool { return s.sink.Enabled(level) }
 
 func (s *shedQuietSink) Info(level int, msg string, kv ...any) {
-	if s.demote && level == logDefault && upstreamRequestLines[msg] {
-		if !s.sink.Enabled(logVerbose) {
+	if s.demote && level == logutil.DEFAULT && upstreamRequestLines[msg] {
+		if !s.sink.Enabled(logutil.VERBOSE) {
 			return
 		}
-		level = logVerbose
+		level = logutil.VERBOSE
 	}
 	s.sink.Info(level, msg, kv...)
 }
