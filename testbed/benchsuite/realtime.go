@@ -126,18 +126,11 @@ func (e *RealTime) Run(ctx context.Context, sc *Scenario, c Contender) (res *Run
 	if err := CheckBinaries(e.Bin); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(e.OutDir, sc.Name, c.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	r, err := e.newRun(sc, c)
+	if err != nil {
 		return nil, err
 	}
-	r := &realRun{e: e, sc: sc, c: c, dir: dir, client: &http.Client{Timeout: 2 * time.Second}}
-	defer r.client.CloseIdleConnections()
-	defer func() {
-		// Last started, first stopped: the data plane, the EPP, the fleet.
-		for i := len(r.procs) - 1; i >= 0; i-- {
-			r.procs[i].Stop()
-		}
-	}()
+	defer r.stop()
 	if err := r.start(ctx); err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", sc.Name, c.Name, err)
 	}
@@ -308,6 +301,24 @@ func (r *realRun) load(ctx context.Context) (*RunResult, error) {
 	return res[0], nil
 }
 
+// newRun prepares the run of c on sc: its folder, and a client for its processes' endpoints.
+func (e *RealTime) newRun(sc *Scenario, c Contender) (*realRun, error) {
+	dir := filepath.Join(e.OutDir, sc.Name, c.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return &realRun{e: e, sc: sc, c: c, dir: dir, client: &http.Client{Timeout: 2 * time.Second}}, nil
+}
+
+// stop stops the run's processes, last started first (the data plane, the EPP, the fleet), and closes its client's
+// idle connections.
+func (r *realRun) stop() {
+	for i := len(r.procs) - 1; i >= 0; i-- {
+		r.procs[i].Stop()
+	}
+	r.client.CloseIdleConnections()
+}
+
 // loadConfig is the load generator's configuration for this run's
 // scenario, to its data plane.
 func (r *realRun) loadConfig(mix *loadgen.Mix, arrival loadgen.ArrivalConfig) loadgen.RunConfig {
@@ -338,22 +349,17 @@ func (e *RealTime) RunInterleaved(ctx context.Context, sc *Scenario, cs []Conten
 	runs := make([]*realRun, 0, len(cs))
 	defer func() {
 		for i := len(runs) - 1; i >= 0; i-- {
-			r := runs[i]
-			for j := len(r.procs) - 1; j >= 0; j-- {
-				r.procs[j].Stop()
-			}
-			r.client.CloseIdleConnections()
+			runs[i].stop()
 		}
 	}()
 	for _, c := range cs {
 		if c.Unloaded {
 			return nil, fmt.Errorf("%s/%s: the unloaded reference has its own load and is not interleaved", sc.Name, c.Name)
 		}
-		dir := filepath.Join(e.OutDir, sc.Name, c.Name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		r, err := e.newRun(sc, c)
+		if err != nil {
 			return nil, err
 		}
-		r := &realRun{e: e, sc: sc, c: c, dir: dir, client: &http.Client{Timeout: 2 * time.Second}}
 		runs = append(runs, r)
 		if err := r.start(ctx); err != nil {
 			return nil, fmt.Errorf("%s/%s: %w", sc.Name, c.Name, err)
