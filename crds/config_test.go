@@ -33,7 +33,7 @@ func TestToConfigConvertsEveryField(t *testing.T) {
 		Bands: &Bands{
 			Critical: &CriticalBand{
 				MaxQueuedRequests: ptr.To[int64](100), MaxQueuedBytes: ptr.To[int64](1 << 20),
-				MaxQueueTime: dur(20 * time.Second), SaturationCeiling: ptr.To(0.95),
+				MaxQueueTime: dur(20 * time.Second), OverShareMaxQueueTime: dur(4 * time.Second), SaturationCeiling: ptr.To(0.95),
 				RejectWhenSaturated: ptr.To(true), RetryAfterMin: dur(2 * time.Second),
 				RetryAfterMax: dur(10 * time.Second), MayDisplace: ptr.To(false),
 			},
@@ -63,7 +63,8 @@ func TestToConfigConvertsEveryField(t *testing.T) {
 	}
 	want := flowcontrol.DefaultConfig()
 	want.Bands[flowcontrol.Critical] = flowcontrol.BandConfig{
-		MaxQueuedRequests: 100, MaxQueuedBytes: 1 << 20, MaxQueueTime: 20 * time.Second, SaturationCeiling: 0.95,
+		MaxQueuedRequests: 100, MaxQueuedBytes: 1 << 20, MaxQueueTime: 20 * time.Second, OverShareMaxQueueTime: 4 * time.Second,
+		SaturationCeiling:   0.95,
 		RejectWhenSaturated: true, RetryAfterMin: 2 * time.Second, RetryAfterMax: 10 * time.Second, MayDisplace: false,
 	}
 	want.Bands[flowcontrol.Standard].SaturationCeiling = 0.9
@@ -104,6 +105,9 @@ func TestToConfigRejects(t *testing.T) {
 		{"zero max queue time",
 			FlowControlPolicySpec{Bands: &Bands{Sheddable: &SheddableBand{MaxQueueTime: dur(0)}}},
 			[]string{"bands.sheddable.maxQueueTime must be positive"}},
+		{"zero over-share queue time",
+			FlowControlPolicySpec{Bands: &Bands{Standard: &StandardBand{OverShareMaxQueueTime: dur(0)}}},
+			[]string{"bands.standard.overShareMaxQueueTime must be positive"}},
 		{"ceiling zero",
 			FlowControlPolicySpec{Bands: &Bands{Sheddable: &SheddableBand{SaturationCeiling: ptr.To(0.0)}}},
 			[]string{"bands.sheddable.saturationCeiling must be positive, got 0"}},
@@ -351,13 +355,13 @@ func randomSpec(rng *rand.Rand) *FlowControlPolicySpec {
 	if maybe() {
 		spec.Bands = &Bands{}
 		if maybe() {
-			spec.Bands.Critical = &CriticalBand{i64(), i64(), d(), f(ceilings...), b(), d(), d(), b()}
+			spec.Bands.Critical = &CriticalBand{i64(), i64(), d(), d(), f(ceilings...), b(), d(), d(), b()}
 		}
 		if maybe() {
-			spec.Bands.Standard = &StandardBand{i64(), i64(), d(), f(ceilings...), b(), d(), d(), b()}
+			spec.Bands.Standard = &StandardBand{i64(), i64(), d(), d(), f(ceilings...), b(), d(), d(), b()}
 		}
 		if maybe() {
-			spec.Bands.Sheddable = &SheddableBand{i64(), i64(), d(), f(ceilings...), b(), d(), d(), b()}
+			spec.Bands.Sheddable = &SheddableBand{i64(), i64(), d(), d(), f(ceilings...), b(), d(), d(), b()}
 		}
 	}
 	if maybe() {

@@ -201,6 +201,16 @@ type CriticalBand struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
 	// +kubebuilder:default="30s"
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// OverShareMaxQueueTime is maxQueueTime for a tenant over its fair share while another tenant of the band waits
+	// or is under its share: a request of it predicted to wait longer is rejected at once (429 with Retry-After), so a
+	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="overShareMaxQueueTime must be positive"
+	// +kubebuilder:default="10s"
+	OverShareMaxQueueTime *metav1.Duration `json:"overShareMaxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. In (0, 1].
 	// +optional
@@ -259,6 +269,16 @@ type StandardBand struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
 	// +kubebuilder:default="15s"
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// OverShareMaxQueueTime is maxQueueTime for a tenant over its fair share while another tenant of the band waits
+	// or is under its share: a request of it predicted to wait longer is rejected at once (429 with Retry-After), so a
+	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="overShareMaxQueueTime must be positive"
+	// +kubebuilder:default="5s"
+	OverShareMaxQueueTime *metav1.Duration `json:"overShareMaxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. In (0, 1]; at most critical's.
 	// +optional
@@ -320,6 +340,16 @@ type SheddableBand struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxQueueTime must be positive"
 	// +kubebuilder:default="15s"
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
+	// OverShareMaxQueueTime is maxQueueTime for a tenant over its fair share while another tenant of the band waits
+	// or is under its share: a request of it predicted to wait longer is rejected at once (429 with Retry-After), so a
+	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="overShareMaxQueueTime must be positive"
+	// +kubebuilder:default="5s"
+	OverShareMaxQueueTime *metav1.Duration `json:"overShareMaxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. In (0, 1]; at most standard's.
 	// +optional

@@ -57,6 +57,11 @@ func (in *CriticalBand) DeepCopyInto(out *CriticalBand) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.OverShareMaxQueueTime != nil {
+		in, out := &in.OverShareMaxQueueTime, &out.OverShareMaxQueueTime
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.SaturationCeiling != nil {
 		in, out := &in.SaturationCeiling, &out.SaturationCeiling
 		*out = new(float64)
@@ -391,6 +396,11 @@ func (in *SheddableBand) DeepCopyInto(out *SheddableBand) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.OverShareMaxQueueTime != nil {
+		in, out := &in.OverShareMaxQueueTime, &out.OverShareMaxQueueTime
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.SaturationCeiling != nil {
 		in, out := &in.SaturationCeiling, &out.SaturationCeiling
 		*out = new(float64)
@@ -443,6 +453,11 @@ func (in *StandardBand) DeepCopyInto(out *StandardBand) {
 	}
 	if in.MaxQueueTime != nil {
 		in, out := &in.MaxQueueTime, &out.MaxQueueTime
+		*out = new(v1.Duration)
+		**out = **in
+	}
+	if in.OverShareMaxQueueTime != nil {
+		in, out := &in.OverShareMaxQueueTime, &out.OverShareMaxQueueTime
 		*out = new(v1.Duration)
 		**out = **in
 	}

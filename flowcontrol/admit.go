@@ -143,7 +143,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, req.ReturnKey, now)
 		return d, nil, false, nil
 	}
-	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost, now); known && wait > bc.MaxQueueTime {
+	if wait, known := c.estimatedWaitLocked(band, req.Tenant, weight, cost, now); known && wait > c.maxQueueTimeLocked(band, req.Tenant, now) {
 		c.rejectLocked(&d, ReasonPredictedWait, wait, cost, req.ReturnKey, now)
 		return d, nil, false, nil
 	}

@@ -49,17 +49,17 @@ const maxHeaderNameLen = 256
 var defaultBands = [NumBands]BandConfig{
 	Critical: {
 		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
-		MaxQueueTime: 30 * time.Second, SaturationCeiling: 1.0,
+		MaxQueueTime: 30 * time.Second, OverShareMaxQueueTime: 10 * time.Second, SaturationCeiling: 1.0,
 		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 15 * time.Second, MayDisplace: true,
 	},
 	Standard: {
 		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
-		MaxQueueTime: 15 * time.Second, SaturationCeiling: 0.8,
+		MaxQueueTime: 15 * time.Second, OverShareMaxQueueTime: 5 * time.Second, SaturationCeiling: 0.8,
 		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 30 * time.Second, MayDisplace: true,
 	},
 	Sheddable: {
 		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxQueuedBytes: DefaultMaxQueuedBytes,
-		MaxQueueTime: 15 * time.Second, SaturationCeiling: 0.6, RejectWhenSaturated: true,
+		MaxQueueTime: 15 * time.Second, OverShareMaxQueueTime: 5 * time.Second, SaturationCeiling: 0.6, RejectWhenSaturated: true,
 		RetryAfterMin: DefaultRetryAfterMin, RetryAfterMax: 60 * time.Second,
 	},
 }
@@ -121,14 +121,17 @@ func ParseCapAction(s string) (CapAction, error) {
 
 // BandConfig is one band's validated configuration. See APIBandConfig for the meaning of each field.
 type BandConfig struct {
-	MaxQueuedRequests   int64
-	MaxQueuedBytes      int64
-	MaxQueueTime        time.Duration
-	SaturationCeiling   float64
-	RejectWhenSaturated bool
-	RetryAfterMin       time.Duration
-	RetryAfterMax       time.Duration
-	MayDisplace         bool
+	MaxQueuedRequests int64
+	MaxQueuedBytes    int64
+	MaxQueueTime      time.Duration
+	// OverShareMaxQueueTime replaces MaxQueueTime for a tenant sharing its band's drain (sharesDrainLocked), capped
+	// by MaxQueueTime.
+	OverShareMaxQueueTime time.Duration
+	SaturationCeiling     float64
+	RejectWhenSaturated   bool
+	RetryAfterMin         time.Duration
+	RetryAfterMax         time.Duration
+	MayDisplace           bool
 }
 
 // EndpointThresholds is the validated form of APIEndpointThresholds.
@@ -208,6 +211,7 @@ func applyDefaults(api *APIConfig) {
 		bc.MaxQueuedRequests = orDefault(bc.MaxQueuedRequests, d.MaxQueuedRequests)
 		bc.MaxQueuedBytes = orDefault(bc.MaxQueuedBytes, d.MaxQueuedBytes)
 		bc.MaxQueueTime = orDefaultDuration(bc.MaxQueueTime, d.MaxQueueTime)
+		bc.OverShareMaxQueueTime = orDefaultDuration(bc.OverShareMaxQueueTime, d.OverShareMaxQueueTime)
 		bc.SaturationCeiling = orDefault(bc.SaturationCeiling, d.SaturationCeiling)
 		bc.RejectWhenSaturated = orDefault(bc.RejectWhenSaturated, d.RejectWhenSaturated)
 		bc.RetryAfterMin = orDefaultDuration(bc.RetryAfterMin, d.RetryAfterMin)
@@ -328,14 +332,15 @@ func toConfig(api *APIConfig) (*Config, error) {
 	for _, b := range allBands {
 		bc := *api.Bands.slot(b)
 		cfg.Bands[b] = BandConfig{
-			MaxQueuedRequests:   *bc.MaxQueuedRequests,
-			MaxQueuedBytes:      *bc.MaxQueuedBytes,
-			MaxQueueTime:        bc.MaxQueueTime.Duration,
-			SaturationCeiling:   *bc.SaturationCeiling,
-			RejectWhenSaturated: *bc.RejectWhenSaturated,
-			RetryAfterMin:       bc.RetryAfterMin.Duration,
-			RetryAfterMax:       bc.RetryAfterMax.Duration,
-			MayDisplace:         *bc.MayDisplace,
+			MaxQueuedRequests:     *bc.MaxQueuedRequests,
+			MaxQueuedBytes:        *bc.MaxQueuedBytes,
+			MaxQueueTime:          bc.MaxQueueTime.Duration,
+			OverShareMaxQueueTime: bc.OverShareMaxQueueTime.Duration,
+			SaturationCeiling:     *bc.SaturationCeiling,
+			RejectWhenSaturated:   *bc.RejectWhenSaturated,
+			RetryAfterMin:         bc.RetryAfterMin.Duration,
+			RetryAfterMax:         bc.RetryAfterMax.Duration,
+			MayDisplace:           *bc.MayDisplace,
 		}
 	}
 	for i, t := range api.Tenants {
@@ -388,6 +393,9 @@ func (c *Config) Validate() error {
 		}
 		if bc.MaxQueueTime <= 0 {
 			errs = append(errs, fmt.Errorf("%smaxQueueTime must be positive, got %v", p, bc.MaxQueueTime))
+		}
+		if bc.OverShareMaxQueueTime <= 0 {
+			errs = append(errs, fmt.Errorf("%soverShareMaxQueueTime must be positive, got %v", p, bc.OverShareMaxQueueTime))
 		}
 		if !(bc.SaturationCeiling > 0) {
 			errs = append(errs, fmt.Errorf("%ssaturationCeiling must be positive, got %v", p, bc.SaturationCeiling))

@@ -15,11 +15,11 @@ func TestDefaultConfig(t *testing.T) {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
 	want := map[Band]BandConfig{
-		Critical: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 30 * time.Second,
+		Critical: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 30 * time.Second, OverShareMaxQueueTime: 10 * time.Second,
 			SaturationCeiling: 1, RetryAfterMin: time.Second, RetryAfterMax: 15 * time.Second, MayDisplace: true},
-		Standard: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second,
+		Standard: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second, OverShareMaxQueueTime: 5 * time.Second,
 			SaturationCeiling: 0.8, RetryAfterMin: time.Second, RetryAfterMax: 30 * time.Second, MayDisplace: true},
-		Sheddable: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second,
+		Sheddable: {MaxQueuedRequests: 10000, MaxQueuedBytes: 1 << 30, MaxQueueTime: 15 * time.Second, OverShareMaxQueueTime: 5 * time.Second,
 			SaturationCeiling: 0.6, RejectWhenSaturated: true, RetryAfterMin: time.Second, RetryAfterMax: time.Minute},
 	}
 	for b, w := range want {
@@ -176,9 +176,10 @@ func TestConfigValidation(t *testing.T) {
 		{"retry min below one second", APIConfig{Bands: &APIBands{Critical: &APIBandConfig{RetryAfterMin: d("500ms")}}},
 			[]string{"bands.critical.retryAfterMin must be at least 1s"}},
 		{"non-positive times and ceilings", APIConfig{Bands: &APIBands{Sheddable: &APIBandConfig{
-			MaxQueueTime: d("0s"), SaturationCeiling: ptr.To(0.0)}}, DrainRateWindow: d("-1s")},
+			MaxQueueTime: d("0s"), SaturationCeiling: ptr.To(0.0)}, Standard: &APIBandConfig{OverShareMaxQueueTime: d("0s")}},
+			DrainRateWindow: d("-1s")},
 			[]string{"bands.sheddable.maxQueueTime must be positive", "bands.sheddable.saturationCeiling must be positive",
-				"drainRateWindow must be positive"}},
+				"bands.standard.overShareMaxQueueTime must be positive", "drainRateWindow must be positive"}},
 		{"priority mapping overlaps", APIConfig{PriorityMapping: &APIPriorityMapping{CriticalMinPriority: ptr.To(0), SheddableMaxPriority: ptr.To(0)}},
 			[]string{"sheddableMaxPriority (0) must be below criticalMinPriority (0)"}},
 		{"endpoint thresholds", APIConfig{Endpoint: &APIEndpointThresholds{QueueDepthThreshold: ptr.To(0),

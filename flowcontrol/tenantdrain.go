@@ -84,6 +84,17 @@ func (c *Controller) sharesDrainLocked(band Band, tenant string, now time.Time) 
 	return c.bandUnderShareLocked(band, now)
 }
 
+// maxQueueTimeLocked is how long a request of tenant in band may be predicted to wait: the band's
+// OverShareMaxQueueTime while the tenant shares its band's drain (it asks more than its share, and fair queuing serves
+// the others first), else its MaxQueueTime.
+func (c *Controller) maxQueueTimeLocked(band Band, tenant string, now time.Time) time.Duration {
+	bc := &c.cfg.Bands[band]
+	if c.sharesDrainLocked(band, tenant, now) {
+		return min(bc.OverShareMaxQueueTime, bc.MaxQueueTime)
+	}
+	return bc.MaxQueueTime
+}
+
 // shedUnreachableLocked answers, 429 with ReasonPredictedWait, every waiting request predicted to start after its
 // deadline at its tenant's drain (see the file comment), and returns how many. Each tenant's FIFO is walked from its
 // head; a request answered leaves the cost ahead of the later ones, so each is judged by the requests kept ahead of
@@ -106,9 +117,11 @@ func (c *Controller) shedUnreachableLocked(now time.Time) int {
 			if !ok || !c.sharesDrainLocked(b, tq.name, now) {
 				continue
 			}
+			limit := c.cfg.Bands[b].OverShareMaxQueueTime
 			ahead := 0.0
 			for it := tq.head; it != nil; it = it.tNext {
-				if now.Add(secondsToDuration((ahead + it.cost) / rate)).After(it.deadline) {
+				start := now.Add(secondsToDuration((ahead + it.cost) / rate))
+				if start.After(it.deadline) || start.Sub(it.enqueuedAt) > limit {
 					doomed = append(doomed, it)
 					continue
 				}

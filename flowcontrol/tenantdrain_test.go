@@ -32,28 +32,40 @@ func tenantDrainHarness(t *testing.T, h *harness, seconds int, light bool) []*ca
 // pool's drain (200/s) all of them would start within the band's 8 s, but at the heavy tenant's own 100/s only the
 // first seven or so can, and the rest are turned away at once (ReasonPredictedWait, with a Retry-After at least that
 // long) rather than left to wait out their deadline. With the band to itself the tenant drains at the band's rate and
-// the whole burst waits.
+// the whole burst waits. An OverShareMaxQueueTime of 3 s, set after the warm-up, turns away all but the first one or
+// two of the burst while the tenant shares the band, with a Retry-After at least that long, and nothing while it has
+// the band alone.
 func TestTenantDrainPredictsWait(t *testing.T) {
 	tests := []struct {
-		name    string
-		light   bool
-		minShed int
+		name      string
+		light     bool
+		overShare time.Duration // the band's OverShareMaxQueueTime; its MaxQueueTime is 8 s
+		minShed   int
 	}{
-		{name: "sharing the band", light: true, minShed: 3},
-		{name: "alone in the band"},
+		{name: "sharing the band", light: true, overShare: 8 * time.Second, minShed: 3},
+		{name: "alone in the band", overShare: 8 * time.Second},
+		{name: "sharing the band, over-share limit 3 s", light: true, overShare: 3 * time.Second, minShed: 10},
+		{name: "alone in the band, over-share limit 3 s", overShare: 3 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, func(c *Config) {
-					oneSlot(c)
-					c.Bands[Standard].MaxQueueTime = 8 * time.Second
-				}))
+				config := func(overShare time.Duration) *Config {
+					return testConfig(t, func(c *Config) {
+						oneSlot(c)
+						c.Bands[Standard].MaxQueueTime = 8 * time.Second
+						c.Bands[Standard].OverShareMaxQueueTime = overShare
+					})
+				}
+				h := newHarness(t, config(8*time.Second))
 				calls := tenantDrainHarness(t, h, 10, tt.light)
 				for _, cl := range calls {
 					if cl.finished() && cl.d.Outcome != Dispatched {
 						t.Fatalf("%s: %s/%q during the warm-up", cl.req.ID, cl.d.Outcome, cl.d.Reason)
 					}
+				}
+				if err := h.c.SetConfig(config(tt.overShare)); err != nil {
+					t.Fatal(err)
 				}
 				shed := 0
 				for range 12 {
@@ -61,8 +73,8 @@ func TestTenantDrainPredictsWait(t *testing.T) {
 					if !cl.finished() || cl.d.Outcome == Dispatched {
 						continue
 					}
-					if d := cl.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter < 8*time.Second {
-						t.Fatalf("Retry-After %v, want at least the band's 8 s", d.RetryAfter)
+					if d := cl.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter < tt.overShare {
+						t.Fatalf("Retry-After %v, want at least the %v limit", d.RetryAfter, tt.overShare)
 					}
 					shed++
 				}
@@ -78,11 +90,30 @@ func TestTenantDrainPredictsWait(t *testing.T) {
 // once the heavy tenant's drain (100/s, the other half going to a light tenant) shows that those beyond the first
 // seven or so cannot start by then, they are answered 429 (ReasonPredictedWait, with a Retry-After) at once rather
 // than at their deadline, and the ones that can start keep waiting and are dispatched. Every request gets one answer.
+// With an OverShareMaxQueueTime of 3 s, those predicted to start more than 3 s after they arrived are answered too.
 func TestUnreachableAnsweredEarly(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	tests := []struct {
+		name      string
+		overShare time.Duration // the band's OverShareMaxQueueTime; its MaxQueueTime is 8 s
+		minEarly  int           // at least this many answered early
+		kept      int           // the first kept
+	}{
+		{name: "over-share limit the band's", overShare: 8 * time.Second, minEarly: 5, kept: 3},
+		{name: "over-share limit 3 s", overShare: 3 * time.Second, minEarly: 17, kept: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { unreachableAnsweredEarly(t, tt.overShare, tt.minEarly, tt.kept) })
+		})
+	}
+}
+
+func unreachableAnsweredEarly(t *testing.T, overShare time.Duration, minEarly, kept int) {
+	{
 		h := newHarness(t, testConfig(t, func(c *Config) {
 			oneSlot(c)
 			c.Bands[Standard].MaxQueueTime = 8 * time.Second
+			c.Bands[Standard].OverShareMaxQueueTime = overShare
 		}))
 		h.scrape(ep("a", 1))
 		var calls []*call
@@ -99,20 +130,20 @@ func TestUnreachableAnsweredEarly(t *testing.T) {
 		var early []*call
 		for _, cl := range calls {
 			if cl.finished() && cl.d.Outcome == Rejected {
-				if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= 8*time.Second {
+				if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= overShare {
 					t.Fatalf("%s: %s/%q after %v, Retry-After %v; want predicted_wait before the deadline",
 						cl.req.ID, cl.d.Outcome, cl.d.Reason, cl.d.Waited, cl.d.RetryAfter)
 				}
 				early = append(early, cl)
 			}
 		}
-		if len(early) < 5 {
-			t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least 5)", len(early))
+		if len(early) < minEarly {
+			t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least %d)", len(early), minEarly)
 		}
 		if last := calls[len(calls)-1]; !last.finished() {
 			t.Fatalf("the newest heavy request still waits, predicted to start after its deadline")
 		}
-		for i, cl := range calls[:3] {
+		for i, cl := range calls[:kept] {
 			if cl.finished() && cl.d.Outcome != Dispatched {
 				t.Fatalf("heavy request %d: %s/%q, want it kept", i, cl.d.Outcome, cl.d.Reason)
 			}
@@ -125,7 +156,7 @@ func TestUnreachableAnsweredEarly(t *testing.T) {
 		for _, cl := range calls {
 			cl.result(t)
 		}
-	})
+	}
 }
 
 // TestReturnLetInWhileLoadFalls: a Sheddable request turned away while its band is blocked by saturation alone (no
