@@ -65,7 +65,8 @@
 // an endpoint then, so the places beyond the seats are left for the Critical arrivals of the warm-up (headroom.go,
 // warmUpGrowthLocked). Schedulers rank a KV-bound
 // endpoint by the seats its KV cache has room for, so requests go where they start at once. A tenant under its share
-// (tenantseats.go) is served as Critical is under its reserve: first in its band, seats kept for it, and headroom
+// (tenantseats.go; its share is of what the band drains, from the rate the seats of every seat-bound endpoint not down
+// free, whether or not its latest scrape is fresh) is served as Critical is under its reserve: first in its band, seats kept for it, and headroom
 // judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an
 // endpoint's capacity (no probe, no burst into a server's queue) or, where the endpoint's own limit is not known,
 // beyond the pool's slot limit, so the first places to free go to it. Large-batch servers, whose requests

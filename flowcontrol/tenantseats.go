@@ -108,14 +108,15 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 	// (Little's law) at the mean cost asked if more. The drain rate is measured only while requests wait, so it starts
 	// low after a warm-up that dispatched nothing; until it has a window of evidence (settled) and while nothing
 	// better is known, the pool counts as draining what the bands ask if more: a tenant asking less than its weight's
-	// share of the demand is then under its share.
+	// share of the demand is then under its share. The seats counted are those of every endpoint not down, fresh or
+	// not (poolFreesLocked).
 	drain, _ := c.drain.rate()
 	var total, n float64
 	for _, b := range allBands {
 		total, n = total+asked[b], n+requests[b]
 	}
 	known := c.drain.settled()
-	if _, _, frees := c.seatFiguresLocked(now); frees > 0 && n > 0 {
+	if frees := c.poolFreesLocked(now); frees > 0 && n > 0 {
 		drain, known = max(drain, frees*total/n), true
 	}
 	if !known {
@@ -139,6 +140,27 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 		}
 	}
 	return c.underShare
+}
+
+// poolFreesLocked returns the rate (per second) the seats of the seat-bound endpoints that are not down free: unlike
+// the reserves' seat figures (seatFiguresLocked), the seats a request could take now, it counts an endpoint whose
+// latest scrape is merely late (within outageStalenessMultiple staleness thresholds). A late scrape does not slow the
+// rate its seats free, and in real time scrapes come late under load: counted over the fresh endpoints only, every
+// tenant's share shrank for as long as one scrape was late, a tenant a little under its share was judged over it for
+// that moment, its band stopped yielding (yieldsLocked), and the other tenants' requests went where they queue inside
+// the servers, ahead of its next ones.
+func (c *Controller) poolFreesLocked(now time.Time) float64 {
+	if c.holdTime <= 0 {
+		return 0
+	}
+	cutoff := freshCutoff(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
+	seats := 0
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.usable(cutoff) && c.seatBoundLocked(e, now) {
+			seats += c.seatsLocked(e)
+		}
+	}
+	return float64(seats) / c.holdTime.Seconds()
 }
 
 // isUnderShareLocked reports whether tenant is under its share in band.

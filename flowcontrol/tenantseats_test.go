@@ -305,3 +305,63 @@ func TestTenantUnderShareYields(t *testing.T) {
 		})
 	}
 }
+
+// TestUnderShareLateScrapes: the pool's drain, and so a tenant's share, is the rate the seats of the whole pool free,
+// whatever scrape is fresh at the instant asked. In real time scrapes come a little late under load: an endpoint whose
+// scrape is 20 ms past the staleness threshold still frees its seats, and a tenant asking 0.9 of its share stays
+// under it (counted over the fresh endpoints only, two late scrapes of twelve made it over its share for that
+// moment). An endpoint down (no scrape for ten staleness thresholds) frees nothing the EPP can use.
+func TestUnderShareLateScrapes(t *testing.T) {
+	const (
+		endpoints = 12
+		seats     = 4
+		staleness = 200 * time.Millisecond
+		hold      = 5 * time.Second // 48 seats free 9.6 times a second: a share of 4.8 requests a second each
+	)
+	tests := []struct {
+		name  string
+		light float64 // requests per second, of cost 1; the heavy tenant sends 15
+		late  int     // endpoints whose scrape is late: 220 ms old
+		down  int     // endpoints not scraped for 3 s
+		under bool
+	}{
+		{name: "every scrape fresh", light: 4.3, under: true},
+		{name: "two scrapes late", light: 4.3, late: 2, under: true},
+		{name: "every scrape late", light: 4.3, late: endpoints, under: true},
+		{name: "over its share", light: 5.5, late: 2},
+		{name: "half the pool down", light: 4.3, down: endpoints / 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newHarness(t, testConfig(t, func(cfg *Config) { cfg.Endpoint.MetricsStaleness = staleness })).c
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			window := c.cfg.DrainRateWindow
+			for tenant, rate := range map[string]float64{"heavy": 15, "light": tt.light} {
+				every := time.Duration(float64(time.Second) / rate)
+				for at := time.Duration(0); at < window; at += every {
+					c.noteArrivalLocked(Standard, tenant, 1, 1, t0.Add(at))
+				}
+			}
+			now := t0.Add(window)
+			c.holdTime = hold
+			c.endpoints = c.endpoints[:0]
+			for i := range endpoints {
+				age := 10 * time.Millisecond
+				switch {
+				case i < tt.late:
+					age = staleness + 20*time.Millisecond
+				case i >= endpoints-tt.down:
+					age = 3 * time.Second
+				}
+				e := newEndpointState(Endpoint{Name: fmt.Sprint("e", i), Running: seats, ScrapedAt: now.Add(-age)})
+				e.seats, e.capacity, e.known, e.inflight = seats, seats, seats, seats
+				e.fullNs = now.Add(-time.Second).UnixNano()
+				c.endpoints = append(c.endpoints, e)
+			}
+			if _, got := c.underShareLocked(now)[tenantKey{Standard, "light"}]; got != tt.under {
+				t.Errorf("light (%.1f/s) under its share: %v, want %v", tt.light, got, tt.under)
+			}
+		})
+	}
+}
