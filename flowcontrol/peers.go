@@ -79,12 +79,13 @@ type Demand struct {
 	Tenants []TenantDemand
 }
 
-// TenantDemand is what one tenant of a band asks per second: cost and requests, over the drain-rate window; Weight is
-// its fair-queuing weight.
+// TenantDemand is what one tenant of a band asks per second: cost and requests, averaged over Span seconds (the
+// drain-rate window, or the time since its first request here if shorter); Weight is its fair-queuing weight.
 type TenantDemand struct {
 	Band                   Band
 	Tenant                 string
 	Cost, Requests, Weight float64
+	Span                   float64
 }
 
 // MaxSummaryTenants bounds the tenants of one band a Demand lists: the busiest, which decide what the others' share
@@ -106,7 +107,8 @@ func (c *Controller) Demand() Demand {
 		}
 		cost, _ := t.cost.rate(now)
 		n, _ := t.requests.rate(now)
-		d.Tenants = append(d.Tenants, TenantDemand{Band: k.band, Tenant: k.tenant, Cost: cost, Requests: n, Weight: t.weight})
+		d.Tenants = append(d.Tenants, TenantDemand{Band: k.band, Tenant: k.tenant, Cost: cost, Requests: n, Weight: t.weight,
+			Span: t.cost.span})
 	}
 	slices.SortFunc(d.Tenants, func(a, b TenantDemand) int {
 		return cmp.Or(cmp.Compare(a.Band, b.Band), cmp.Compare(b.Cost, a.Cost), cmp.Compare(a.Tenant, b.Tenant))
@@ -123,10 +125,13 @@ func (c *Controller) Demand() Demand {
 
 // tenantRates is what a tenant of a band asks per second as underShareLocked judges it: cost and requests over this
 // replica and its peers that reported demand, its weight, and its arrivals here (what seats kept for it here are
-// sized from); here is whether it is active at this replica.
+// sized from); here is whether it is active at this replica. span is the longest time a replica's figures average
+// over: until a window has passed, a rate averages since the tenant's first request at that replica, which comes
+// later at each of N replicas than in the pool, so the replicas' rates summed would overstate the pool's (by half at
+// 4 replicas in the first seconds, measured); the pool's rate is what they counted, summed, over the longest span.
 type tenantRates struct {
-	cost, requests, weight, arrivals float64
-	here                             bool
+	cost, requests, weight, arrivals, span float64
+	here                                   bool
 }
 
 // tenantRatesLocked returns what each tenant active at now asks (tenantRates), in c.rates (reused): this replica's
@@ -142,7 +147,15 @@ func (c *Controller) tenantRatesLocked(now time.Time) map[tenantKey]tenantRates 
 		}
 		cost, _ := d.cost.rate(now)
 		n, _ := d.requests.rate(now)
-		c.rates[k] = tenantRates{cost: cost, requests: n, weight: d.weight, arrivals: n, here: true}
+		c.rates[k] = tenantRates{cost: cost, requests: n, weight: d.weight, arrivals: n, span: d.cost.span, here: true}
+	}
+	if len(c.peers.Demand.Tenants) == 0 {
+		return c.rates
+	}
+	// Counted, not rates: a rate times its span is the (decayed) sum counted, which adds up over the replicas.
+	for k, r := range c.rates {
+		r.cost, r.requests = r.cost*r.span, r.requests*r.span
+		c.rates[k] = r
 	}
 	for _, t := range c.peers.Demand.Tenants {
 		if t.Band >= NumBands || !(t.Weight > 0) {
@@ -150,9 +163,15 @@ func (c *Controller) tenantRatesLocked(now time.Time) map[tenantKey]tenantRates 
 		}
 		k := tenantKey{t.Band, t.Tenant}
 		r := c.rates[k]
-		r.cost, r.requests = r.cost+t.Cost, r.requests+t.Requests
+		r.cost, r.requests, r.span = r.cost+t.Cost*t.Span, r.requests+t.Requests*t.Span, max(r.span, t.Span)
 		if !r.here {
 			r.weight = max(r.weight, t.Weight)
+		}
+		c.rates[k] = r
+	}
+	for k, r := range c.rates {
+		if r.span > 0 {
+			r.cost, r.requests = r.cost/r.span, r.requests/r.span
 		}
 		c.rates[k] = r
 	}

@@ -63,7 +63,7 @@ func wireDemand(d flowcontrol.Demand) *replication.Demand {
 	w := &replication.Demand{Drain: d.Drain, Settled: d.Settled, Tenants: make([]replication.TenantDemand, 0, len(d.Tenants))}
 	for _, t := range d.Tenants {
 		w.Tenants = append(w.Tenants, replication.TenantDemand{Band: uint8(t.Band), Tenant: t.Tenant, Cost: t.Cost,
-			Requests: t.Requests, Weight: t.Weight})
+			Requests: t.Requests, Weight: t.Weight, Span: t.Span})
 	}
 	return w
 }
@@ -132,7 +132,7 @@ func (f *FlowControl) applyPeers() {
 		SeatFrees: pool.DemandSeatFrees}
 	for _, t := range pool.Demand.Tenants {
 		demand.Tenants = append(demand.Tenants, flowcontrol.TenantDemand{Band: flowcontrol.Band(t.Band), Tenant: t.Tenant,
-			Cost: t.Cost, Requests: t.Requests, Weight: t.Weight})
+			Cost: t.Cost, Requests: t.Requests, Weight: t.Weight, Span: t.Span})
 	}
 	f.ctrl.SetPeers(flowcontrol.Peers{
 		CriticalRate: pool.CriticalRate, SeatFrees: pool.SeatFrees, Seats: pool.Seats,

@@ -57,11 +57,13 @@ type Demand struct {
 	Tenants []TenantDemand
 }
 
-// TenantDemand is what one tenant of one band asks at a replica, per second, and the tenant's weight.
+// TenantDemand is what one tenant of one band asks at a replica, per second over Span seconds, and the tenant's
+// weight.
 type TenantDemand struct {
 	Band                   uint8
 	Tenant                 string
 	Cost, Requests, Weight float64
+	Span                   float64
 }
 
 // BlockInserts are the prompt-block hashes a replica's prefix index inserted for one pod (its namespace/name), in
@@ -294,8 +296,13 @@ func (p *Pool) addDemand(d *Demand, frees float64) {
 			p.Demand.Tenants = append(p.Demand.Tenants, t)
 			continue
 		}
+		// Summed as counted (rate times span) over the longest span (flowcontrol's tenantRates).
 		u := &p.Demand.Tenants[i]
-		u.Cost, u.Requests, u.Weight = u.Cost+t.Cost, u.Requests+t.Requests, max(u.Weight, t.Weight)
+		span := max(u.Span, t.Span)
+		if span > 0 {
+			u.Cost, u.Requests = (u.Cost*u.Span+t.Cost*t.Span)/span, (u.Requests*u.Span+t.Requests*t.Span)/span
+		}
+		u.Weight, u.Span = max(u.Weight, t.Weight), span
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 // replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
 // prefix inserts after the acknowledgements, version 3 the pool's slot limit after them, version 4 the demand after
 // it (a flags byte, demand present and drain settled; with demand, the drain rate and the tenants, each a band byte,
-// its name and three rates). Every version is read; a replica sends each peer the newest version that peer has sent
+// its name, three rates and the span they average over). Every version is read; a replica sends each peer the newest version that peer has sent
 // (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases still exchange what both
 // read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
 // beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand).
@@ -111,7 +111,7 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 	for _, t := range s.Demand.Tenants {
 		b = append(b, t.Band)
 		b = appendString(b, t.Tenant)
-		b = appendRate(appendRate(appendRate(b, t.Cost), t.Requests), t.Weight)
+		b = appendRate(appendRate(appendRate(appendRate(b, t.Cost), t.Requests), t.Weight), t.Span)
 	}
 	return b, nil
 }
@@ -204,7 +204,8 @@ func (r *reader) demand() *Demand {
 		return nil
 	}
 	for range n {
-		t := TenantDemand{Band: r.byte(), Tenant: r.string(), Cost: r.rate(), Requests: r.rate(), Weight: r.rate()}
+		t := TenantDemand{Band: r.byte(), Tenant: r.string(), Cost: r.rate(), Requests: r.rate(), Weight: r.rate(),
+			Span: r.rate()}
 		if t.Band > maxWireBand {
 			r.err = cmpErr(r.err, fmt.Errorf("demand of band %d", t.Band))
 		}
