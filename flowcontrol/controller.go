@@ -94,6 +94,7 @@ type Controller struct {
 	demandSweepAt int
 	underShare    map[tenantKey]float64
 	underShareAt  time.Time
+	rates         map[tenantKey]tenantRates // underShareLocked's scratch (tenantRatesLocked)
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.
 	droppedMissing int
 	// recovery follows, per band, the overload episodes snapshots find it in (no endpoint below its ceiling, or

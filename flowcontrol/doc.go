@@ -38,7 +38,10 @@
 // request that would wait on one replica's endpoints may take an idle seat of a peer's (peers.go, Peers). With a live
 // peer, an endpoint whose own slot limit is not known counts the pool's slot limit as its seats (seatsLocked), and a
 // Critical request that finds no seat to start at once waits, first in line, rather than join a server's queue when
-// every candidate holds the pool's slot limit.
+// every candidate holds the pool's slot limit. A replica also tells its peers what its tenants ask and what it drains
+// (Controller.Demand, every few summaries), and with the peers' (Peers.Demand) judges a tenant under its share over
+// the pool (tenantRatesLocked, poolDrainLocked): tenant seats, the dispatch order and the yield rule then follow the
+// pool's figures, not this replica's share of the traffic. With no peer's demand it judges on its own, as before.
 //
 // Seats: a server that runs only a few requests at once (vLLM's --max-num-seqs) queues what it is sent behind the
 // requests it runs, FIFO, so on such a server the EPP's priority and fair order is not the order requests start. The

@@ -1,6 +1,10 @@
 package flowcontrol
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // Peers: several EPP replicas that own disjoint shares of a pool's endpoints (flowcontrol/replication) decide as one
 // on the Critical seat reserve. Each replica tells the others, every few milliseconds, its SeatSummary: its Critical
@@ -18,6 +22,12 @@ import "time"
 //   - when a Critical request finds no headroom on its own endpoints (CriticalWouldWait), its caller may send it to a
 //     peer's endpoint with an idle seat, as a replica alone would take any idle seat of the pool; the owner counts
 //     such requests (Peers.Load) against its endpoints' seats from the next summary on, and its scrapes show them too.
+//   - judges whether a tenant is under its share (tenantseats.go) from the pool's figures: what each tenant asks and
+//     what the pool drains, its own plus the peers' (Peers.Demand, from their Demand), as one replica seeing every
+//     request would. Judged from its own share of the traffic, a tenant asking 80% of its share is over it at one
+//     replica or another whenever the balancer sends that replica a little more of it than its share of capacity;
+//     there it then waits its fair turn behind the other tenants' backlog (seconds) while the other replicas serve it
+//     at once.
 //
 // A replica whose peers fall silent is given Peers{} and decides alone again, on the endpoints it owns.
 
@@ -41,6 +51,144 @@ type Peers struct {
 	PoolSlots int
 	// IdleSeats is how many idle seats the peers listed (SeatSummary.Idle), whichever replica each is offered to.
 	IdleSeats int
+	// Demand is what the live peers that sent their Demand reported, summed; Demand.Peers == 0 when none did (older
+	// releases send none): tenants are then judged on this replica's figures alone.
+	Demand PeerDemand
+}
+
+// PeerDemand is the sum of the peers' Demand: tenants summed per band and tenant, drain rates and seat free rates
+// summed, settled when every one is.
+type PeerDemand struct {
+	// Peers is how many peers the figures are from.
+	Peers int
+	// Drain is their drain rates summed (cost per second), Settled whether each had a window of evidence, SeatFrees
+	// the rate their seat-bound seats free.
+	Drain, SeatFrees float64
+	Settled          bool
+	Tenants          []TenantDemand
+}
+
+// Demand is what a replica tells its peers of its tenants, every few summaries.
+type Demand struct {
+	// Drain is the cost per second dispatched here while requests waited, Settled whether it has a window of evidence
+	// (drainEstimator).
+	Drain   float64
+	Settled bool
+	// Tenants are the tenants active here within the drain-rate window, at most MaxSummaryTenants per band (those
+	// asking the most cost per second).
+	Tenants []TenantDemand
+}
+
+// TenantDemand is what one tenant of a band asks per second: cost and requests, averaged over Span seconds (the
+// drain-rate window, or the time since its first request here if shorter); Weight is its fair-queuing weight.
+type TenantDemand struct {
+	Band                   Band
+	Tenant                 string
+	Cost, Requests, Weight float64
+	Span                   float64
+}
+
+// MaxSummaryTenants bounds the tenants of one band a Demand lists: the busiest, which decide what the others' share
+// is. A band with more active tenants at one replica has the rest judged with their own requests here only, and the
+// band's demand counted without the rest's at that replica (so its tenants' shares are, if anything, larger).
+const MaxSummaryTenants = 16
+
+// Demand returns what the controller's tenants ask and what it drains at now, for its peers.
+func (c *Controller) Demand() Demand {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	var d Demand
+	d.Drain, _ = c.drain.rate()
+	d.Settled = c.drain.settled()
+	for k, t := range c.demand {
+		if !c.activeLocked(t, now) {
+			continue
+		}
+		cost, _ := t.cost.rate(now)
+		n, _ := t.requests.rate(now)
+		d.Tenants = append(d.Tenants, TenantDemand{Band: k.band, Tenant: k.tenant, Cost: cost, Requests: n, Weight: t.weight,
+			Span: t.cost.span})
+	}
+	slices.SortFunc(d.Tenants, func(a, b TenantDemand) int {
+		return cmp.Or(cmp.Compare(a.Band, b.Band), cmp.Compare(b.Cost, a.Cost), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	kept := d.Tenants[:0]
+	for i, t := range d.Tenants {
+		if i < MaxSummaryTenants || d.Tenants[i-MaxSummaryTenants].Band != t.Band {
+			kept = append(kept, t)
+		}
+	}
+	d.Tenants = kept
+	return d
+}
+
+// tenantRates is what a tenant of a band asks per second as underShareLocked judges it: cost and requests over this
+// replica and its peers that reported demand, its weight, and its arrivals here (what seats kept for it here are
+// sized from); here is whether it is active at this replica. span is the longest time a replica's figures average
+// over: until a window has passed, a rate averages since the tenant's first request at that replica, which comes
+// later at each of N replicas than in the pool, so the replicas' rates summed would overstate the pool's (by half at
+// 4 replicas in the first seconds, measured); the pool's rate is what they counted, summed, over the longest span.
+type tenantRates struct {
+	cost, requests, weight, arrivals, span float64
+	here                                   bool
+}
+
+// tenantRatesLocked returns what each tenant active at now asks (tenantRates), in c.rates (reused): this replica's
+// own demand, plus its peers' (Peers.Demand) when some peer reported it.
+func (c *Controller) tenantRatesLocked(now time.Time) map[tenantKey]tenantRates {
+	if c.rates == nil {
+		c.rates = make(map[tenantKey]tenantRates)
+	}
+	clear(c.rates)
+	for k, d := range c.demand {
+		if !c.activeLocked(d, now) {
+			continue
+		}
+		cost, _ := d.cost.rate(now)
+		n, _ := d.requests.rate(now)
+		c.rates[k] = tenantRates{cost: cost, requests: n, weight: d.weight, arrivals: n, span: d.cost.span, here: true}
+	}
+	if len(c.peers.Demand.Tenants) == 0 {
+		return c.rates
+	}
+	// Counted, not rates: a rate times its span is the (decayed) sum counted, which adds up over the replicas.
+	for k, r := range c.rates {
+		r.cost, r.requests = r.cost*r.span, r.requests*r.span
+		c.rates[k] = r
+	}
+	for _, t := range c.peers.Demand.Tenants {
+		if t.Band >= NumBands || !(t.Weight > 0) {
+			continue
+		}
+		k := tenantKey{t.Band, t.Tenant}
+		r := c.rates[k]
+		r.cost, r.requests, r.span = r.cost+t.Cost*t.Span, r.requests+t.Requests*t.Span, max(r.span, t.Span)
+		if !r.here {
+			r.weight = max(r.weight, t.Weight)
+		}
+		c.rates[k] = r
+	}
+	for k, r := range c.rates {
+		if r.span > 0 {
+			r.cost, r.requests = r.cost/r.span, r.requests/r.span
+		}
+		c.rates[k] = r
+	}
+	return c.rates
+}
+
+// poolDrainLocked returns what underShareLocked takes the pool to drain, in cost per second: this replica's drain
+// rate and the rate its seat-bound seats free (poolFreesLocked), plus those of its peers that reported demand, and
+// whether the drain rates have a window of evidence.
+func (c *Controller) poolDrainLocked(now time.Time) (drain, frees float64, known bool) {
+	drain, _ = c.drain.rate()
+	known = c.drain.settled()
+	frees = c.poolFreesLocked(now)
+	if p := c.peers.Demand; p.Peers > 0 {
+		drain, frees, known = drain+p.Drain, frees+p.SeatFrees, known && p.Settled
+	}
+	return drain, frees, known
 }
 
 // SetPeers puts what the live peers reported in force (Peers{} when none is live). A peer's load that ended frees
@@ -49,6 +197,7 @@ func (c *Controller) SetPeers(p Peers) {
 	c.mu.Lock()
 	now := c.clock.Now()
 	c.peers = p
+	c.underShareAt = time.Time{} // judged again with the peers' demand
 	freed := false
 	for i := range c.endpoints {
 		e := &c.endpoints[i]

@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -402,5 +403,127 @@ func TestSeatsCountPoolSlots(t *testing.T) {
 				t.Fatalf("seats %d, want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestTenantUnderShareOverThePool: with peers that report their demand, a tenant is judged under its share over the
+// pool (its requests and the band's, and the drain, summed over this replica and those peers), as one replica seeing
+// every request would, not over this replica's own share of the traffic: here light asks as much as heavy (4 a
+// second each, a settled drain of 5), over its share of this replica; the peers see heavy much more, so over the pool
+// light is under its share. A tenant active only at a peer counts in its band (it shares the band's drain); the
+// peers' drain counts as settled only if each is; a replica whose peers are gone (Peers{}) judges alone again.
+func TestTenantUnderShareOverThePool(t *testing.T) {
+	tests := []struct {
+		name         string
+		heavy, light float64 // requests per second here, of cost 1
+		peers        PeerDemand
+		under        bool
+	}{
+		{name: "alone: light asks as much as heavy", heavy: 4, light: 4},
+		{name: "the peers see heavy more", heavy: 4, light: 4, under: true, peers: PeerDemand{Peers: 1, Drain: 25,
+			Settled: true, Tenants: []TenantDemand{{Standard, "heavy", 20, 20, 1, 10}, {Standard, "light", 1, 1, 1, 10}}}},
+		{name: "the peers see light as much", heavy: 4, light: 4, peers: PeerDemand{Peers: 1, Drain: 5,
+			Settled: true, Tenants: []TenantDemand{{Standard, "heavy", 10, 10, 1, 10}, {Standard, "light", 10, 10, 1, 10}}}},
+		{name: "heavy only at the peers", light: 4, under: true, peers: PeerDemand{Peers: 1, Drain: 25, Settled: true,
+			Tenants: []TenantDemand{{Standard, "heavy", 20, 20, 1, 10}}}},
+		{name: "peers' drain settled and low", heavy: 4, light: 4, peers: PeerDemand{Peers: 1, Drain: 1, Settled: true,
+			Tenants: []TenantDemand{{Standard, "heavy", 20, 20, 1, 10}, {Standard, "light", 1, 1, 1, 10}}}},
+		{name: "peers' drain not settled: a share of the demand", heavy: 4, light: 4, under: true, peers: PeerDemand{
+			Peers: 1, Drain: 1, Tenants: []TenantDemand{{Standard, "heavy", 20, 20, 1, 10}, {Standard, "light", 1, 1, 1, 10}}}},
+		{name: "a higher band's demand drains first", heavy: 4, light: 4, peers: PeerDemand{Peers: 1, Drain: 25,
+			Settled: true, Tenants: []TenantDemand{{Critical, "x", 24, 24, 1, 10}, {Standard, "heavy", 20, 20, 1, 10},
+				{Standard, "light", 1, 1, 1, 10}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newHarness(t, testConfig(t, nil)).c
+			if tt.peers.Peers > 0 {
+				c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, Demand: tt.peers})
+			}
+			c.mu.Lock()
+			window := c.cfg.DrainRateWindow
+			now := t0
+			for tick := time.Duration(0); tick < window; tick += 10 * time.Millisecond {
+				now = t0.Add(tick)
+				for tenant, rate := range map[string]float64{"heavy": tt.heavy, "light": tt.light} {
+					if every := time.Duration(float64(time.Second) / max(rate, 1e-9)); rate > 0 && tick%every == 0 {
+						c.noteArrivalLocked(Standard, tenant, 1, 1, now)
+					}
+				}
+			}
+			c.drain.meter = rateMeter{window: window.Seconds(), events: 5 * window.Seconds(), span: window.Seconds(), last: now}
+			under := c.underShareLocked(now)
+			if _, got := under[tenantKey{Standard, "light"}]; got != tt.under {
+				t.Errorf("light under its share: %v, want %v", got, tt.under)
+			}
+			if arrivals := under[tenantKey{Standard, "light"}]; tt.under && math.Abs(arrivals-tt.light) > 0.5 {
+				t.Errorf("light's arrivals for the seats kept here %.2f/s, want its own %.0f/s", arrivals, tt.light)
+			}
+			if _, got := under[tenantKey{Standard, "heavy"}]; got {
+				t.Errorf("heavy under its share")
+			}
+			if len(under) > 0 && tt.heavy == 0 {
+				if _, got := under[tenantKey{Standard, "heavy"}]; got {
+					t.Errorf("a tenant not active here judged")
+				}
+			}
+			c.mu.Unlock()
+
+			c.SetPeers(Peers{}) // the peers are gone: judged alone
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			_, got := c.underShareLocked(now)[tenantKey{Standard, "light"}]
+			if alone := tt.heavy > 0 && tt.light < tt.heavy; got != alone {
+				t.Errorf("peers gone: light under its share %v, want %v", got, alone)
+			}
+		})
+	}
+}
+
+// TestDemandSummary: a replica tells its peers the tenants active within the drain-rate window, per band at most
+// MaxSummaryTenants, the busiest, with its drain rate.
+func TestDemandSummary(t *testing.T) {
+	c := newHarness(t, testConfig(t, nil)).c
+	c.mu.Lock()
+	start := t0.Add(-time.Second)
+	for i := range MaxSummaryTenants + 2 {
+		for k := range i + 1 {
+			c.noteArrivalLocked(Standard, fmt.Sprint("t", i), 1, 1, start.Add(time.Duration(k)*time.Millisecond))
+		}
+	}
+	c.noteArrivalLocked(Critical, "idle", 1, 1, t0.Add(-time.Hour))
+	c.noteArrivalLocked(Sheddable, "s", 2, 3, start)
+	c.mu.Unlock()
+	d := c.Demand()
+	if len(d.Tenants) != MaxSummaryTenants+1 {
+		t.Fatalf("%d tenants listed, want %d: %+v", len(d.Tenants), MaxSummaryTenants+1, d.Tenants)
+	}
+	for i, td := range d.Tenants[:MaxSummaryTenants] {
+		if want := fmt.Sprint("t", MaxSummaryTenants+1-i); td.Band != Standard || td.Tenant != want {
+			t.Errorf("tenant %d listed %v %s, want Standard %s (the busiest first)", i, td.Band, td.Tenant, want)
+		}
+	}
+	if s := d.Tenants[MaxSummaryTenants]; s.Band != Sheddable || s.Tenant != "s" || s.Weight != 2 || !(s.Cost > s.Requests) {
+		t.Errorf("the Sheddable tenant listed as %+v", s)
+	}
+}
+
+// TestPooledTenantRatesOverTheLongestSpan: a rate averages over the time since the tenant's first request until a
+// window has passed, and that first request comes later at each replica than in the pool: the pool's rate is what the
+// replicas counted, summed, over the longest span, not their rates summed (which overstate it in the first seconds).
+func TestPooledTenantRatesOverTheLongestSpan(t *testing.T) {
+	c := newHarness(t, testConfig(t, nil)).c
+	c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, Demand: PeerDemand{Peers: 1,
+		Tenants: []TenantDemand{{Standard, "light", 1, 1, 1, 10}}}})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	window := c.cfg.DrainRateWindow.Seconds()
+	c.demand[tenantKey{Standard, "light"}] = &tenantDemand{ // 4 counted over its first second here
+		requests: rateMeter{window: window, events: 4, span: 1, last: t0},
+		cost:     rateMeter{window: window, events: 4, span: 1, last: t0}, weight: 1, last: t0}
+	got := c.tenantRatesLocked(t0)[tenantKey{Standard, "light"}]
+	if want := 1.4; math.Abs(got.cost-want) > 1e-9 || math.Abs(got.requests-want) > 1e-9 || got.arrivals != 4 {
+		t.Fatalf("pooled light %.2f cost/s, %.2f requests/s, arrivals here %.2f/s; want %.2f, %.2f (4 + 10 counted over 10 s), 4",
+			got.cost, got.requests, got.arrivals, want, want)
 	}
 }

@@ -88,17 +88,14 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 		c.underShare = make(map[tenantKey]float64)
 	}
 	c.underShareAt = now
+	// What each tenant asks: over the pool when peers report their demand (peers.go), else here.
+	rates := c.tenantRatesLocked(now)
 	var asked, requests, weight [NumBands]float64
 	var active [NumBands]int
-	for k, d := range c.demand {
-		if !c.activeLocked(d, now) {
-			continue
-		}
-		r, _ := d.cost.rate(now)
-		n, _ := d.requests.rate(now)
-		asked[k.band] += r
-		requests[k.band] += n
-		weight[k.band] += d.weight
+	for k, t := range rates {
+		asked[k.band] += t.cost
+		requests[k.band] += t.requests
+		weight[k.band] += t.weight
 		active[k.band]++
 	}
 	if !slices.ContainsFunc(active[:], func(n int) bool { return n >= 2 }) {
@@ -110,19 +107,19 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 	// better is known, the pool counts as draining what the bands ask if more: a tenant asking less than its weight's
 	// share of the demand is then under its share. The seats counted are those of every endpoint not down, fresh or
 	// not (poolFreesLocked).
-	drain, _ := c.drain.rate()
+	drain, frees, known := c.poolDrainLocked(now)
 	var total, n float64
 	for _, b := range allBands {
 		total, n = total+asked[b], n+requests[b]
 	}
-	known := c.drain.settled()
-	if frees := c.poolFreesLocked(now); frees > 0 && n > 0 {
+	if frees > 0 && n > 0 {
 		drain, known = max(drain, frees*total/n), true
 	}
 	if !known {
 		drain = max(drain, total)
 	}
-	// What each band drains: the pool's drain less what the bands above ask.
+	// What each band drains: the pool's drain less what the bands above ask. Only tenants active here are judged:
+	// the others send nothing here to protect.
 	above := 0.0
 	for _, b := range allBands {
 		capacity := max(0, drain-above)
@@ -130,12 +127,9 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 		if active[b] < 2 {
 			continue
 		}
-		for k, d := range c.demand {
-			if k.band != b || !c.activeLocked(d, now) {
-				continue
-			}
-			if r, _ := d.cost.rate(now); r < d.weight/weight[b]*capacity {
-				c.underShare[k], _ = d.requests.rate(now)
+		for k, t := range rates {
+			if k.band == b && t.here && t.cost < t.weight/weight[b]*capacity {
+				c.underShare[k] = t.arrivals
 			}
 		}
 	}

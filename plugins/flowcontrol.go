@@ -227,6 +227,8 @@ type FlowControl struct {
 	// without peers or without exactly one.
 	sharedPrefix atomic.Pointer[PrefixCache]
 	prefixBlocks sharedBlocks
+	// summaries counts the peer summaries built: every DemandEvery-th carries the demand (flowcontrol_peers.go).
+	summaries atomic.Uint64
 	// returnSeed keys requests by content (returnKey).
 	returnSeed maphash.Seed
 

@@ -24,6 +24,9 @@ import (
 // that a prompt a peer's endpoint holds can be sent there, the headroom filter keeps such an endpoint as a candidate
 // when it holds much more of the prompt than this replica's own (mayUsePeerEndpoint); a request the scheduler then
 // places there is recorded as sent to the peer's endpoint (routedToPeer), which its owner counts on its seats.
+//
+// Every DemandEvery-th summary also carries what this replica's tenants ask and what it drains
+// (flowcontrol.Controller.Demand), with which each replica judges a tenant under its share over the pool.
 
 // PeerSummary returns this replica's next summary for its peers, after putting in force what the live peers last
 // reported (so a peer that fell silent stops counting, and the summary acknowledges what was taken in).
@@ -36,6 +39,9 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	for _, e := range s.Idle {
 		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
 	}
+	if f.summaries.Add(1)%DemandEvery == 1 {
+		own.Demand = wireDemand(f.ctrl.Demand())
+	}
 	if pc := f.sharedPrefix.Load(); pc != nil {
 		inserts, dropped := pc.index.TakeInserts()
 		sent := 0
@@ -47,6 +53,19 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 		f.prefixBlocks.dropped.Add(uint64(dropped))
 	}
 	return f.peers.Next(own, now)
+}
+
+// DemandEvery is how many summaries go between two that carry the demand: its rates are averages over the drain-rate
+// window (seconds), so every 50 ms at the default interval follows them, at a tenth of the bytes of every summary.
+const DemandEvery = 10
+
+func wireDemand(d flowcontrol.Demand) *replication.Demand {
+	w := &replication.Demand{Drain: d.Drain, Settled: d.Settled, Tenants: make([]replication.TenantDemand, 0, len(d.Tenants))}
+	for _, t := range d.Tenants {
+		w.Tenants = append(w.Tenants, replication.TenantDemand{Band: uint8(t.Band), Tenant: t.Tenant, Cost: t.Cost,
+			Requests: t.Requests, Weight: t.Weight, Span: t.Span})
+	}
+	return w
 }
 
 // PeerWireVersion is the wire version to send peer this replica's summaries in (replication.Exchange.WireVersion).
@@ -109,11 +128,18 @@ func (f *FlowControl) applyPeers() {
 		return
 	}
 	self := f.peers.Self()
+	demand := flowcontrol.PeerDemand{Peers: pool.DemandPeers, Drain: pool.Demand.Drain, Settled: pool.Demand.Settled,
+		SeatFrees: pool.DemandSeatFrees}
+	for _, t := range pool.Demand.Tenants {
+		demand.Tenants = append(demand.Tenants, flowcontrol.TenantDemand{Band: flowcontrol.Band(t.Band), Tenant: t.Tenant,
+			Cost: t.Cost, Requests: t.Requests, Weight: t.Weight, Span: t.Span})
+	}
 	f.ctrl.SetPeers(flowcontrol.Peers{
 		CriticalRate: pool.CriticalRate, SeatFrees: pool.SeatFrees, Seats: pool.Seats,
 		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, PoolSlots: pool.PoolSlots,
 		IdleSeats:    pool.IdleSeats,
 		ReserveShare: func(n, seats int) int { return pool.ReserveShare(self, n, seats) },
+		Demand:       demand,
 	})
 }
 

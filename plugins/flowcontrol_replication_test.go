@@ -372,3 +372,51 @@ func sendSummary(t *testing.T, from, to *FlowControl) {
 	}
 	to.HearPeer(s)
 }
+
+// TestFlowControlPeerDemand: every DemandEvery-th summary, the first included, carries what the replica's tenants ask
+// (flowcontrol.Controller.Demand), in the wire form; the others carry none, and the receiver keeps the last one heard.
+func TestFlowControlPeerDemand(t *testing.T) {
+	clk := clocktesting.NewFakeClock(fcT0)
+	pool := &fakePool{}
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()))
+	view, err := replication.NewView("epp-a:9003", []string{"epp-a:9003", "epp-b:9003"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{Endpoints: pool,
+		Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange("epp-a:9003", time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	for i, tenant := range []string{"heavy", "heavy", "light"} {
+		a.Submit(requestContext(fmt.Sprint("r", i), tenant, 10, nil), 0, func(error, bool) {})
+		clk.Step(10 * time.Millisecond)
+	}
+	for i := range 2*DemandEvery + 1 {
+		wire, err := a.PeerSummary().AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := replication.ParseSummary(wire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if carries := i%DemandEvery == 0; (s.Demand != nil) != carries {
+			t.Fatalf("summary %d carries demand %+v, want %v", i+1, s.Demand, carries)
+		}
+		if s.Demand == nil {
+			continue
+		}
+		var tenants []string
+		for _, td := range s.Demand.Tenants {
+			tenants = append(tenants, td.Tenant)
+		}
+		slices.Sort(tenants)
+		if want := []string{"heavy", "light"}; !slices.Equal(tenants, want) {
+			t.Fatalf("summary %d lists tenants %v, want %v", i+1, tenants, want)
+		}
+	}
+}

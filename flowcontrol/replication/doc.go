@@ -12,7 +12,9 @@
 // index inserted since its last one (Prefix), so that every replica's index holds what any replica routed, and a
 // request routed to a peer's endpoint for prefix affinity is counted there like one sent to an idle seat (SentTo),
 // and the smallest slot limit the sender learned on its endpoints (PoolSlots), which every replica takes for the
-// pool's. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary; each peer is sent the
+// pool's. Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per band, and
+// its drain rate), kept until the next one; Pool sums the live peers' (Pool.Demand), so each replica judges a tenant
+// under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary; each peer is sent the
 // newest version it sent, WireVersion); nothing on the request path waits for one.
 //
 // It is pure decision logic: plain inputs, time passed in as arguments, no I/O, no dependency on the Gateway API
@@ -31,6 +33,8 @@
 //     two replicas never send a request to the same idle seat from the same summary.
 //   - ReserveShare's parts, over replicas that agree on the figures, add up to the pool's reserve.
 //   - A peer silent for the timeout drops out of Pool and offers nothing: with no live peer a replica decides alone.
+//   - Pool.Demand counts only the peers that sent one (DemandPeers): a replica of a release from before wire version 4
+//     sends none, and its tenants are not counted in the pool's demand nor its drain in the pool's drain.
 //   - View.Owned returns every endpoint when this replica's share is empty (more replicas than endpoints), so no
 //     replica is left with nothing to route to; those endpoints are then shared, not partitioned.
 //

@@ -32,6 +32,9 @@ type Summary struct {
 	// Acks is, per peer, the Seq of the latest of its summaries the sender has taken in: a peer's request sent to
 	// the sender's endpoint counts in the sender's Idle once the summary that first told of it is acknowledged.
 	Acks []Ack
+	// Demand is what the sender's tenants ask and what its endpoints drain (flowcontrol.SeatSummary.Demand), sent
+	// every few summaries (wire version 4); nil in a summary without it, whose receiver keeps the sender's last.
+	Demand *Demand
 	// Prefix is, per model-server pod, the prompt blocks the sender's prefix index inserted since its last summary
 	// (prefixcache.PodInserts): what it routed there that the pod did not hold before, so each replica's index holds
 	// what any replica routed. Bounded by the sender (plugins.DefaultSharedPrefixBlocks) and by the wire form.
@@ -41,6 +44,26 @@ type Summary struct {
 	// Reads is the newest wire version the sender reads, as it declared beside its summaries (the peer stream's
 	// metadata); 0 when it did not: a release from before the declaration reads what it sends.
 	Reads byte
+}
+
+// Demand is one replica's per-tenant demand and drain rate: with its peers' it judges whether a tenant is under its
+// share of the pool, as one replica seeing every request would, rather than of its own share of the traffic.
+type Demand struct {
+	// Drain is the cost per second the sender's admission dispatched while requests waited; Settled whether it has a
+	// window of evidence.
+	Drain   float64
+	Settled bool
+	// Tenants are the sender's tenants active in the drain-rate window, at most a bound per band (the busiest).
+	Tenants []TenantDemand
+}
+
+// TenantDemand is what one tenant of one band asks at a replica, per second over Span seconds, and the tenant's
+// weight.
+type TenantDemand struct {
+	Band                   uint8
+	Tenant                 string
+	Cost, Requests, Weight float64
+	Span                   float64
 }
 
 // BlockInserts are the prompt-block hashes a replica's prefix index inserted for one pod (its namespace/name), in
@@ -135,6 +158,9 @@ func (x *Exchange) Heard(s Summary, now time.Time) {
 			return
 		}
 		h.version = max(h.version, old.version)
+		if h.Demand == nil {
+			h.Demand = old.Demand // sent every few summaries: the last one holds while the peer is live
+		}
 	}
 	x.peers[s.From] = h
 }
@@ -203,6 +229,13 @@ type Pool struct {
 	Load map[string]int
 	// seats are the live replicas' seat-bound seats, self's not included, by name (ReserveShare).
 	seats map[string]int
+	// Demand sums the Demand of the live peers that sent one (DemandPeers of them; a peer of a release from before
+	// wire version 4 sends none): their drain rates, settled only if every one is, their tenants' demand summed per
+	// band and tenant (the largest weight), and the rate their seats free (DemandSeatFrees), so that a replica judges
+	// tenants over itself and the peers that reported, a consistent part of the pool.
+	Demand          Demand
+	DemandPeers     int
+	DemandSeatFrees float64
 }
 
 // Live reports whether some peer is live: without one a replica decides alone.
@@ -233,7 +266,44 @@ func (x *Exchange) Pool(now time.Time) Pool {
 			p.Load[s.Endpoint] += s.N
 		}
 	}
+	// Demand in peer name order: sums of floats, which the same figures then give the same in every run.
+	names := make([]string, 0, len(x.peers))
+	for name, h := range x.peers {
+		if h.Demand != nil {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		h := x.peers[name]
+		p.addDemand(h.Demand, h.SeatFrees)
+	}
 	return p
+}
+
+// addDemand adds a peer's demand, and the rate its seats free, to the pool's (Pool.Demand).
+func (p *Pool) addDemand(d *Demand, frees float64) {
+	if p.DemandPeers == 0 {
+		p.Demand.Settled = true
+	}
+	p.DemandPeers++
+	p.DemandSeatFrees += frees
+	p.Demand.Drain += d.Drain
+	p.Demand.Settled = p.Demand.Settled && d.Settled
+	for _, t := range d.Tenants {
+		i := slices.IndexFunc(p.Demand.Tenants, func(u TenantDemand) bool { return u.Band == t.Band && u.Tenant == t.Tenant })
+		if i < 0 {
+			p.Demand.Tenants = append(p.Demand.Tenants, t)
+			continue
+		}
+		// Summed as counted (rate times span) over the longest span (flowcontrol's tenantRates).
+		u := &p.Demand.Tenants[i]
+		span := max(u.Span, t.Span)
+		if span > 0 {
+			u.Cost, u.Requests = (u.Cost*u.Span+t.Cost*t.Span)/span, (u.Requests*u.Span+t.Requests*t.Span)/span
+		}
+		u.Weight, u.Span = max(u.Weight, t.Weight), span
+	}
 }
 
 // ReserveShare is self's part of a pool-wide reserve of pool seats when it has seats seat-bound seats: the pool's

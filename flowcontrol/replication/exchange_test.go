@@ -2,6 +2,7 @@ package replication
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -180,7 +181,8 @@ func TestExchangeSentExpires(t *testing.T) {
 func TestSummaryWireVersions(t *testing.T) {
 	s := Summary{From: "epp-0", Seq: 9, CriticalRate: 2, SeatFrees: 8, Seats: 12, CriticalWaiting: 1,
 		Idle: []EndpointCount{{"10.0.1.1:8000", 2}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}}, Acks: []Ack{{"epp-1", 3}},
-		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4}
+		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4,
+		Demand: &Demand{Drain: 6, Settled: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}}}
 	wire := map[byte][]byte{}
 	for v := byte(wireVersionSeats); v <= WireVersion; v++ {
 		b, err := s.AppendVersion(nil, v)
@@ -191,6 +193,9 @@ func TestSummaryWireVersions(t *testing.T) {
 		want := s
 		want.Version = v
 		if v < WireVersion {
+			want.Demand = nil
+		}
+		if v < wireVersionSlots {
 			want.PoolSlots = 0
 		}
 		if v < wireVersionPrefix {
@@ -202,13 +207,17 @@ func TestSummaryWireVersions(t *testing.T) {
 	}
 	noPrefix := s
 	noPrefix.Prefix = nil
-	v3, _ := noPrefix.AppendVersion(nil, WireVersion)
+	v3, _ := noPrefix.AppendVersion(nil, wireVersionSlots)
+	noDemand := s
+	noDemand.Demand = nil
+	v4, _ := noDemand.AppendVersion(nil, WireVersion)
 	for _, tc := range []struct {
 		older, newer []byte
 		added        int
 	}{
 		{wire[wireVersionSeats], v3, 2}, // an empty prefix list and the slot limit
-		{wire[wireVersionPrefix], wire[WireVersion], 1},
+		{wire[wireVersionPrefix], wire[wireVersionSlots], 1},
+		{wire[wireVersionSlots], v4, 1}, // the demand's flags: none
 	} {
 		if !reflect.DeepEqual(tc.older[1:], tc.newer[1:len(tc.newer)-tc.added]) {
 			t.Errorf("version %d is not version %d without its added fields:\n%x\n%x", tc.older[0], tc.newer[0], tc.older, tc.newer)
@@ -222,9 +231,91 @@ func TestSummaryWireVersions(t *testing.T) {
 	}
 }
 
-// TestExchangeWireVersion: a peer is sent version 1 until it is heard, then the newest version it has sent since it
-// was last silent (a release from before the slot limit sends 1 or 2 as it has prefix inserts or not), at most the
-// newest; the pool's slot limit is the smallest a live peer reported, its idle seats all they listed.
+// TestSummaryWireDemand: version 4's demand reads back as written, absent as nil (the receiver keeps the last), and a
+// demand with too many tenants, a band out of range, a rate that is not finite and non-negative, or unknown flags is
+// refused.
+func TestSummaryWireDemand(t *testing.T) {
+	tenants := func(n int) []TenantDemand {
+		var ts []TenantDemand
+		for i := range n {
+			ts = append(ts, TenantDemand{Band: 2, Tenant: fmt.Sprint("t", i), Cost: 1, Requests: 1, Weight: 1})
+		}
+		return ts
+	}
+	for _, tc := range []struct {
+		name string
+		d    *Demand
+		ok   bool
+	}{
+		{"none", nil, true},
+		{"no tenant, unsettled", &Demand{Drain: 0.5}, true},
+		{"two tenants", &Demand{Drain: 9.5, Settled: true, Tenants: []TenantDemand{
+			{Band: 1, Tenant: "heavy", Cost: 8, Requests: 4, Weight: 1, Span: 10}, {Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 2, Span: 2.5}}}, true},
+		{"tenants at the bound", &Demand{Tenants: tenants(maxWireTenants)}, true},
+		{"too many tenants", &Demand{Tenants: tenants(maxWireTenants + 1)}, false},
+		{"band out of range", &Demand{Tenants: []TenantDemand{{Band: maxWireBand + 1, Tenant: "x", Weight: 1}}}, false},
+		{"negative cost", &Demand{Tenants: []TenantDemand{{Band: 1, Tenant: "x", Cost: -1, Weight: 1}}}, false},
+		{"NaN drain", &Demand{Drain: math.NaN()}, false},
+		{"infinite weight", &Demand{Tenants: []TenantDemand{{Band: 1, Tenant: "x", Weight: math.Inf(1)}}}, false},
+		{"negative span", &Demand{Tenants: []TenantDemand{{Band: 1, Tenant: "x", Weight: 1, Span: -1}}}, false},
+	} {
+		s := Summary{From: "epp-0", Seq: 3, PoolSlots: 4, Demand: tc.d}
+		wire, err := s.AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseSummary(wire)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: ParseSummary error %v, want ok %v", tc.name, err, tc.ok)
+			continue
+		}
+		s.Version = WireVersion
+		if tc.ok && !reflect.DeepEqual(got, s) {
+			t.Errorf("%s: %+v came back as %+v", tc.name, s, got)
+		}
+	}
+	for _, flags := range []byte{demandSettled, 1 << 7, demandPresent | 1<<7} {
+		b, _ := Summary{From: "epp-0", Seq: 1}.AppendVersion(nil, wireVersionSlots)
+		b[0] = WireVersion
+		b = append(b, flags)
+		if flags&demandPresent != 0 {
+			b = append(b, 0, 0, 0, 0, 0) // a drain of 0, no tenant
+		}
+		if _, err := ParseSummary(b); err == nil {
+			t.Errorf("flags %#x read", flags)
+		}
+	}
+}
+
+// TestExchangeDemand: the pool's demand sums the live peers' latest (a summary without demand keeps the last one's),
+// tenants per band and name (what each counted, rate times span, over the longest span), drains and seat free rates; it is settled only if each peer's is, counts only the peers
+// that sent one (an older release sends none), and goes with a peer that falls silent: the replica then decides alone.
+func TestExchangeDemand(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	x := NewExchange("a", 100*time.Millisecond)
+	x.Heard(Summary{From: "b", Seq: 1, SeatFrees: 4, Demand: &Demand{Drain: 3, Settled: true, Tenants: []TenantDemand{
+		{Band: 1, Tenant: "heavy", Cost: 8, Requests: 8, Weight: 1, Span: 10}, {Band: 1, Tenant: "light", Cost: 1, Requests: 1, Weight: 1, Span: 10}}}}, t0)
+	x.Heard(Summary{From: "b", Seq: 2, SeatFrees: 4}, t0.Add(10*time.Millisecond)) // no demand: the last holds
+	// c's light tenant came later: its rate averages over 5 s, so the pool counted 10 + 10 over 10 s.
+	x.Heard(Summary{From: "c", Seq: 1, SeatFrees: 2, Demand: &Demand{Drain: 2, Tenants: []TenantDemand{
+		{Band: 1, Tenant: "light", Cost: 2, Requests: 4, Weight: 1, Span: 5}, {Band: 2, Tenant: "light", Cost: 5, Requests: 1, Weight: 3, Span: 10}}}}, t0)
+	x.Heard(Summary{From: "d", Seq: 1, SeatFrees: 100}, t0) // an older release: no demand
+	p := x.Pool(t0.Add(20 * time.Millisecond))
+	want := Demand{Drain: 5, Settled: false, Tenants: []TenantDemand{
+		{Band: 1, Tenant: "heavy", Cost: 8, Requests: 8, Weight: 1, Span: 10}, {Band: 1, Tenant: "light", Cost: 2, Requests: 3, Weight: 1, Span: 10},
+		{Band: 2, Tenant: "light", Cost: 5, Requests: 1, Weight: 3, Span: 10}}}
+	if !reflect.DeepEqual(p.Demand, want) || p.DemandPeers != 2 || p.DemandSeatFrees != 6 {
+		t.Fatalf("pool demand %+v from %d peers, seat frees %v; want %+v from 2, 6", p.Demand, p.DemandPeers, p.DemandSeatFrees, want)
+	}
+	x.Heard(Summary{From: "c", Seq: 2, Demand: &Demand{Drain: 2, Settled: true}}, t0.Add(20*time.Millisecond))
+	if p := x.Pool(t0.Add(20 * time.Millisecond)); !p.Demand.Settled || len(p.Demand.Tenants) != 2 {
+		t.Fatalf("with every peer's drain settled: %+v", p.Demand)
+	}
+	if p := x.Pool(t0.Add(time.Second)); p.Live() || p.DemandPeers != 0 || len(p.Demand.Tenants) != 0 {
+		t.Fatalf("every peer silent: pool %+v, want no demand", p)
+	}
+}
+
 func TestExchangeWireVersion(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	x := NewExchange("a", time.Second)

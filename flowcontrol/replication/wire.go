@@ -10,14 +10,17 @@ import (
 // The wire form of a Summary, what replicas send one another: a version byte, then the fields in order, strings as
 // a uvarint length and bytes, counts as uvarints, rates as float32 bits, block hashes as 8 bytes. A summary of a
 // replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
-// prefix inserts after the acknowledgements, version 3 the pool's slot limit after them. Every version is read; a
-// replica sends each peer the newest version that peer has sent (Exchange.WireVersion), so that during a rolling
-// upgrade replicas of different releases still exchange what both read: replicas from before prefix sharing refuse
-// anything but version 1, those from before the slot limit anything beyond 2.
+// prefix inserts after the acknowledgements, version 3 the pool's slot limit after them, version 4 the demand after
+// it (a flags byte, demand present and drain settled; with demand, the drain rate and the tenants, each a band byte,
+// its name, three rates and the span they average over). Every version is read; a replica sends each peer the newest version that peer has sent
+// (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases still exchange what both
+// read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
+// beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand).
 
 const (
 	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
-	WireVersion       = 3
+	WireVersion       = 4
+	wireVersionSlots  = 3 // with the pool's slot limit, without the demand
 	wireVersionPrefix = 2 // with prefix inserts, without the pool's slot limit
 	wireVersionSeats  = 1 // without prefix inserts
 	hashBytes         = 8
@@ -25,6 +28,19 @@ const (
 
 // maxWireHashes bounds the block hashes a received summary may carry, over all its pods: 32 KiB.
 const maxWireHashes = 1 << 12
+
+// maxWireTenants bounds the tenants a received summary's demand may list: a sender lists at most
+// flowcontrol.MaxSummaryTenants per band.
+const maxWireTenants = 1 << 8
+
+// maxWireBand bounds a tenant's band: flowcontrol's bands number 3, a few more leave room without allowing garbage.
+const maxWireBand = 15
+
+// Flags of the demand (version 4).
+const (
+	demandPresent = 1 << iota
+	demandSettled
+)
 
 // maxWireEntries bounds each list a received summary may hold: a corrupt or hostile length cannot allocate much.
 const maxWireEntries = 1 << 16
@@ -75,10 +91,33 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 			b = binary.BigEndian.AppendUint64(b, h)
 		}
 	}
+	if v < wireVersionSlots {
+		return b, nil
+	}
+	b = binary.AppendUvarint(b, uint64(max(0, s.PoolSlots)))
 	if v < WireVersion {
 		return b, nil
 	}
-	return binary.AppendUvarint(b, uint64(max(0, s.PoolSlots))), nil
+	if s.Demand == nil {
+		return append(b, 0), nil
+	}
+	flags := byte(demandPresent)
+	if s.Demand.Settled {
+		flags |= demandSettled
+	}
+	b = append(b, flags)
+	b = appendRate(b, s.Demand.Drain)
+	b = binary.AppendUvarint(b, uint64(len(s.Demand.Tenants)))
+	for _, t := range s.Demand.Tenants {
+		b = append(b, t.Band)
+		b = appendString(b, t.Tenant)
+		b = appendRate(appendRate(appendRate(appendRate(b, t.Cost), t.Requests), t.Weight), t.Span)
+	}
+	return b, nil
+}
+
+func appendRate(b []byte, r float64) []byte {
+	return binary.BigEndian.AppendUint32(b, math.Float32bits(float32(r)))
 }
 
 func appendString(b []byte, s string) []byte {
@@ -127,8 +166,11 @@ func ParseSummary(b []byte) (Summary, error) {
 			s.Prefix = append(s.Prefix, p)
 		}
 	}
-	if v >= WireVersion {
+	if v >= wireVersionSlots {
 		s.PoolSlots = r.seats(r.count())
+	}
+	if v >= WireVersion {
+		s.Demand = r.demand()
 	}
 	switch {
 	case r.err != nil:
@@ -142,6 +184,45 @@ func ParseSummary(b []byte) (Summary, error) {
 }
 
 var errTruncated = errors.New("summary is truncated")
+
+// demand reads version 4's demand: nil when the summary carries none.
+func (r *reader) demand() *Demand {
+	flags := r.byte()
+	if r.err != nil || flags&demandPresent == 0 {
+		if flags&^demandPresent != 0 {
+			r.err = cmpErr(r.err, fmt.Errorf("demand flags %#x without demand", flags))
+		}
+		return nil
+	}
+	if flags&^(demandPresent|demandSettled) != 0 {
+		r.err = cmpErr(r.err, fmt.Errorf("unknown demand flags %#x", flags))
+	}
+	d := &Demand{Settled: flags&demandSettled != 0, Drain: r.rate()}
+	n := r.count()
+	if n > maxWireTenants {
+		r.err = cmpErr(r.err, fmt.Errorf("demand of %d tenants, more than %d", n, maxWireTenants))
+		return nil
+	}
+	for range n {
+		t := TenantDemand{Band: r.byte(), Tenant: r.string(), Cost: r.rate(), Requests: r.rate(), Weight: r.rate(),
+			Span: r.rate()}
+		if t.Band > maxWireBand {
+			r.err = cmpErr(r.err, fmt.Errorf("demand of band %d", t.Band))
+		}
+		d.Tenants = append(d.Tenants, t)
+	}
+	return d
+}
+
+// rate reads a rate: a finite, non-negative float32.
+func (r *reader) rate() float64 {
+	v := float64(math.Float32frombits(r.uint32()))
+	if !(v >= 0) || math.IsInf(v, 0) {
+		r.err = cmpErr(r.err, fmt.Errorf("rate %v is not finite and non-negative", v))
+		return 0
+	}
+	return v
+}
 
 // reader reads the wire form; its first error sticks and every later read returns zero.
 type reader struct {
