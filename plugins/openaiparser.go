@@ -49,6 +49,15 @@ func (p *OpenAIParser) ParseResponse(ctx context.Context, body []byte, headers m
 	return p.parseResponse(ctx, body, headers, endOfStream)
 }
 
+// EventStream reports whether ParseResponse takes response headers to say
+// server-sent events, as upstream's parser decides it.
+func (p *OpenAIParser) EventStream(headers map[string]string) bool { return isEventStream(headers) }
+
+// NamesNoUsage reports whether ParseResponse answers a chunk of an event
+// stream (EventStream) with no usage, and nothing else, without decoding it.
+// Sluice's hot path answers such chunks without upstream's handler.
+func (p *OpenAIParser) NamesNoUsage(body []byte) bool { return len(body) > 0 && !mayNameUsage(body) }
+
 // noUsage is the answer for every chunk that names no usage, shared rather
 // than allocated per chunk: upstream's handler, the parser's one caller, only
 // reads it.

@@ -270,7 +270,11 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	path.director = director
 	if path.hot {
 		chunks, observers := chunkInterestOf(requestPlugins)
-		path.director = &hotDirector{Director: director, chunks: chunks, observers: observers}
+		hot := &hotDirector{Director: director, chunks: chunks, observers: observers}
+		if screen, ok := parser.(usageScreen); ok && chunks != chunksEvery {
+			hot.screen = screen
+		}
+		path.director = hot
 	}
 	return path, nil
 }
