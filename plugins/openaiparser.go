@@ -125,12 +125,20 @@ func isEventStream(headers map[string]string) bool {
 // spell letters; so a body that contains neither "usage" in any case (with
 // either s) nor a \u escape cannot.
 func mayNameUsage(b []byte) bool {
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case c == '\\' && i+1 < len(b) && b[i+1] == 'u':
-			return true
-		case c|0x20 == 'u' && foldsToSage(b[i+1:]):
-			return true
+	if bytes.Contains(b, []byte(`\u`)) {
+		return true
+	}
+	// Every chunk crosses this: the u's are found with IndexByte rather than a loop over every byte.
+	for _, u := range [2]byte{'u', 'U'} {
+		for rest := b; ; {
+			i := bytes.IndexByte(rest, u)
+			if i < 0 {
+				break
+			}
+			if foldsToSage(rest[i+1:]) {
+				return true
+			}
+			rest = rest[i+1:]
 		}
 	}
 	return false
