@@ -29,7 +29,10 @@ import (
 // and the response headers. On the hot path the Director hears only the chunks its plugins act on, and response
 // body messages reach upstream's handler without their metadata. What every plugin observes is unchanged; what
 // changes is upstream's per-plugin latency histogram for the response-body extension point, which no longer counts
-// the plugin runs that were skipped.
+// the plugin runs that were skipped. With Sluice's parser the stream goes further (answerChunk): once upstream's
+// handler has streamed a response's first chunk, the stream answers each later chunk in which the parser can find no
+// usage itself, doing what upstream's handler would do for it, and upstream's handler sees the rest (the last chunk,
+// a usage, and every chunk when it logs them at -v=4 and up).
 
 // WithHotPath turns Sluice's hot path on when enabled, asked once the options are complete, reports true. Without
 // it, or when enabled reports false, every request takes upstream's path unchanged.
