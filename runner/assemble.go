@@ -373,6 +373,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		decisions:    req.decisions,
 		requestIDs:   req.narrowing,
 		hot:          req.hot,
+		wireChunks:   req.hot, // the server's codec is extProcCodec
 	}
 	if r.extProcHandler != nil {
 		r.extProcHandler(handler, codec)

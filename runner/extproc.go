@@ -61,10 +61,14 @@ type shapingServer struct {
 	// hot takes Sluice's hot path (hotpath.go): each stream's context counts its chunks for the hotDirector, and
 	// response body messages lose the metadata upstream's handler would convert unread.
 	hot bool
+	// wireChunks: the server's codec is extProcCodec, which encodes the streamedChunk answers the hot path's streams
+	// send (answerChunk).
+	wireChunks bool
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context(), hot: s.hot}
+	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context(), hot: s.hot,
+		wireChunks: s.wireChunks}
 	if s.hot {
 		ss.ctx, ss.chunks = withChunkCount(ss.ctx)
 	}
@@ -126,6 +130,8 @@ type shapingStream struct {
 	selection *modelSelection // nil without a ModelSelector
 	hot       bool            // Sluice's hot path (hotpath.go)
 	chunks    *chunkCount     // on the hot path, the stream's state the hot Director shares
+	// wireChunks: the stream's codec encodes a streamedChunk (extProcCodec), which answerChunk then sends.
+	wireChunks bool
 }
 
 // Context is the stream's context, with the shed-quiet logger when a shaper

@@ -315,12 +315,41 @@ func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	return m, nil
 }
 
+// SendMsg encodes m with the codec as gRPC's SendMsg would; a streamedChunk (what the hot path sends for the chunks it
+// answers itself) is checked as the ProcessingResponse it stands for.
+func (s *benchStream) SendMsg(m any) error {
+	a, ok := m.(*streamedChunk)
+	if !ok {
+		return fmt.Errorf("SendMsg of a %T", m)
+	}
+	data, err := s.codec.Marshal(a)
+	if err != nil {
+		return err
+	}
+	defer data.Free()
+	if s.record == nil {
+		s.chunks++ // a chunk's answer that does not end the stream, by construction
+		return nil
+	}
+	// Recorded answers are compared: the bytes the proxy would receive, decoded.
+	r := &extprocv3.ProcessingResponse{}
+	if err := proto.Unmarshal(data.Materialize(), r); err != nil {
+		return err
+	}
+	return s.sent(r)
+}
+
 func (s *benchStream) Send(r *extprocv3.ProcessingResponse) error {
 	data, err := s.codec.Marshal(r)
 	if err != nil {
 		return err
 	}
 	data.Free()
+	return s.sent(r)
+}
+
+// sent checks an answer the handler sent.
+func (s *benchStream) sent(r *extprocv3.ProcessingResponse) error {
 	if s.record != nil {
 		s.record(r)
 	}

@@ -259,7 +259,14 @@ func (s *shapingStream) answerChunk(req *extprocv3.ProcessingRequest) (bool, err
 	c.dir.skip(c.ctx, c, r)
 	chunk := rewriteModelName(b.Body, r.TargetModelName, r.IncomingModelName)
 	for off := 0; off < len(chunk); off += envoy.BodyByteLimit { // upstream's envoy.BuildChunkedBodyResponses
-		if err := s.ExternalProcessor_ProcessServer.Send(newChunkAnswer(chunk[off:min(off+envoy.BodyByteLimit, len(chunk))])); err != nil {
+		part := chunk[off:min(off+envoy.BodyByteLimit, len(chunk))]
+		var err error
+		if s.wireChunks {
+			err = s.ExternalProcessor_ProcessServer.SendMsg(&streamedChunk{Body: part})
+		} else {
+			err = s.ExternalProcessor_ProcessServer.Send(newChunkAnswer(part))
+		}
+		if err != nil {
 			return true, status.Errorf(codes.Unknown, "failed to send response back to Envoy: %v", err) // upstream's words
 		}
 	}
