@@ -91,9 +91,6 @@ func (a *streamedChunk) marshal() mem.BufferSlice {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}
 }
 
-// response is the ProcessingResponse a stands for.
-func (a *streamedChunk) response() *extprocv3.ProcessingResponse { return newChunkAnswer(a.Body) }
-
 // Unmarshal implements encoding.CodecV2.
 func (c extProcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	req, ok := v.(*extprocv3.ProcessingRequest)
