@@ -49,6 +49,15 @@ func (p *OpenAIParser) ParseResponse(ctx context.Context, body []byte, headers m
 	return p.parseResponse(ctx, body, headers, endOfStream)
 }
 
+// EventStream reports whether ParseResponse takes response headers to say
+// server-sent events, as upstream's parser decides it.
+func (p *OpenAIParser) EventStream(headers map[string]string) bool { return isEventStream(headers) }
+
+// NamesNoUsage reports whether ParseResponse answers a chunk of an event
+// stream (EventStream) with no usage, and nothing else, without decoding it.
+// Sluice's hot path answers such chunks without upstream's handler.
+func (p *OpenAIParser) NamesNoUsage(body []byte) bool { return len(body) > 0 && !mayNameUsage(body) }
+
 // noUsage is the answer for every chunk that names no usage, shared rather
 // than allocated per chunk: upstream's handler, the parser's one caller, only
 // reads it.
@@ -116,12 +125,20 @@ func isEventStream(headers map[string]string) bool {
 // spell letters; so a body that contains neither "usage" in any case (with
 // either s) nor a \u escape cannot.
 func mayNameUsage(b []byte) bool {
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case c == '\\' && i+1 < len(b) && b[i+1] == 'u':
-			return true
-		case c|0x20 == 'u' && foldsToSage(b[i+1:]):
-			return true
+	if bytes.Contains(b, []byte(`\u`)) {
+		return true
+	}
+	// Every chunk crosses this: the u's are found with IndexByte rather than a loop over every byte.
+	for _, u := range [2]byte{'u', 'U'} {
+		for rest := b; ; {
+			i := bytes.IndexByte(rest, u)
+			if i < 0 {
+				break
+			}
+			if foldsToSage(rest[i+1:]) {
+				return true
+			}
+			rest = rest[i+1:]
 		}
 	}
 	return false

@@ -115,3 +115,45 @@ func TestMayNameUsage(t *testing.T) {
 		}
 	}
 }
+
+// mayNameUsageByteLoop is mayNameUsage as one loop over every byte, the definition it is held to.
+func mayNameUsageByteLoop(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '\\' && i+1 < len(b) && b[i+1] == 'u':
+			return true
+		case c|0x20 == 'u' && foldsToSage(b[i+1:]):
+			return true
+		}
+	}
+	return false
+}
+
+func FuzzMayNameUsage(f *testing.F) {
+	for _, s := range []string{`{"usage":{}}`, `{"UsAgE":{}}`, "{\"u\xc5\xbfage\":{}}", `\u`, `u`, `uU`, `usag`, `Usage`, `xxu`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := mayNameUsage(b), mayNameUsageByteLoop(b); got != want {
+			t.Fatalf("mayNameUsage(%q) = %v, the byte loop says %v", b, got, want)
+		}
+	})
+}
+
+// BenchmarkMayNameUsage is the screen every streamed chunk crosses, on a chunk as vLLM streams it.
+func BenchmarkMayNameUsage(b *testing.B) {
+	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1764547200,"model":"meta-llama/Llama-3.1-8B-Instruct",` +
+		`"choices":[{"index":0,"delta":{"content":"token "},"logprobs":null,"finish_reason":null,"stop_reason":null}]}` + "\n\n")
+	for _, impl := range []struct {
+		name string
+		f    func([]byte) bool
+	}{{"indexbyte", mayNameUsage}, {"byteloop", mayNameUsageByteLoop}} {
+		b.Run(impl.name, func(b *testing.B) {
+			for range b.N {
+				if impl.f(chunk) {
+					b.Fatal("names usage")
+				}
+			}
+		})
+	}
+}

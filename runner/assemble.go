@@ -270,7 +270,11 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	path.director = director
 	if path.hot {
 		chunks, observers := chunkInterestOf(requestPlugins)
-		path.director = &hotDirector{Director: director, chunks: chunks, observers: observers}
+		hot := &hotDirector{Director: director, chunks: chunks, observers: observers}
+		if screen, ok := parser.(usageScreen); ok && chunks != chunksEvery {
+			hot.screen = screen
+		}
+		path.director = hot
 	}
 	return path, nil
 }
@@ -369,6 +373,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		decisions:    req.decisions,
 		requestIDs:   req.narrowing,
 		hot:          req.hot,
+		wireChunks:   req.hot, // the server's codec is extProcCodec
 	}
 	if r.extProcHandler != nil {
 		r.extProcHandler(handler, codec)

@@ -29,8 +29,12 @@
 //   - WithHotPath: upstream's handler and Director less the per-chunk work
 //     whose result nothing reads: response-body plugins run only on the
 //     chunks they act on, and response body messages lose the filter metadata
-//     upstream would convert unread (hotpath.go). cmd/epp takes it with
-//     Sluice admission.
+//     upstream would convert unread (hotpath.go). With Sluice's parser, once
+//     upstream's handler has streamed a response's first chunk, the stream
+//     answers the later chunks that carry no usage itself, as upstream's
+//     handler would answer them (upstream's handler sees the first and the
+//     last, and every chunk at -v=4 and up). cmd/epp takes it with Sluice
+//     admission.
 //   - WithManagerSetup: in Kubernetes mode only, extends the controller
 //     manager's options before it is created (scheme, cache ByObject) and the
 //     manager after (extra controllers, e.g. the FlowControlPolicy reconciler).

@@ -61,12 +61,16 @@ type shapingServer struct {
 	// hot takes Sluice's hot path (hotpath.go): each stream's context counts its chunks for the hotDirector, and
 	// response body messages lose the metadata upstream's handler would convert unread.
 	hot bool
+	// wireChunks: the server's codec is extProcCodec, which encodes the streamedChunk answers the hot path's streams
+	// send (answerChunk).
+	wireChunks bool
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context(), hot: s.hot}
+	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context(), hot: s.hot,
+		wireChunks: s.wireChunks}
 	if s.hot {
-		ss.ctx = withChunkCount(ss.ctx)
+		ss.ctx, ss.chunks = withChunkCount(ss.ctx)
 	}
 	if shedders := shedders(s.shapers); len(shedders) > 0 || s.hot {
 		var shed func() bool
@@ -125,13 +129,34 @@ type shapingStream struct {
 	requestID string
 	selection *modelSelection // nil without a ModelSelector
 	hot       bool            // Sluice's hot path (hotpath.go)
+	chunks    *chunkCount     // on the hot path, the stream's state the hot Director shares
+	// wireChunks: the stream's codec encodes a streamedChunk (extProcCodec), which answerChunk then sends.
+	wireChunks bool
 }
 
 // Context is the stream's context, with the shed-quiet logger when a shaper
 // is a Shedder: upstream's handler logs through it.
 func (s *shapingStream) Context() context.Context { return s.ctx }
 
+// Recv hands upstream's handler the next message, but for the response chunks the stream answers itself on the hot
+// path (answerChunk).
 func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	for {
+		req, err := s.recv()
+		if err != nil || s.chunks == nil {
+			return req, err
+		}
+		answered, err := s.answerChunk(req)
+		if err != nil {
+			return nil, err
+		}
+		if !answered {
+			return req, nil
+		}
+	}
+}
+
+func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	ms := s.selection
 	if ms != nil && len(ms.queue) > 0 {
 		req := ms.queue[0]
@@ -185,6 +210,9 @@ func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
 			s.selection.outcome.Immediate = true
 			s.selection.outcome.Status = int(ir.GetStatus().GetCode())
 		}
+	}
+	if s.chunks != nil {
+		s.armShortcut(resp)
 	}
 	return s.ExternalProcessor_ProcessServer.Send(resp)
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/envoy"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 
@@ -86,6 +87,11 @@ func quietLogs(b testing.TB) {
 // "sluice-upstream-path" the same without the hot path; all with a model selector installed, as the binary has in
 // either mode.
 func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelServer) (benchEPP, error) {
+	return startBenchEPPWith(b, profile, keepModel{}, servers...)
+}
+
+// startBenchEPPWith is startBenchEPP with the given model selector.
+func startBenchEPPWith(b testing.TB, profile string, selector ModelSelector, servers ...*runnertest.ModelServer) (benchEPP, error) {
 	if len(servers) == 0 {
 		for range 4 {
 			servers = append(servers, runnertest.StartModelServer(b, "127.0.0.1:0"))
@@ -125,7 +131,7 @@ func startBenchEPP(b testing.TB, profile string, servers ...*runnertest.ModelSer
 		}).
 		WithResponseShapers(admission).
 		WithHotPath(func(*Options) bool { return profile == "sluice" && admission.Enabled() }).
-		WithModelSelector(func(context.Context, ModelSelectorDeps) (ModelSelector, error) { return keepModel{}, nil })
+		WithModelSelector(func(context.Context, ModelSelectorDeps) (ModelSelector, error) { return selector, nil })
 	r.extProcHandler = func(h extprocv3.ExternalProcessorServer, codec encoding.CodecV2) { handlers <- benchEPP{h, codec} }
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
@@ -309,12 +315,41 @@ func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	return m, nil
 }
 
+// SendMsg encodes m with the codec as gRPC's SendMsg would; a streamedChunk (what the hot path sends for the chunks it
+// answers itself) is checked as the ProcessingResponse it stands for.
+func (s *benchStream) SendMsg(m any) error {
+	a, ok := m.(*streamedChunk)
+	if !ok {
+		return fmt.Errorf("SendMsg of a %T", m)
+	}
+	data, err := s.codec.Marshal(a)
+	if err != nil {
+		return err
+	}
+	defer data.Free()
+	if s.record == nil {
+		s.chunks++ // a chunk's answer that does not end the stream, by construction
+		return nil
+	}
+	// Recorded answers are compared: the bytes the proxy would receive, decoded.
+	r := &extprocv3.ProcessingResponse{}
+	if err := proto.Unmarshal(data.Materialize(), r); err != nil {
+		return err
+	}
+	return s.sent(r)
+}
+
 func (s *benchStream) Send(r *extprocv3.ProcessingResponse) error {
 	data, err := s.codec.Marshal(r)
 	if err != nil {
 		return err
 	}
 	data.Free()
+	return s.sent(r)
+}
+
+// sent checks an answer the handler sent.
+func (s *benchStream) sent(r *extprocv3.ProcessingResponse) error {
 	if s.record != nil {
 		s.record(r)
 	}
@@ -340,12 +375,16 @@ func (s *benchStream) Send(r *extprocv3.ProcessingResponse) error {
 }
 
 func (s *benchStream) check(x *streamedChat) error {
+	answers := 0 // one per chunk, or one per envoy.BodyByteLimit bytes of a longer one
+	for _, c := range x.chunks {
+		answers += max(1, (len(c.GetResponseBody().GetBody())+envoy.BodyByteLimit-1)/envoy.BodyByteLimit)
+	}
 	switch {
 	case s.failure != "":
 		return fmt.Errorf("%s", s.failure)
-	case !s.routed || s.headers != 1 || s.chunks != len(x.chunks) || !s.done:
-		return fmt.Errorf("routed %v, %d response-header answers, %d of %d chunks answered, end %v", s.routed, s.headers,
-			s.chunks, len(x.chunks), s.done)
+	case !s.routed || s.headers != 1 || s.chunks != answers || !s.done:
+		return fmt.Errorf("routed %v, %d response-header answers, %d of %d chunk answers, end %v", s.routed, s.headers,
+			s.chunks, answers, s.done)
 	}
 	return nil
 }

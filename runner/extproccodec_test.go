@@ -161,3 +161,58 @@ func BenchmarkExtProcCodec(b *testing.B) {
 		})
 	}
 }
+
+// TestStreamedChunkEncodesAsProtobuf: extProcCodec writes a streamedChunk byte for byte as proto.Marshal writes the
+// ProcessingResponse it stands for, at every varint length boundary of the nested sizes.
+func TestStreamedChunkEncodesAsProtobuf(t *testing.T) {
+	for _, n := range []int{0, 1, 100, 115, 116, 120, 127, 128, 16371, 16372, 16383, 16384, 62000, 200000, 2100000} {
+		checkStreamedChunk(t, bytes.Repeat([]byte("x"), n))
+	}
+}
+
+func FuzzStreamedChunk(f *testing.F) {
+	f.Add([]byte(`data: {"choices":[{"delta":{"content":"hi"}}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) { checkStreamedChunk(t, body) })
+}
+
+func checkStreamedChunk(t *testing.T, body []byte) {
+	t.Helper()
+	want, err := proto.Marshal(newChunkAnswer(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := newExtProcCodec().Marshal(&streamedChunk{Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Free()
+	if got := data.Materialize(); !bytes.Equal(got, want) {
+		t.Fatalf("%d-byte body: encoded %d bytes %.64x, proto.Marshal %d bytes %.64x", len(body), len(got), got, len(want), want)
+	}
+}
+
+// BenchmarkStreamedChunk prices encoding one chunk's answer: by hand (streamedChunk) against the message built and
+// encoded with gRPC's protobuf codec, as upstream's handler's answer is.
+func BenchmarkStreamedChunk(b *testing.B) {
+	body := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1764547200,"model":"base",` +
+		`"choices":[{"index":0,"delta":{"content":"token "},"logprobs":null,"finish_reason":null,"stop_reason":null}]}` + "\n\n")
+	codec := newExtProcCodec()
+	for _, tc := range []struct {
+		name string
+		msg  func() any
+	}{
+		{"by-hand", func() any { return &streamedChunk{Body: body} }},
+		{"protobuf", func() any { return newChunkAnswer(body) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				data, err := codec.Marshal(tc.msg())
+				if err != nil {
+					b.Fatal(err)
+				}
+				data.Free()
+			}
+		})
+	}
+}

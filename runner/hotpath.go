@@ -1,10 +1,16 @@
 package runner
 
 import (
+	"bytes"
 	"context"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/envoy"
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
+	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
@@ -23,7 +29,10 @@ import (
 // and the response headers. On the hot path the Director hears only the chunks its plugins act on, and response
 // body messages reach upstream's handler without their metadata. What every plugin observes is unchanged; what
 // changes is upstream's per-plugin latency histogram for the response-body extension point, which no longer counts
-// the plugin runs that were skipped.
+// the plugin runs that were skipped. With Sluice's parser the stream goes further (answerChunk): once upstream's
+// handler has streamed a response's first chunk, the stream answers each later chunk in which the parser can find no
+// usage itself, doing what upstream's handler would do for it, and upstream's handler sees the rest (the last chunk,
+// a usage, and every chunk when it logs them at -v=4 and up).
 
 // WithHotPath turns Sluice's hot path on when enabled, asked once the options are complete, reports true. Without
 // it, or when enabled reports false, every request takes upstream's path unchanged.
@@ -38,12 +47,26 @@ func (r *Runner) WithHotPath(enabled func(opts *Options) bool) *Runner {
 type chunkCount struct {
 	n         int
 	requestID string
+
+	// The stream's own answers to response chunks (answerChunk). The hot Director sets dir, req, ctx and eventStream
+	// on a non-final chunk upstream's handler handed it, when the chunks after it may be answered without that
+	// handler; the stream arms the shortcut when upstream's handler then answers that chunk as a streamed one, which
+	// shows that the handler streams the response (its own flag for it is unexported) and has sent the response
+	// headers' answer.
+	dir         *hotDirector
+	req         *handlers.RequestContext
+	ctx         context.Context // the handler's context for the chunks (its logger, the stream's values)
+	eventStream bool            // the parser takes the response for server-sent events
+	armed       bool
+	// resp is what the chunk observers are handed for the chunks the hot Director skips.
+	resp fwkrc.Response
 }
 
 type chunkCountKey struct{}
 
-func withChunkCount(ctx context.Context) context.Context {
-	return context.WithValue(ctx, chunkCountKey{}, &chunkCount{})
+func withChunkCount(ctx context.Context) (context.Context, *chunkCount) {
+	c := &chunkCount{}
+	return context.WithValue(ctx, chunkCountKey{}, c), c
 }
 
 // chunkCountOf returns the stream's count, or nil outside a hot-path stream (upstream's clean-up call after a stream
@@ -117,6 +140,16 @@ type hotDirector struct {
 	chunks chunkInterest
 	// observers see the chunks the Director skips (chunkObserverTypes); the Director runs them on the others.
 	observers []fwkrc.ResponseBody
+	// screen is the handler's parser when it can tell the chunks it finds no usage in without decoding them (Sluice's
+	// parser), else nil: the stream then answers those chunks itself (answerChunk).
+	screen usageScreen
+}
+
+// usageScreen is a response parser that tells, without decoding them, the streamed chunks its ParseResponse answers
+// with no usage and nothing else (plugins.OpenAIParser).
+type usageScreen interface {
+	EventStream(headers map[string]string) bool
+	NamesNoUsage(body []byte) bool
 }
 
 var _ handlers.Director = (*hotDirector)(nil)
@@ -152,23 +185,43 @@ func (d *hotDirector) HandleResponseBody(ctx context.Context, reqCtx *handlers.R
 	}
 	c.n++
 	if d.chunks == chunksFirst && c.n == 1 {
-		return d.Director.HandleResponseBody(ctx, reqCtx, endOfStream)
+		reqCtx = d.Director.HandleResponseBody(ctx, reqCtx, endOfStream)
+	} else {
+		d.skip(ctx, c, reqCtx)
 	}
+	d.prepareShortcut(ctx, c, reqCtx)
+	return reqCtx
+}
+
+// skip is the Director's part of a non-final chunk its plugins do not act on: the chunk observers see it, and no
+// plugin's dynamic metadata outlives the chunk it was set on.
+func (d *hotDirector) skip(ctx context.Context, c *chunkCount, reqCtx *handlers.RequestContext) {
 	if len(d.observers) > 0 {
 		if c.requestID == "" {
 			c.requestID = reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey]
 		}
-		resp := &fwkrc.Response{
+		// One Response per stream: the observers (chunkObserverTypes) read it during the call only.
+		c.resp = fwkrc.Response{
 			RequestId: c.requestID,
 			Headers:   reqCtx.Response.Headers,
 			Usage:     reqCtx.Usage,
 		}
 		for _, o := range d.observers {
-			o.ResponseBody(ctx, reqCtx.SchedulingRequest, resp, reqCtx.TargetPod)
+			o.ResponseBody(ctx, reqCtx.SchedulingRequest, &c.resp, reqCtx.TargetPod)
 		}
 	}
 	reqCtx.Response.DynamicMetadata = nil
-	return reqCtx
+}
+
+// prepareShortcut readies the stream to answer the response's later chunks itself (answerChunk), once per stream:
+// only with a parser that screens chunks, and not when upstream's handler would log each chunk (its debug and trace
+// lines, which the shortcut does not write).
+func (d *hotDirector) prepareShortcut(ctx context.Context, c *chunkCount, reqCtx *handlers.RequestContext) {
+	if d.screen == nil || c.req != nil || log.FromContext(ctx).V(logutil.DEBUG).Enabled() {
+		return
+	}
+	c.dir, c.req, c.ctx = d, reqCtx, ctx
+	c.eventStream = d.screen.EventStream(reqCtx.Response.Headers)
 }
 
 // dropResponseBodyMetadata removes the filter metadata of a response body message. Upstream's handler converts
@@ -179,4 +232,96 @@ func dropResponseBodyMetadata(req *extprocv3.ProcessingRequest) {
 	if req.GetResponseBody() != nil {
 		req.MetadataContext = nil
 	}
+}
+
+// answerChunk answers a response chunk as upstream's handler would, without it, and reports whether it did: a
+// non-final, non-empty chunk of a streamed response, once the stream is armed (chunkCount), that the parser finds no
+// usage in. For such a chunk upstream's handler adds its size to the response's, hands the parser (which finds
+// nothing) and the hot Director (which hands the chunk observers) the chunk, writes the client's model name back into
+// it and sends it on as a streamed body mutation; upstream's per-chunk work around that (the message's metadata
+// converted into a map nothing reads before the next message replaces it, the logger looked up, a log line's
+// arguments boxed, the answer built through a slice) is what is saved. A chunk with anything else to it (a usage,
+// the end of the stream, no bytes) takes upstream's handler. The request context is upstream's, touched only from
+// the stream's goroutine, between two of the handler's Recv calls, as the handler itself does.
+func (s *shapingStream) answerChunk(req *extprocv3.ProcessingRequest) (bool, error) {
+	c := s.chunks
+	if c == nil || !c.armed {
+		return false, nil
+	}
+	b := req.GetResponseBody()
+	r := c.req
+	if b == nil || b.EndOfStream || r.ResponseComplete || r.RequestState != handlers.HeaderResponseResponseComplete ||
+		!c.eventStream || !c.dir.screen.NamesNoUsage(b.Body) || c.ctx.Err() != nil {
+		return false, nil
+	}
+	r.ResponseSize += len(b.Body)
+	c.n++
+	c.dir.skip(c.ctx, c, r)
+	chunk := rewriteModelName(b.Body, r.TargetModelName, r.IncomingModelName)
+	for off := 0; off < len(chunk); off += envoy.BodyByteLimit { // upstream's envoy.BuildChunkedBodyResponses
+		part := chunk[off:min(off+envoy.BodyByteLimit, len(chunk))]
+		var err error
+		if s.wireChunks {
+			err = s.ExternalProcessor_ProcessServer.SendMsg(&streamedChunk{Body: part})
+		} else {
+			err = s.ExternalProcessor_ProcessServer.Send(newChunkAnswer(part))
+		}
+		if err != nil {
+			return true, status.Errorf(codes.Unknown, "failed to send response back to Envoy: %v", err) // upstream's words
+		}
+	}
+	return true, nil
+}
+
+// chunkAnswer is the answer to a response chunk upstream's handler sends (a streamed body mutation that does not end
+// the stream), its seven messages allocated as one.
+type chunkAnswer struct {
+	resp     extprocv3.ProcessingResponse
+	body     extprocv3.ProcessingResponse_ResponseBody
+	bodyResp extprocv3.BodyResponse
+	common   extprocv3.CommonResponse
+	mutation extprocv3.BodyMutation
+	streamed extprocv3.BodyMutation_StreamedResponse
+	chunk    extprocv3.StreamedBodyResponse
+}
+
+func newChunkAnswer(chunk []byte) *extprocv3.ProcessingResponse {
+	a := &chunkAnswer{}
+	a.chunk.Body = chunk
+	a.streamed.StreamedResponse = &a.chunk
+	a.mutation.Mutation = &a.streamed
+	a.common.BodyMutation = &a.mutation
+	a.bodyResp.Response = &a.common
+	a.body.ResponseBody = &a.bodyResp
+	a.resp.Response = &a.body
+	return &a.resp
+}
+
+// armShortcut arms the stream's shortcut (answerChunk) when upstream's handler answers the non-final chunk the hot
+// Director prepared it on as a streamed body mutation.
+func (s *shapingStream) armShortcut(resp *extprocv3.ProcessingResponse) {
+	c := s.chunks
+	if c == nil || c.req == nil || c.armed {
+		return
+	}
+	if sr := resp.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil && !sr.EndOfStream {
+		c.armed = true
+	}
+}
+
+// rewriteModelName is upstream's handler's (handlers.rewriteModelName, unexported): the served model's name in a
+// response chunk becomes the name the client asked for.
+func rewriteModelName(body []byte, targetModel, incomingModel string) []byte {
+	if targetModel == "" || incomingModel == "" || targetModel == incomingModel {
+		return body
+	}
+	old := []byte(`"model":"` + targetModel + `"`)
+	new := []byte(`"model":"` + incomingModel + `"`)
+	result := bytes.ReplaceAll(body, old, new)
+	if !bytes.Equal(result, body) {
+		return result
+	}
+	old = []byte(`"model": "` + targetModel + `"`)
+	new = []byte(`"model": "` + incomingModel + `"`)
+	return bytes.ReplaceAll(body, old, new)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -11,8 +12,10 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/envoy"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
@@ -98,7 +101,7 @@ func TestHotDirectorRunsResponsePluginsOnlyOnChunksTheyActOn(t *testing.T) {
 				observers: []fwkrc.ResponseBody{observer}}
 			ctx := context.Background()
 			if tc.stream {
-				ctx = withChunkCount(ctx)
+				ctx, _ = withChunkCount(ctx)
 			}
 			reqCtx := &handlers.RequestContext{Request: &handlers.Request{Headers: map[string]string{"x-request-id": "r1"}},
 				Response: &handlers.Response{}}
@@ -164,12 +167,21 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 	sizes := []int{2 << 10, 100 << 10}
 	answers := map[string][][]*extprocv3.ProcessingResponse{}
 	for _, profile := range []string{"sluice", "sluice-upstream-path"} {
-		h, err := startBenchEPP(t, profile)
+		// The selector sends every request with another model, whose name upstream writes back into each chunk.
+		h, err := startBenchEPPWith(t, profile, servedAs("served"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for k, size := range sizes {
 			chat := newStreamedChat(size, 8)
+			for i, c := range chat.chunks {
+				b := c.GetResponseBody()
+				b.Body = bytes.ReplaceAll(b.Body, []byte(`"model":"base"`), []byte(`"model":"served"`))
+				if i == 2 {
+					// A chunk longer than upstream's limit for one answer (envoy.BodyByteLimit): three answers.
+					b.Body = bytes.Repeat(b.Body, 130<<10/len(b.Body))
+				}
+			}
 			// The forwarded body: on the hot path its long members are encoded without upstream's Director (what
 			// encoding/json's compaction changes: whitespace, <, >, &, U+2028).
 			body := chat.body.GetRequestBody()
@@ -196,9 +208,12 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 	}
 	for k, size := range sizes {
 		hot, upstream := answers["sluice"][k], answers["sluice-upstream-path"][k]
-		if len(hot) != len(upstream) || len(hot) < 1+1+8 {
-			t.Fatalf("%d bytes: %d request-body and response answers on the hot path, %d on upstream's, want as many, at least 10",
+		if len(hot) != len(upstream) || len(hot) < 1+1+8+2 {
+			t.Fatalf("%d bytes: %d request-body and response answers on the hot path, %d on upstream's, want as many, at least 12",
 				size, len(hot), len(upstream))
+		}
+		if last := hot[len(hot)-2].GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); !bytes.Contains(last, []byte(`"model":"base"`)) {
+			t.Errorf("%d bytes: a chunk's answer %q does not name the model the client asked for", size, last)
 		}
 		for i := range hot {
 			sortSetHeaders(hot[i])
@@ -208,6 +223,13 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 			}
 		}
 	}
+}
+
+// servedAs is a ModelSelector that sends every request with the given model.
+type servedAs string
+
+func (m servedAs) SelectModel(context.Context, map[string]string, []byte) ModelChoice {
+	return ModelChoice{Model: string(m)}
 }
 
 // sortSetHeaders orders the headers an answer sets by name: upstream's handler sets response headers from a map, so
@@ -222,5 +244,125 @@ func sortSetHeaders(r *extprocv3.ProcessingResponse) {
 				return strings.Compare(a.GetHeader().GetKey(), b.GetHeader().GetKey())
 			})
 		}
+	}
+}
+
+// fakeProxyStream is the proxy's side of one ext_proc stream: Recv hands out in, Send keeps the answers.
+type fakeProxyStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	in   []*extprocv3.ProcessingRequest
+	sent []*extprocv3.ProcessingResponse
+}
+
+func (f *fakeProxyStream) Context() context.Context { return f.ctx }
+
+func (f *fakeProxyStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if len(f.in) == 0 {
+		return nil, io.EOF
+	}
+	req := f.in[0]
+	f.in = f.in[1:]
+	return req, nil
+}
+
+func (f *fakeProxyStream) Send(r *extprocv3.ProcessingResponse) error {
+	f.sent = append(f.sent, r)
+	return nil
+}
+
+// TestStreamAnswersPlainChunksItself: once armed, a hot-path stream answers a streamed response's chunks that name no
+// usage itself, as upstream's handler would (the chunk's size counted, the chunk observers told, the client's model
+// name written back, one answer per envoy.BodyByteLimit bytes), and hands upstream's handler every other message.
+func TestStreamAnswersPlainChunksItself(t *testing.T) {
+	parser, err := plugins.OpenAIParserFactory("p", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := func(body string, end bool) *extprocv3.ProcessingRequest {
+		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+			ResponseBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: end}}}
+	}
+	const plain = `data: {"model":"served","choices":[{"delta":{"content":"hi"}}]}` + "\n\n"
+	long := strings.Repeat("x", envoy.BodyByteLimit+10)
+	for _, tc := range []struct {
+		name     string
+		msg      *extprocv3.ProcessingRequest
+		unarmed  bool   // upstream's handler has not answered a chunk as a streamed one
+		contentT string // the response's content type
+		state    handlers.StreamRequestState
+		cancel   bool
+		answers  []string // what the stream answers itself; none: upstream's handler gets the message
+	}{
+		{name: "a plain chunk", msg: chunk(plain, false), answers: []string{strings.Replace(plain, "served", "base", 1)}},
+		{name: "a chunk longer than one answer", msg: chunk(long, false), answers: []string{long[:envoy.BodyByteLimit], long[envoy.BodyByteLimit:]}},
+		{name: "a usage", msg: chunk(`data: {"choices":[],"usage":{"prompt_tokens":3}}`+"\n\n", false)},
+		{name: "a usage, escaped", msg: chunk(`data: {"\u0075sage":{}}`+"\n\n", false)},
+		{name: "the end of the stream", msg: chunk(plain, true)},
+		{name: "an empty chunk", msg: chunk("", false)},
+		{name: "not armed", msg: chunk(plain, false), unarmed: true},
+		{name: "not an event stream", msg: chunk(plain, false), contentT: "application/json"},
+		{name: "the response headers not answered", msg: chunk(plain, false), state: handlers.ResponseReceived},
+		{name: "the stream's context ended", msg: chunk(plain, false), cancel: true},
+		{name: "not a response chunk", msg: &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			observer := &chunkRecorder{typ: plugins.OutlierFilterType}
+			d := &hotDirector{chunks: chunksFirst, observers: []fwkrc.ResponseBody{observer}, screen: parser.(usageScreen)}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancel {
+				cancel()
+			}
+			if tc.contentT == "" {
+				tc.contentT = "text/event-stream"
+			}
+			if tc.state == 0 {
+				tc.state = handlers.HeaderResponseResponseComplete
+			}
+			reqCtx := &handlers.RequestContext{RequestState: tc.state, IncomingModelName: "base", TargetModelName: "served",
+				Request:  &handlers.Request{Headers: map[string]string{"x-request-id": "r1"}},
+				Response: &handlers.Response{Headers: map[string]string{"content-type": tc.contentT}}}
+			next := chunk("next", true) // the end: upstream's handler's
+			proxy := &fakeProxyStream{ctx: ctx, in: []*extprocv3.ProcessingRequest{tc.msg, next}}
+			s := &shapingStream{ExternalProcessor_ProcessServer: proxy, ctx: ctx, hot: true}
+			ctx, s.chunks = withChunkCount(ctx)
+			d.prepareShortcut(ctx, s.chunks, reqCtx)
+			if !tc.unarmed {
+				s.armShortcut(newChunkAnswer([]byte("first")))
+			}
+			got, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var answered []string
+			for _, r := range proxy.sent {
+				answered = append(answered, string(r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()))
+			}
+			if len(tc.answers) == 0 {
+				if got != tc.msg || len(proxy.sent) != 0 || reqCtx.ResponseSize != 0 || len(observer.seen) != 0 {
+					t.Errorf("the stream answered %q, counted %d bytes, told the observer %d times; upstream's handler got %v, want the message itself",
+						answered, reqCtx.ResponseSize, len(observer.seen), got)
+				}
+				return
+			}
+			if got != next {
+				t.Errorf("upstream's handler got %v, want the message after the chunk", got)
+			}
+			if !slices.Equal(answered, tc.answers) {
+				t.Errorf("the stream answered %.80q, want %.80q", answered, tc.answers)
+			}
+			for _, r := range proxy.sent {
+				if r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() || r.DynamicMetadata != nil {
+					t.Errorf("answer %v ends the stream or carries metadata", r)
+				}
+			}
+			if want := len(tc.msg.GetResponseBody().GetBody()); reqCtx.ResponseSize != want {
+				t.Errorf("response size %d, want %d", reqCtx.ResponseSize, want)
+			}
+			if len(observer.seen) != 1 || observer.ids["r1"] != 1 {
+				t.Errorf("the chunk observer saw %v with IDs %v, want the chunk once, for r1", observer.seen, observer.ids)
+			}
+		})
 	}
 }
