@@ -442,15 +442,7 @@ func TestTenantUnderShareOverThePool(t *testing.T) {
 			}
 			c.mu.Lock()
 			window := c.cfg.DrainRateWindow
-			now := t0
-			for tick := time.Duration(0); tick < window; tick += 10 * time.Millisecond {
-				now = t0.Add(tick)
-				for tenant, rate := range map[string]float64{"heavy": tt.heavy, "light": tt.light} {
-					if every := time.Duration(float64(time.Second) / max(rate, 1e-9)); rate > 0 && tick%every == 0 {
-						c.noteArrivalLocked(Standard, tenant, 1, 1, now)
-					}
-				}
-			}
+			now := noteTenantArrivals(c, t0, window, tt.heavy, tt.light)
 			c.drain.meter = rateMeter{window: window.Seconds(), events: 5 * window.Seconds(), span: window.Seconds(), last: now}
 			under := c.underShareLocked(now)
 			if _, got := under[tenantKey{Standard, "light"}]; got != tt.under {

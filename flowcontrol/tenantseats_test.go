@@ -146,15 +146,7 @@ func TestUnderShare(t *testing.T) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			window := c.cfg.DrainRateWindow
-			now := t0
-			for tick := time.Duration(0); tick < window; tick += 10 * time.Millisecond {
-				now = t0.Add(tick)
-				for tenant, rate := range map[string]float64{"heavy": tt.heavy, "light": tt.light} {
-					if every := time.Duration(float64(time.Second) / max(rate, 1e-9)); rate > 0 && tick%every == 0 {
-						c.noteArrivalLocked(Standard, tenant, 1, 1, now)
-					}
-				}
-			}
+			now := noteTenantArrivals(c, t0, window, tt.heavy, tt.light)
 			if tt.drain > 0 {
 				span := window.Seconds() / 5
 				if tt.settled {
@@ -364,4 +356,19 @@ func TestUnderShareLateScrapes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// noteTenantArrivals records Standard arrivals of cost 1 from tenants "heavy" and "light", at their rates per second,
+// over window from t0, with c's lock held, and returns the time of the last tick.
+func noteTenantArrivals(c *Controller, t0 time.Time, window time.Duration, heavy, light float64) time.Time {
+	now := t0
+	for tick := time.Duration(0); tick < window; tick += 10 * time.Millisecond {
+		now = t0.Add(tick)
+		for tenant, rate := range map[string]float64{"heavy": heavy, "light": light} {
+			if every := time.Duration(float64(time.Second) / max(rate, 1e-9)); rate > 0 && tick%every == 0 {
+				c.noteArrivalLocked(Standard, tenant, 1, 1, now)
+			}
+		}
+	}
+	return now
 }
