@@ -113,9 +113,9 @@ func (c *Controller) Demand() Demand {
 	slices.SortFunc(d.Tenants, func(a, b TenantDemand) int {
 		return cmp.Or(cmp.Compare(a.Band, b.Band), cmp.Compare(b.Cost, a.Cost), cmp.Compare(a.Tenant, b.Tenant))
 	})
-	kept := d.Tenants[:0]
-	for i, t := range d.Tenants {
-		if i < MaxSummaryTenants || d.Tenants[i-MaxSummaryTenants].Band != t.Band {
+	kept := d.Tenants[:0] // filtered in place: compare with what is kept, not with entries it may overwrite
+	for _, t := range d.Tenants {
+		if len(kept) < MaxSummaryTenants || kept[len(kept)-MaxSummaryTenants].Band != t.Band {
 			kept = append(kept, t)
 		}
 	}

@@ -478,17 +478,21 @@ func TestDemandSummary(t *testing.T) {
 	c := newHarness(t, testConfig(t, nil)).c
 	c.mu.Lock()
 	start := t0.Add(-time.Second)
+	// Two bands with more tenants than a summary lists: each keeps its own busiest MaxSummaryTenants.
 	for i := range MaxSummaryTenants + 2 {
 		for k := range i + 1 {
 			c.noteArrivalLocked(Standard, fmt.Sprint("t", i), 1, 1, start.Add(time.Duration(k)*time.Millisecond))
+			c.noteArrivalLocked(Sheddable, fmt.Sprint("u", i), 1, 1, start.Add(time.Duration(k)*time.Millisecond))
 		}
 	}
+	for k := range 2 * MaxSummaryTenants {
+		c.noteArrivalLocked(Sheddable, "s", 2, 3, start.Add(time.Duration(k)*time.Millisecond))
+	}
 	c.noteArrivalLocked(Critical, "idle", 1, 1, t0.Add(-time.Hour))
-	c.noteArrivalLocked(Sheddable, "s", 2, 3, start)
 	c.mu.Unlock()
 	d := c.Demand()
-	if len(d.Tenants) != MaxSummaryTenants+1 {
-		t.Fatalf("%d tenants listed, want %d: %+v", len(d.Tenants), MaxSummaryTenants+1, d.Tenants)
+	if len(d.Tenants) != 2*MaxSummaryTenants {
+		t.Fatalf("%d tenants listed, want %d: %+v", len(d.Tenants), 2*MaxSummaryTenants, d.Tenants)
 	}
 	for i, td := range d.Tenants[:MaxSummaryTenants] {
 		if want := fmt.Sprint("t", MaxSummaryTenants+1-i); td.Band != Standard || td.Tenant != want {
@@ -496,7 +500,12 @@ func TestDemandSummary(t *testing.T) {
 		}
 	}
 	if s := d.Tenants[MaxSummaryTenants]; s.Band != Sheddable || s.Tenant != "s" || s.Weight != 2 || !(s.Cost > s.Requests) {
-		t.Errorf("the Sheddable tenant listed as %+v", s)
+		t.Errorf("the busiest Sheddable tenant listed as %+v", s)
+	}
+	for i, td := range d.Tenants[MaxSummaryTenants+1:] {
+		if want := fmt.Sprint("u", MaxSummaryTenants+1-i); td.Band != Sheddable || td.Tenant != want {
+			t.Errorf("Sheddable tenant %d listed %v %s, want %s", i+1, td.Band, td.Tenant, want)
+		}
 	}
 }
 

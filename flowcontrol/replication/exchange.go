@@ -32,8 +32,9 @@ type Summary struct {
 	// Acks is, per peer, the Seq of the latest of its summaries the sender has taken in: a peer's request sent to
 	// the sender's endpoint counts in the sender's Idle once the summary that first told of it is acknowledged.
 	Acks []Ack
-	// Demand is what the sender's tenants ask and what its endpoints drain (flowcontrol.SeatSummary.Demand), sent
-	// every few summaries (wire version 4); nil in a summary without it, whose receiver keeps the sender's last.
+	// Demand is what the sender's tenants ask and what its endpoints drain (flowcontrol.Controller.Demand), sent
+	// every few summaries (wire version 4); nil in a summary without it, whose receiver keeps the sender's last while
+	// the sender sends version 4 or later.
 	Demand *Demand
 	// Prefix is, per model-server pod, the prompt blocks the sender's prefix index inserted since its last summary
 	// (prefixcache.PodInserts): what it routed there that the pod did not hold before, so each replica's index holds
@@ -158,8 +159,10 @@ func (x *Exchange) Heard(s Summary, now time.Time) {
 			return
 		}
 		h.version = max(h.version, old.version)
-		if h.Demand == nil {
-			h.Demand = old.Demand // sent every few summaries: the last one holds while the peer is live
+		if h.Demand == nil && s.Version >= wireVersionDemand {
+			// Sent every few summaries: the last one holds while the peer is live and still sends a version that
+			// carries it (a peer rolled back to an older release sends none again, and its last is dropped).
+			h.Demand = old.Demand
 		}
 	}
 	x.peers[s.From] = h

@@ -293,11 +293,11 @@ func TestSummaryWireDemand(t *testing.T) {
 func TestExchangeDemand(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	x := NewExchange("a", 100*time.Millisecond)
-	x.Heard(Summary{From: "b", Seq: 1, SeatFrees: 4, Demand: &Demand{Drain: 3, Settled: true, Tenants: []TenantDemand{
+	x.Heard(Summary{From: "b", Seq: 1, Version: WireVersion, SeatFrees: 4, Demand: &Demand{Drain: 3, Settled: true, Tenants: []TenantDemand{
 		{Band: 1, Tenant: "heavy", Cost: 8, Requests: 8, Weight: 1, Span: 10}, {Band: 1, Tenant: "light", Cost: 1, Requests: 1, Weight: 1, Span: 10}}}}, t0)
-	x.Heard(Summary{From: "b", Seq: 2, SeatFrees: 4}, t0.Add(10*time.Millisecond)) // no demand: the last holds
+	x.Heard(Summary{From: "b", Seq: 2, Version: WireVersion, SeatFrees: 4}, t0.Add(10*time.Millisecond)) // no demand: the last holds
 	// c's light tenant came later: its rate averages over 5 s, so the pool counted 10 + 10 over 10 s.
-	x.Heard(Summary{From: "c", Seq: 1, SeatFrees: 2, Demand: &Demand{Drain: 2, Tenants: []TenantDemand{
+	x.Heard(Summary{From: "c", Seq: 1, Version: WireVersion, SeatFrees: 2, Demand: &Demand{Drain: 2, Tenants: []TenantDemand{
 		{Band: 1, Tenant: "light", Cost: 2, Requests: 4, Weight: 1, Span: 5}, {Band: 2, Tenant: "light", Cost: 5, Requests: 1, Weight: 3, Span: 10}}}}, t0)
 	x.Heard(Summary{From: "d", Seq: 1, SeatFrees: 100}, t0) // an older release: no demand
 	p := x.Pool(t0.Add(20 * time.Millisecond))
@@ -307,9 +307,14 @@ func TestExchangeDemand(t *testing.T) {
 	if !reflect.DeepEqual(p.Demand, want) || p.DemandPeers != 2 || p.DemandSeatFrees != 6 {
 		t.Fatalf("pool demand %+v from %d peers, seat frees %v; want %+v from 2, 6", p.Demand, p.DemandPeers, p.DemandSeatFrees, want)
 	}
-	x.Heard(Summary{From: "c", Seq: 2, Demand: &Demand{Drain: 2, Settled: true}}, t0.Add(20*time.Millisecond))
+	x.Heard(Summary{From: "c", Seq: 2, Version: WireVersion, Demand: &Demand{Drain: 2, Settled: true}}, t0.Add(20*time.Millisecond))
 	if p := x.Pool(t0.Add(20 * time.Millisecond)); !p.Demand.Settled || len(p.Demand.Tenants) != 2 {
 		t.Fatalf("with every peer's drain settled: %+v", p.Demand)
+	}
+	// b rolled back to a release before the demand: it sends version 3, and its last demand no longer holds.
+	x.Heard(Summary{From: "b", Seq: 3, Version: wireVersionSlots, SeatFrees: 4}, t0.Add(30*time.Millisecond))
+	if p := x.Pool(t0.Add(30 * time.Millisecond)); p.DemandPeers != 1 || len(p.Demand.Tenants) != 0 {
+		t.Fatalf("b sending version 3: pool demand %+v from %d peers, want c's alone", p.Demand, p.DemandPeers)
 	}
 	if p := x.Pool(t0.Add(time.Second)); p.Live() || p.DemandPeers != 0 || len(p.Demand.Tenants) != 0 {
 		t.Fatalf("every peer silent: pool %+v, want no demand", p)

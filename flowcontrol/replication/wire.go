@@ -12,14 +12,15 @@ import (
 // replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
 // prefix inserts after the acknowledgements, version 3 the pool's slot limit after them, version 4 the demand after
 // it (a flags byte, demand present and drain settled; with demand, the drain rate and the tenants, each a band byte,
-// its name, three rates and the span they average over). Every version is read; a replica sends each peer the newest version that peer has sent
-// (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases still exchange what both
-// read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
+// its name, three rates and the span they average over). Every version is read; a replica sends each peer the newest
+// version that peer has sent (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases
+// still exchange what both read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
 // beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand).
 
 const (
 	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
 	WireVersion       = 4
+	wireVersionDemand = 4 // with the demand
 	wireVersionSlots  = 3 // with the pool's slot limit, without the demand
 	wireVersionPrefix = 2 // with prefix inserts, without the pool's slot limit
 	wireVersionSeats  = 1 // without prefix inserts
