@@ -203,7 +203,8 @@ type CriticalBand struct {
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
 	// OverShareMaxQueueTime is maxQueueTime for a tenant over its fair share while another tenant of the band waits
 	// or is under its share: a request of it predicted to wait longer is rejected at once (429 with Retry-After), so a
-	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime.
+	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime. The default is a
+	// third of the band's default maxQueueTime and does not follow a maxQueueTime that is set.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
@@ -271,7 +272,8 @@ type StandardBand struct {
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
 	// OverShareMaxQueueTime is maxQueueTime for a tenant over its fair share while another tenant of the band waits
 	// or is under its share: a request of it predicted to wait longer is rejected at once (429 with Retry-After), so a
-	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime.
+	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime. The default is a
+	// third of the band's default maxQueueTime and does not follow a maxQueueTime that is set.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
@@ -342,7 +344,8 @@ type SheddableBand struct {
 	MaxQueueTime *metav1.Duration `json:"maxQueueTime,omitempty"`
 	// OverShareMaxQueueTime is maxQueueTime for a tenant over its fair share while another tenant of the band waits
 	// or is under its share: a request of it predicted to wait longer is rejected at once (429 with Retry-After), so a
-	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime.
+	// heavy tenant's excess is answered rather than held. A value above maxQueueTime is maxQueueTime. The default is a
+	// third of the band's default maxQueueTime and does not follow a maxQueueTime that is set.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32

@@ -59,8 +59,9 @@ type APIBandConfig struct {
 	// OverShareMaxQueueTime is MaxQueueTime for a tenant that is over its fair share while another tenant of the band
 	// waits or is under its share: a request of it predicted to wait longer, at the drain fair queuing leaves it, is
 	// rejected at once (429 with Retry-After), so a heavy tenant's excess is answered rather than held, and a waiting
-	// request of it predicted to start later is answered then. A value above MaxQueueTime is MaxQueueTime.
-	// Defaults: Critical 10s, Standard 5s, Sheddable 5s (a third of MaxQueueTime's).
+	// request of it predicted to start later is answered then; that includes a promised return (RejectWhenSaturated).
+	// A value above MaxQueueTime is MaxQueueTime. Defaults: Critical 10s, Standard 5s, Sheddable 5s (a third of each
+	// band's default MaxQueueTime; they do not follow a MaxQueueTime that is set).
 	OverShareMaxQueueTime *metav1.Duration `json:"overShareMaxQueueTime,omitempty"`
 	// SaturationCeiling is the endpoint saturation (1.0 = at the endpoint thresholds) below which an endpoint has
 	// headroom for this band. Ceilings must not increase from Critical to Sheddable.

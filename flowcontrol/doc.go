@@ -100,7 +100,7 @@
 // heavy tenant gets by what the others take, so its excess was admitted and answered only at its deadline. A waiting
 // request that the same prediction, kept up to date, puts after its deadline is answered 429 (ReasonPredictedWait,
 // with Retry-After) at once, checked at most every 100 ms on a scrape, rather than at the deadline. Such a tenant's
-// deadline is also shorter: BandConfig.OverShareMaxQueueTime (a third of MaxQueueTime by default) bounds its predicted
+// deadline is also shorter: BandConfig.OverShareMaxQueueTime (by default a third of the default MaxQueueTime) bounds its predicted
 // wait on arrival and while it waits, so a heavy tenant's excess is answered 429 + Retry-After rather than held for
 // the band's full MaxQueueTime (and, under a long overload, left waiting when its clients give up). A band's only
 // tenant is predicted as before.

@@ -56,7 +56,8 @@ const (
 	ReasonQueueFull
 	// ReasonDisplaced: the request was queued, then evicted to make room for a higher band's arrival.
 	ReasonDisplaced
-	// ReasonPredictedWait: the estimated wait exceeded the band's maximum queue time, so it was rejected at once.
+	// ReasonPredictedWait: the estimated wait exceeded the band's maximum queue time (its over-share queue time for a
+	// tenant over its share), so it was rejected at once, or answered while waiting once predicted to start too late.
 	ReasonPredictedWait
 	// ReasonQueueTimeout: the request waited for the band's maximum queue time without being dispatched.
 	ReasonQueueTimeout

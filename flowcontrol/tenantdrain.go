@@ -15,7 +15,9 @@ import "time"
 //   - a waiting request whose predicted start (the cost waiting ahead of it in its tenant's FIFO, and its own, over the
 //     tenant's rate) falls after its deadline is answered at once, 429 with ReasonPredictedWait and a Retry-After,
 //     rather than at its deadline (shedUnreachableLocked): the same prediction the arrival was judged by, kept up to
-//     date as the tenant's drain changes.
+//     date as the tenant's drain changes;
+//   - both judge such a tenant by its band's OverShareMaxQueueTime rather than its MaxQueueTime (maxQueueTimeLocked):
+//     a waiting request predicted to start more than that after it arrived is answered too.
 
 // unreachableCheckEvery bounds how often the waiting requests are walked for those that can no longer start in time:
 // a walk costs one step per waiting request, and a scrape (what triggers it) may come every few milliseconds.
@@ -96,7 +98,8 @@ func (c *Controller) maxQueueTimeLocked(band Band, tenant string, now time.Time)
 }
 
 // shedUnreachableLocked answers, 429 with ReasonPredictedWait, every waiting request predicted to start after its
-// deadline at its tenant's drain (see the file comment), and returns how many. Each tenant's FIFO is walked from its
+// deadline, or more than its band's OverShareMaxQueueTime after it arrived, at its tenant's drain (see the file
+// comment), and returns how many. Each tenant's FIFO is walked from its
 // head; a request answered leaves the cost ahead of the later ones, so each is judged by the requests kept ahead of
 // it. It runs at most every unreachableCheckEvery, and not during shutdown (the grace period decides then).
 func (c *Controller) shedUnreachableLocked(now time.Time) int {
@@ -117,7 +120,7 @@ func (c *Controller) shedUnreachableLocked(now time.Time) int {
 			if !ok || !c.sharesDrainLocked(b, tq.name, now) {
 				continue
 			}
-			limit := c.cfg.Bands[b].OverShareMaxQueueTime
+			limit := min(c.cfg.Bands[b].OverShareMaxQueueTime, c.cfg.Bands[b].MaxQueueTime)
 			ahead := 0.0
 			for it := tq.head; it != nil; it = it.tNext {
 				start := now.Add(secondsToDuration((ahead + it.cost) / rate))

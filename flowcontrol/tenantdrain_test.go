@@ -46,6 +46,8 @@ func TestTenantDrainPredictsWait(t *testing.T) {
 		{name: "alone in the band", overShare: 8 * time.Second},
 		{name: "sharing the band, over-share limit 3 s", light: true, overShare: 3 * time.Second, minShed: 10},
 		{name: "alone in the band, over-share limit 3 s", overShare: 3 * time.Second},
+		// Above the band's MaxQueueTime the limit is the band's.
+		{name: "sharing the band, over-share limit 20 s", light: true, overShare: 20 * time.Second, minShed: 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,8 +75,8 @@ func TestTenantDrainPredictsWait(t *testing.T) {
 					if !cl.finished() || cl.d.Outcome == Dispatched {
 						continue
 					}
-					if d := cl.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter < tt.overShare {
-						t.Fatalf("Retry-After %v, want at least the %v limit", d.RetryAfter, tt.overShare)
+					if d := cl.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter < min(tt.overShare, 8*time.Second) {
+						t.Fatalf("Retry-After %v, want at least the %v limit", d.RetryAfter, min(tt.overShare, 8*time.Second))
 					}
 					shed++
 				}
@@ -109,53 +111,51 @@ func TestUnreachableAnsweredEarly(t *testing.T) {
 }
 
 func unreachableAnsweredEarly(t *testing.T, overShare time.Duration, minEarly, kept int) {
-	{
-		h := newHarness(t, testConfig(t, func(c *Config) {
-			oneSlot(c)
-			c.Bands[Standard].MaxQueueTime = 8 * time.Second
-			c.Bands[Standard].OverShareMaxQueueTime = overShare
-		}))
-		h.scrape(ep("a", 1))
-		var calls []*call
-		for range 20 {
-			calls = append(calls, h.admit(0, "heavy", 100))
-		}
-		for range 3 {
-			h.step(500 * time.Millisecond)
-			h.admit(0, "light", 100)
-			h.scrape(ep("a", 0))
-			h.step(500 * time.Millisecond)
-			h.scrape(ep("a", 0))
-		}
-		var early []*call
-		for _, cl := range calls {
-			if cl.finished() && cl.d.Outcome == Rejected {
-				if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= overShare {
-					t.Fatalf("%s: %s/%q after %v, Retry-After %v; want predicted_wait before the deadline",
-						cl.req.ID, cl.d.Outcome, cl.d.Reason, cl.d.Waited, cl.d.RetryAfter)
-				}
-				early = append(early, cl)
+	h := newHarness(t, testConfig(t, func(c *Config) {
+		oneSlot(c)
+		c.Bands[Standard].MaxQueueTime = 8 * time.Second
+		c.Bands[Standard].OverShareMaxQueueTime = overShare
+	}))
+	h.scrape(ep("a", 1))
+	var calls []*call
+	for range 20 {
+		calls = append(calls, h.admit(0, "heavy", 100))
+	}
+	for range 3 {
+		h.step(500 * time.Millisecond)
+		h.admit(0, "light", 100)
+		h.scrape(ep("a", 0))
+		h.step(500 * time.Millisecond)
+		h.scrape(ep("a", 0))
+	}
+	var early []*call
+	for _, cl := range calls {
+		if cl.finished() && cl.d.Outcome == Rejected {
+			if cl.d.Reason != ReasonPredictedWait || cl.d.RetryAfter < time.Second || cl.d.Waited >= overShare {
+				t.Fatalf("%s: %s/%q after %v, Retry-After %v; want predicted_wait before the deadline",
+					cl.req.ID, cl.d.Outcome, cl.d.Reason, cl.d.Waited, cl.d.RetryAfter)
 			}
+			early = append(early, cl)
 		}
-		if len(early) < minEarly {
-			t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least %d)", len(early), minEarly)
+	}
+	if len(early) < minEarly {
+		t.Fatalf("%d waiting heavy requests answered before their deadline, want the tail (at least %d)", len(early), minEarly)
+	}
+	if last := calls[len(calls)-1]; !last.finished() {
+		t.Fatalf("the newest heavy request still waits, predicted to start after its deadline")
+	}
+	for i, cl := range calls[:kept] {
+		if cl.finished() && cl.d.Outcome != Dispatched {
+			t.Fatalf("heavy request %d: %s/%q, want it kept", i, cl.d.Outcome, cl.d.Reason)
 		}
-		if last := calls[len(calls)-1]; !last.finished() {
-			t.Fatalf("the newest heavy request still waits, predicted to start after its deadline")
-		}
-		for i, cl := range calls[:kept] {
-			if cl.finished() && cl.d.Outcome != Dispatched {
-				t.Fatalf("heavy request %d: %s/%q, want it kept", i, cl.d.Outcome, cl.d.Reason)
-			}
-		}
-		// The rest are answered by the end: dispatched, or at the latest at their deadline.
-		for range 10 {
-			h.step(time.Second)
-			h.scrape(ep("a", 0))
-		}
-		for _, cl := range calls {
-			cl.result(t)
-		}
+	}
+	// The rest are answered by the end: dispatched, or at the latest at their deadline.
+	for range 10 {
+		h.step(time.Second)
+		h.scrape(ep("a", 0))
+	}
+	for _, cl := range calls {
+		cl.result(t)
 	}
 }
 
