@@ -69,8 +69,8 @@
 // warmUpGrowthLocked). Schedulers rank a KV-bound
 // endpoint by the seats its KV cache has room for, so requests go where they start at once. A tenant under its share
 // (tenantseats.go; its share is of what the band drains, from the rate the seats of every seat-bound endpoint not down
-// free, whether or not its latest scrape is fresh) is served as Critical is under its reserve: first in its band, seats kept for it, and headroom
-// judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an
+// free, whether or not its latest scrape is fresh) is served as Critical is under its reserve: first in its band,
+// seats kept for it, and headroom judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an
 // endpoint's capacity (no probe, no burst into a server's queue) or, where the endpoint's own limit is not known,
 // beyond the pool's slot limit, so the first places to free go to it. Large-batch servers, whose requests
 // contend in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
@@ -100,8 +100,8 @@
 // heavy tenant gets by what the others take, so its excess was admitted and answered only at its deadline. A waiting
 // request that the same prediction, kept up to date, puts after its deadline is answered 429 (ReasonPredictedWait,
 // with Retry-After) at once, checked at most every 100 ms on a scrape, rather than at the deadline. Such a tenant's
-// deadline is also shorter: BandConfig.OverShareMaxQueueTime (by default a third of the default MaxQueueTime) bounds its predicted
-// wait on arrival and while it waits, so a heavy tenant's excess is answered 429 + Retry-After rather than held for
+// deadline is also shorter: BandConfig.OverShareMaxQueueTime (by default a third of the default MaxQueueTime) bounds
+// its predicted wait on arrival and while it waits, so a heavy tenant's excess is answered 429 + Retry-After rather than held for
 // the band's full MaxQueueTime (and, under a long overload, left waiting when its clients give up). A band's only
 // tenant is predicted as before.
 //

@@ -452,12 +452,7 @@ func TestTenantUnderShareOverThePool(t *testing.T) {
 				t.Errorf("light's arrivals for the seats kept here %.2f/s, want its own %.0f/s", arrivals, tt.light)
 			}
 			if _, got := under[tenantKey{Standard, "heavy"}]; got {
-				t.Errorf("heavy under its share")
-			}
-			if len(under) > 0 && tt.heavy == 0 {
-				if _, got := under[tenantKey{Standard, "heavy"}]; got {
-					t.Errorf("a tenant not active here judged")
-				}
+				t.Errorf("heavy under its share (or judged while not active here)")
 			}
 			c.mu.Unlock()
 

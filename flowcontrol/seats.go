@@ -75,7 +75,12 @@ func (c *Controller) criticalSeatsLocked(seats int, frees float64, now time.Time
 // seatFiguresLocked returns the seats of the fresh seat-bound endpoints, how many of them are idle, and the rate they
 // free (per second; 0 while no hold time is learned).
 func (c *Controller) seatFiguresLocked(now time.Time) (seats, idle int, frees float64) {
-	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
+	return c.seatFiguresWithinLocked(now, c.cfg.Endpoint.MetricsStaleness)
+}
+
+// seatFiguresWithinLocked is seatFiguresLocked over the endpoints scraped within staleness of now.
+func (c *Controller) seatFiguresWithinLocked(now time.Time, staleness time.Duration) (seats, idle int, frees float64) {
+	cutoff := freshCutoff(now, staleness)
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		if !e.usable(cutoff) || !c.seatBoundLocked(e, now) {

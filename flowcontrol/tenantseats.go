@@ -144,17 +144,8 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 // that moment, its band stopped yielding (yieldsLocked), and the other tenants' requests went where they queue inside
 // the servers, ahead of its next ones.
 func (c *Controller) poolFreesLocked(now time.Time) float64 {
-	if c.holdTime <= 0 {
-		return 0
-	}
-	cutoff := freshCutoff(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
-	seats := 0
-	for i := range c.endpoints {
-		if e := &c.endpoints[i]; e.usable(cutoff) && c.seatBoundLocked(e, now) {
-			seats += c.seatsLocked(e)
-		}
-	}
-	return float64(seats) / c.holdTime.Seconds()
+	_, _, frees := c.seatFiguresWithinLocked(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
+	return frees
 }
 
 // isUnderShareLocked reports whether tenant is under its share in band.

@@ -14,8 +14,8 @@
 // and the smallest slot limit the sender learned on its endpoints (PoolSlots), which every replica takes for the
 // pool's. Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per band, and
 // its drain rate), kept until the next one; Pool sums the live peers' (Pool.Demand), so each replica judges a tenant
-// under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary; each peer is sent the
-// newest version it sent, WireVersion); nothing on the request path waits for one.
+// under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary;
+// each peer is sent the newest version it sent, WireVersion); nothing on the request path waits for one.
 //
 // It is pure decision logic: plain inputs, time passed in as arguments, no I/O, no dependency on the Gateway API
 // Inference Extension. What carries peer messages and what acts on ownership live elsewhere; the design, and what
