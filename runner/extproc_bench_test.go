@@ -291,6 +291,7 @@ type benchStream struct {
 	routed        bool
 	headers       int // response-header answers
 	chunks        int // streamed response-body answers
+	handEncoded   int // answers sent as a streamedChunk (the hot path's own, SendMsg)
 	done          bool
 	failure       string
 	record        func(*extprocv3.ProcessingResponse) // nil: answers are only checked
@@ -322,6 +323,7 @@ func (s *benchStream) SendMsg(m any) error {
 	if !ok {
 		return fmt.Errorf("SendMsg of a %T", m)
 	}
+	s.handEncoded++
 	data, err := s.codec.Marshal(a)
 	if err != nil {
 		return err

@@ -203,6 +203,10 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 				if err := chat.runRecording(h, fmt.Sprintf("hot-%s-%d-%d", profile, size, i), record); err != nil {
 					t.Fatalf("%s, %d bytes, request %d: %v", profile, size, i, err)
 				}
+				// The hot path answers the plain chunks itself; upstream's path never does.
+				if hand := chat.stream.handEncoded; (profile == "sluice") != (hand > 0) {
+					t.Fatalf("%s, %d bytes, request %d: %d chunks answered by the stream itself", profile, size, i, hand)
+				}
 			}
 		}
 	}
