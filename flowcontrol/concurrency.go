@@ -33,6 +33,12 @@ import (
 // rule from then on. The request that waited there when the limit was learned is usually such a request; until one
 // has told, the endpoint may run one more while nothing waits there (the probe).
 //
+// The EPP's own view of an endpoint (a probe that started with none ended, more of its requests started and not
+// ended than the endpoint has run) can be ahead of the server by an end not yet heard of: under CPU load the end of a
+// response reaches the EPP after the first chunk of the request the server started in its slot. Such a view is
+// believed only once one prompt's time has passed without an end arriving (doubt, settle, ended); a scrape, the
+// server's own count, is believed at once.
+//
 // A scrape showing more running than the learned slot limit forgets it: the endpoint was restarted with another
 // configuration, or something else is sending it requests.
 type concurrencyLearner struct {
@@ -52,6 +58,13 @@ type concurrencyLearner struct {
 	// perKV is the smoothed running count over KV use: how many requests of the current mix fill the KV cache; 0
 	// while unknown.
 	perKV float64
+	// doubting reports that the EPP's own view says the endpoint runs beyond what it is known to (doubtRunning of its
+	// requests started and not ended, or a probe that started with none ended), which an end not yet heard of may
+	// explain; it is believed at doubtNs (Unix nanoseconds) unless an end arrives first. doubtConfirms: the probe in
+	// doubt waited for a slot, so the end that explains it confirms the limit, as had it arrived in order.
+	doubting, doubtConfirms bool
+	doubtNs                 int64
+	doubtRunning            int
 }
 
 const (
@@ -189,26 +202,65 @@ func (l *concurrencyLearner) probing(waiting bool) bool {
 	return l.slots > 0 && !l.confirmed && !waiting
 }
 
-// observeRunning notes that n requests the EPP sent have started there and not ended: the endpoint runs at least n,
-// which forgets a smaller learned limit.
-func (l *concurrencyLearner) observeRunning(n int) {
-	l.maxRunning = max(l.maxRunning, n)
-	if l.slots > 0 && n > l.slots {
-		l.forget()
+// observeRunning notes at nowNs that n requests the EPP sent have started there and not ended: unless an end arrives
+// before deadlineNs, the endpoint runs at least n, which forgets a smaller learned limit.
+func (l *concurrencyLearner) observeRunning(n int, nowNs, deadlineNs int64) {
+	if n > l.maxRunning {
+		l.doubt(n, nowNs, deadlineNs)
 	}
 }
 
-// probeStarted folds in the first chunk of a request sent beyond the learned slot limit (a probe): it started after
-// one of the EPP's requests there ended and after waiting longer than a prompt takes there (waitedForSlot), which
-// confirms the limit; or it started with none ended (endedSince false), which disproves it. Anything else says
-// nothing: a request ended just as the probe was sent, and it started at once.
-func (l *concurrencyLearner) probeStarted(endedSince, waitedForSlot bool) {
+// probeStarted folds in the first chunk, at nowNs, of a request sent beyond the learned slot limit (a probe): it
+// started after one of the EPP's requests there ended and after waiting longer than a prompt takes there
+// (waitedForSlot), which confirms the limit; or it started with none ended (endedSince false), which disproves it
+// unless an end arrives before deadlineNs. Anything else says nothing: a request ended just as the probe was sent,
+// and it started at once.
+func (l *concurrencyLearner) probeStarted(endedSince, waitedForSlot bool, nowNs, deadlineNs int64) {
 	switch {
 	case l.slots == 0:
 	case !endedSince:
-		l.forget()
+		l.doubtConfirms = l.doubtConfirms || waitedForSlot
+		l.doubt(0, nowNs, deadlineNs)
 	case waitedForSlot:
 		l.confirmed = true
+	}
+}
+
+// doubt notes at nowNs that the EPP's own view says the endpoint runs beyond what it is known to, running requests (0:
+// no more than it has run); settle believes it from deadlineNs on, at once if that is not after nowNs.
+func (l *concurrencyLearner) doubt(running int, nowNs, deadlineNs int64) {
+	if !l.doubting {
+		l.doubting, l.doubtNs = true, deadlineNs
+	}
+	l.doubtRunning = max(l.doubtRunning, running)
+	l.settle(nowNs)
+}
+
+// settle believes at nowNs a doubt no end has explained by its deadline: the endpoint ran what the EPP counted, and a
+// learned limit is forgotten.
+func (l *concurrencyLearner) settle(nowNs int64) {
+	if !l.doubting || nowNs < l.doubtNs {
+		return
+	}
+	l.maxRunning = max(l.maxRunning, l.doubtRunning)
+	if l.slots > 0 {
+		l.forget()
+	}
+	l.doubting, l.doubtConfirms, l.doubtRunning = false, false, 0
+}
+
+// ended notes at nowNs the end of a request there (one of the EPP's or a peer's), running of the EPP's still started
+// there: it explains a doubt not yet believed (and confirms the limit if the probe in doubt waited for a slot), unless
+// the EPP still counts more running than the endpoint has run.
+func (l *concurrencyLearner) ended(nowNs int64, running int) {
+	l.settle(nowNs)
+	switch {
+	case !l.doubting:
+	case running > l.maxRunning:
+		l.doubtRunning = running
+	default:
+		l.confirmed = l.confirmed || (l.doubtConfirms && l.slots > 0)
+		l.doubting, l.doubtConfirms, l.doubtRunning = false, false, 0
 	}
 }
 

@@ -54,7 +54,11 @@
 // for blocks); a request that waited there beyond the limit confirms it (it started only after one of the EPP's
 // requests there ended) or disproves it (it started with none ended), and until then the endpoint may run one more
 // while nothing waits there (a probe, never under the Critical reserve), so a plateau of the EPP's own making is
-// found out. A confirmed limit is strict; a disproved one is learned again only from the slow plateau rule. Under the
+// found out. A confirmed limit is strict; a disproved one is learned again only from the slow plateau rule. The EPP's
+// own evidence (a request that started with none ended, more of its requests running than the endpoint has run) is
+// believed only once one prompt's time passes without an end arriving: the end of a response can reach the EPP after
+// the first chunk of the request the server started in its slot; a scrape showing more running is believed at once.
+// Under the
 // Critical reserve, an endpoint that has queued while running only a few requests gets tentative seats (the most it
 // has run) until its plateau is learned, and lower bands leave idle a
 // reserve of seats on the endpoints that have been full recently, sized from the observed Critical arrival rate and

@@ -133,7 +133,6 @@ func (e *endpointState) tally(r reservation, sign int) {
 
 // refresh recomputes the concurrency and the cached saturations.
 func (e *endpointState) refresh(th EndpointThresholds) {
-	e.learner.observeRunning(e.running)
 	e.seats, e.capacity, _ = e.learner.limits(th, e.WaitingQueue > 0)
 	e.known = e.learner.known(th, e.WaitingQueue > 0)
 	kv := e.KVCacheUsage / th.KVCacheUtil
@@ -201,13 +200,20 @@ func (e *endpointState) occupied() int {
 // a probe, or a request sent before the limit was learned that waited there while it was (the first queue a small
 // endpoint shows is one). It confirms the limit if one of the EPP's requests there ended since r was sent and r
 // waited longer than a prompt takes there (twice the learned time: it waited for a slot, not for a step), and
-// disproves it if none ended. The caller refreshes.
+// disproves it if none ended, nor does within a prompt's time (an end late to the EPP). The caller refreshes.
 func (e *endpointState) probeStarted(r reservation, now time.Time, th EndpointThresholds) {
 	if l := &e.learner; l.slots == 0 || l.confirmed || r.occupied < l.slots {
 		return
 	}
 	ended := e.endedNs >= r.at.UnixNano()
-	e.learner.probeStarted(ended, now.Sub(r.at) > 2*e.promptTime(th))
+	e.learner.probeStarted(ended, now.Sub(r.at) > 2*e.promptTime(th), now.UnixNano(), e.endDeadline(now, th))
+}
+
+// endDeadline is how long from now the EPP waits for the end of a request there before it believes its own count
+// (concurrencyLearner.doubt): one prompt's time, the least after the server started a request in a freed slot that its
+// first chunk can precede the end that freed it.
+func (e *endpointState) endDeadline(now time.Time, th EndpointThresholds) int64 {
+	return now.Add(e.promptTime(th)).UnixNano()
 }
 
 // roomSeats is how many of its seats (at least 1) the endpoint's KV cache has room for: those a request starts in at

@@ -210,6 +210,7 @@ func (c *Controller) SetPeers(p Peers) {
 			// beyond the learned limit that starts now confirms the limit rather than disproving it (probeStarted).
 			freed = true
 			e.endedNs = now.UnixNano()
+			e.learner.ended(now.UnixNano(), e.running)
 		}
 		e.peer = load
 		e.refresh(c.cfg.Endpoint)

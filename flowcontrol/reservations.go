@@ -84,6 +84,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	for i := range states {
 		e := &states[i]
 		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
+		e.learner.settle(now.UnixNano())
 		if newScrape[i] {
 			e.learner.observe(e.Endpoint, e.running)
 			var drop int
@@ -151,9 +152,11 @@ func (c *Controller) Started(id string) bool {
 	started.pending, started.started = false, true
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
+		e.learner.settle(now.UnixNano())
 		e.tally(r, -1)
 		e.probeStarted(r, now, c.cfg.Endpoint)
 		e.tally(started, +1)
+		e.learner.observeRunning(e.running, now.UnixNano(), e.endDeadline(now, c.cfg.Endpoint))
 		e.learnFirstChunk(now.Sub(r.at) / time.Duration(r.ahead+1))
 		e.refresh(c.cfg.Endpoint)
 	}
@@ -180,6 +183,7 @@ func (c *Controller) Release(id string) bool {
 		e := &c.endpoints[i]
 		e.recon.release(r.at, now)
 		e.learner.releases++
+		e.learner.ended(now.UnixNano(), e.running)
 		e.endedNs = now.UnixNano()
 		if c.seatBoundLocked(e, now) {
 			c.learnHoldTimeLocked(now.Sub(r.at))

@@ -106,7 +106,7 @@ func TestConcurrencyLearner(t *testing.T) {
 				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv}, s.running-tt.prefilling)
 			}
 			if p := tt.probe; p != nil {
-				l.probeStarted(p.ended, p.waited)
+				l.probeStarted(p.ended, p.waited, 0, 0)
 			}
 			if l.slots != tt.slots {
 				t.Errorf("slots = %d, want %d", l.slots, tt.slots)
@@ -419,6 +419,99 @@ func TestLearnedSlotLimit(t *testing.T) {
 					held.wantWaiting(t)
 				} else {
 					held.wantOutcome(t, Dispatched, ReasonNone)
+				}
+			})
+		})
+	}
+}
+
+// TestLateEnd: under CPU load the end of a response can reach the EPP after the first chunk of the request the
+// server started in its slot. The EPP then counts one more running than the server runs, and the request that waited
+// there seems to start with nothing ended; neither is believed until one prompt's time has passed without the end
+// arriving, and the end that arrives in that time tells what it would have in order (the request waited for a slot:
+// the limit is strict). A scrape showing more running is believed at once.
+func TestLateEnd(t *testing.T) {
+	tests := []struct {
+		name string
+		// endAfter is when the end of the first request reaches the EPP, after the waiting request's first chunk
+		// (negative: before it); running is what the next scrape shows.
+		endAfter time.Duration
+		running  int
+		// slots, confirmed and maxRunning are what the endpoint has learned then; dispatched, how many of two
+		// requests sent next go at once (with the limit strict none does).
+		slots, maxRunning int
+		confirmed         bool
+		dispatched        int
+	}{
+		{name: "end before the first chunk", endAfter: -time.Millisecond, running: 4, slots: 4, maxRunning: 4,
+			confirmed: true},
+		{name: "end after the first chunk, within a prompt's time", endAfter: 3 * time.Millisecond, running: 4,
+			slots: 4, maxRunning: 4, confirmed: true},
+		{name: "no end within a prompt's time: forgotten", endAfter: 60 * time.Millisecond, running: 4,
+			maxRunning: 5, dispatched: 2},
+		{name: "a scrape shows five running: forgotten", endAfter: 3 * time.Millisecond, running: 5, maxRunning: 5,
+			dispatched: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) {
+					c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
+				}))
+				h.scrape(ep("a", 0))
+				streamed := func() *call {
+					h.seq++
+					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
+				}
+				var sent []*call
+				for range 5 { // nothing is known yet: all five go, and the fifth waits in the server
+					cl := streamed()
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					sent = append(sent, cl)
+				}
+				h.step(20 * time.Millisecond)
+				for _, cl := range sent[:4] {
+					h.c.Started(cl.req.ID)
+				}
+				for range fastPlateauScrapes {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1})
+				}
+				// The first request ends in the server and the fifth takes its slot; the EPP hears of the end at
+				// endAfter from the fifth's first chunk. Its prompt time here is about 15 ms.
+				h.step(500 * time.Millisecond)
+				if tt.endAfter < 0 {
+					h.c.Release(sent[0].req.ID)
+					h.step(-tt.endAfter)
+					h.c.Started(sent[4].req.ID)
+				} else {
+					h.c.Started(sent[4].req.ID)
+					if tt.endAfter < 50*time.Millisecond {
+						h.step(tt.endAfter)
+						h.c.Release(sent[0].req.ID)
+					}
+				}
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: tt.running})
+				if tt.endAfter >= 50*time.Millisecond {
+					h.step(tt.endAfter - 50*time.Millisecond)
+					h.c.Release(sent[0].req.ID)
+				}
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: tt.running})
+				h.c.mu.Lock()
+				l := h.c.endpoints[h.c.endpointIndex["a"]].learner
+				h.c.mu.Unlock()
+				if l.slots != tt.slots || l.confirmed != tt.confirmed || l.maxRunning != tt.maxRunning {
+					t.Errorf("slots %d (confirmed %v), most run %d; want %d (%v), %d", l.slots, l.confirmed,
+						l.maxRunning, tt.slots, tt.confirmed, tt.maxRunning)
+				}
+				for i, cl := range []*call{streamed(), streamed()} {
+					if i < tt.dispatched {
+						cl.wantOutcome(t, Dispatched, ReasonNone)
+					} else {
+						cl.wantWaiting(t)
+					}
 				}
 			})
 		})
