@@ -39,7 +39,12 @@ import (
 // there), as it did before stalls were judged. Why several gaps, and the median of a stream's recent gaps rather
 // than a run of slow ones: a step that computes another request's long prompt delays every stream of the batch
 // once, while a slowed server delays every step; and a chunk delayed on its way (a busy proxy, a busy EPP) makes one
-// gap long and the next one short, which must not reset the count.
+// gap long and the next one short, which must not reset the count. A gap is judged less the prefills that may have
+// started there since the stream's chunk before its previous one (the prompts sent there, and the oldest waiting
+// one at each end of a stream), at the slowest rate: a large batch under load starts a prefill or two in most of its
+// steps, so every gap of every stream is several usual gaps long, and only the work sent there tells it from a
+// slowed server, which computes those prompts slower too. Only the prompts sent during the gap and the one before
+// count (the step after a dispatch computes it), not a long prompt sent earlier: that one delays the batch once.
 //
 // The usual gap is the mean of the endpoint's normal gaps (below SlowFactor times it, on streams with no slow gap
 // in their window) over about the last paceMemory of them, judged from paceWarmup on. Slow gaps do not move it, so a
@@ -98,6 +103,10 @@ type stream struct {
 	// pending: dispatched (Dispatch) and no chunk yet, its prompt of tokens (estimated) waiting for or in prefill.
 	pending bool
 	tokens  int
+	// explainFrom is its endpoint's prefilled count (endpointPace.prefilled) at the chunk before its latest one
+	// (at its first chunk, at that chunk): the prompts counted since may explain its gap under way (see Pace).
+	// explainNext is the count at its latest chunk.
+	explainFrom, explainNext int64
 	// history holds whether each of the stream's last gaps was slow, the latest in bit 0.
 	history uint64
 	judged  int // gaps judged, up to the window's length
@@ -120,6 +129,9 @@ type endpointPace struct {
 	// prefillUntil is when the prefills it may be computing end, at the slowest rate (prefillTokensPerStep): its
 	// streams' silence counts from then.
 	prefillUntil time.Time
+	// prefilled counts the prompt tokens whose prefill may have started there: each prompt sent there, and the
+	// oldest waiting one again at each end of a stream (prefill).
+	prefilled int64
 	// quietFrom and quietTo bound its latest quiet spell: quietGaps usual gaps or more between two of its chunks, a
 	// stream of it under way.
 	quietFrom, quietTo time.Time
@@ -202,7 +214,7 @@ func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, 
 		if s != nil {
 			e.dequeue(s)
 		}
-		s = &stream{endpoint: endpoint, last: now}
+		s = &stream{endpoint: endpoint, last: now, explainFrom: e.prefilled, explainNext: e.prefilled}
 		p.streams[id] = s
 		e.open++
 		p.suspectLocked(s)
@@ -212,10 +224,12 @@ func (p *Pace) chunkLocked(now time.Time, id, endpoint string, e *endpointPace, 
 	s.last = now
 	if e.n < paceWarmup {
 		e.learn(gap)
+		s.explainFrom, s.explainNext = s.explainNext, e.prefilled
 		return Ejection{}
 	}
-	slow := p.slowLocked(e, gap)
-	clean := s.history == 0
+	slow := p.slowGapLocked(e, s, gap)
+	clean := s.history == 0 && !p.slowLocked(e, gap)
+	s.explainFrom, s.explainNext = s.explainNext, e.prefilled
 	s.history = (s.history<<1 | b2u(slow)) & p.window()
 	s.judged = min(s.judged+1, 2*p.gaps-1)
 	p.suspectLocked(s)
@@ -265,6 +279,7 @@ func (e *endpointPace) prefill(now time.Time, tokens int) {
 	if e.prefillUntil.Before(now) {
 		e.prefillUntil = now
 	}
+	e.prefilled += int64(max(tokens, 0))
 	e.prefillUntil = e.prefillUntil.Add(e.usual * time.Duration(tokens) / prefillTokensPerStep)
 }
 
@@ -353,6 +368,13 @@ func (p *Pace) unsuspectLocked(s *stream) {
 	}
 }
 
+// slowGapLocked reports whether gap, of stream s of e, is slow once the prefills that may have started there since
+// the chunk before s's previous one are taken out of it, at the slowest rate (see Pace).
+func (p *Pace) slowGapLocked(e *endpointPace, s *stream, gap time.Duration) bool {
+	explained := time.Duration(e.prefilled-s.explainFrom) * e.usual / prefillTokensPerStep
+	return p.slowLocked(e, gap-explained)
+}
+
 // slowLocked reports whether gap is slow for e.
 func (p *Pace) slowLocked(e *endpointPace, gap time.Duration) bool {
 	return float64(gap) >= p.factor*float64(e.usual)
@@ -414,7 +436,7 @@ func (p *Pace) Stalled(now time.Time) []EndpointEjection {
 	}
 	for s := range p.suspects {
 		e := p.endpoints[s.endpoint]
-		if e == nil || e.n < paceWarmup || !p.slowLocked(e, now.Sub(s.last)) {
+		if e == nil || e.n < paceWarmup || !p.slowGapLocked(e, s, now.Sub(s.last)) {
 			continue
 		}
 		report(s.endpoint, e, false, s.last, s.last)

@@ -2,6 +2,7 @@ package outlier
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -54,6 +55,16 @@ func dispatch(ms int, id, ep string, tokens int) []paceStep {
 // prefilling is a prompt sent to ep at ms so long that its prefill may last past the row's end: it explains every
 // stall of ep, so that only a stream's slow gaps judge it.
 func prefilling(ep string, ms int) []paceStep { return dispatch(ms, "long-"+ep, ep, 1<<20) }
+
+// dispatches is n requests sent to ep, one every every ms from ms, with a prompt of tokens each.
+func dispatches(ep string, ms, every, n, tokens int) []paceStep {
+	var steps []paceStep
+	for i := range n {
+		steps = append(steps, dispatch(ms+i*every, fmt.Sprintf("q%d-%s", i, ep), ep, tokens)...)
+	}
+	return steps
+}
+
 func stall(ms int, want ...string) []paceStep { return []paceStep{{ms: ms, stall: true, want: want}} }
 
 var paceConfig = Config{Consecutive5xx: 5, BaseEjectionTime: time.Second, MaxEjectionTime: 3 * time.Second,
@@ -77,6 +88,16 @@ func TestPace(t *testing.T) {
 			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800, 200, 200, 200), pick(1200), pick(1400, "a"),
 			pick(2399, "a"), pick(2400),
+		)},
+		// A large batch under load starts a prefill or two in most steps: every stream's gaps are long, by the
+		// prompts sent there (a 128-token prompt may take 2 usual gaps, 40 ms, at the slowest rate).
+		{name: "prompts sent there explain a busy batch's long gaps", steps: paced(
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
+			streamOf("s", "a", 800, repeat(8, 100)...), dispatches("a", 850, 100, 8, 128), pick(1650),
+		)},
+		{name: "prompts sent there explain a slowed server's gaps only for as long as their prefill", steps: paced(
+			warm("a", 20), prefilling("a", 790), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),
+			streamOf("s", "a", 800, repeat(4, 200)...), dispatches("a", 850, 200, 4, 64), pick(1399), pick(1400, "a"),
 		)},
 		{name: "a long step now and then ejects nothing", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(60, 20)...),

@@ -154,6 +154,10 @@ classes:
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 40}}},
 		{"slot-limited a10g fleet, long prompts waiting for a slot", Config{Servers: chaosFleet(t), Mix: mustMix(t, mixed),
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 8}}},
+		// The suite's priority-overload-large-batch-2x: most steps of a 256-slot batch compute a prompt or two.
+		{"large-batch fleet at twice its capacity", Config{Fleet: "h100:2,a10g:2", Mix: mustMix(t, strings.NewReplacer("prompt_tokens: 64", "prompt_tokens: 512", "output_tokens: 32", "output_tokens: 128").Replace(chaosMix)),
+			Objectives: map[string]int{"critical": 2, "standard": 1, "sheddable": 0},
+			Arrival:    loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 144}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
