@@ -134,6 +134,12 @@ type BandConfig struct {
 	MayDisplace           bool
 }
 
+// overShareQueueTime is OverShareMaxQueueTime capped by MaxQueueTime: how long a request of a tenant sharing the
+// band's drain may be predicted to wait.
+func (bc *BandConfig) overShareQueueTime() time.Duration {
+	return min(bc.OverShareMaxQueueTime, bc.MaxQueueTime)
+}
+
 // EndpointThresholds is the validated form of APIEndpointThresholds.
 type EndpointThresholds struct {
 	QueueDepth  int

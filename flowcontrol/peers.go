@@ -149,33 +149,31 @@ func (c *Controller) tenantRatesLocked(now time.Time) map[tenantKey]tenantRates 
 		n, _ := d.requests.rate(now)
 		c.rates[k] = tenantRates{cost: cost, requests: n, weight: d.weight, arrivals: n, span: d.cost.span, here: true}
 	}
-	if len(c.peers.Demand.Tenants) == 0 {
-		return c.rates
-	}
-	// Counted, not rates: a rate times its span is the (decayed) sum counted, which adds up over the replicas.
-	for k, r := range c.rates {
-		r.cost, r.requests = r.cost*r.span, r.requests*r.span
-		c.rates[k] = r
-	}
 	for _, t := range c.peers.Demand.Tenants {
 		if t.Band >= NumBands || !(t.Weight > 0) {
 			continue
 		}
 		k := tenantKey{t.Band, t.Tenant}
 		r := c.rates[k]
-		r.cost, r.requests, r.span = r.cost+t.Cost*t.Span, r.requests+t.Requests*t.Span, max(r.span, t.Span)
+		r.cost = pooledRate(r.cost, r.span, t.Cost, t.Span)
+		r.requests = pooledRate(r.requests, r.span, t.Requests, t.Span)
+		r.span = max(r.span, t.Span)
 		if !r.here {
 			r.weight = max(r.weight, t.Weight)
 		}
 		c.rates[k] = r
 	}
-	for k, r := range c.rates {
-		if r.span > 0 {
-			r.cost, r.requests = r.cost/r.span, r.requests/r.span
-		}
-		c.rates[k] = r
-	}
 	return c.rates
+}
+
+// pooledRate is the rate of two replicas' figures for one tenant: what each counted (a rate times its span is the
+// decayed sum counted, which adds up over the replicas) over the longer span; 0 with no span.
+func pooledRate(rate, span, peerRate, peerSpan float64) float64 {
+	longest := max(span, peerSpan)
+	if longest <= 0 {
+		return 0
+	}
+	return (rate*span + peerRate*peerSpan) / longest
 }
 
 // poolDrainLocked returns what underShareLocked takes the pool to drain, in cost per second: this replica's drain

@@ -92,16 +92,15 @@ func (c *Controller) sharesDrainLocked(band Band, tenant string, now time.Time) 
 func (c *Controller) maxQueueTimeLocked(band Band, tenant string, now time.Time) time.Duration {
 	bc := &c.cfg.Bands[band]
 	if c.sharesDrainLocked(band, tenant, now) {
-		return min(bc.OverShareMaxQueueTime, bc.MaxQueueTime)
+		return bc.overShareQueueTime()
 	}
 	return bc.MaxQueueTime
 }
 
 // shedUnreachableLocked answers, 429 with ReasonPredictedWait, every waiting request predicted to start after its
 // deadline, or more than its band's OverShareMaxQueueTime after it arrived, at its tenant's drain (see the file
-// comment), and returns how many. Each tenant's FIFO is walked from its
-// head; a request answered leaves the cost ahead of the later ones, so each is judged by the requests kept ahead of
-// it. It runs at most every unreachableCheckEvery, and not during shutdown (the grace period decides then).
+// comment), and returns how many. Each tenant's FIFO is walked from its head; a request answered leaves the cost
+// ahead of the later ones, so each is judged by the requests kept ahead of it. It runs at most every unreachableCheckEvery, and not during shutdown (the grace period decides then).
 func (c *Controller) shedUnreachableLocked(now time.Time) int {
 	if c.shuttingDown || c.totalCount == 0 || now.Sub(c.unreachableAt) < unreachableCheckEvery {
 		return 0
@@ -120,7 +119,7 @@ func (c *Controller) shedUnreachableLocked(now time.Time) int {
 			if !ok || !c.sharesDrainLocked(b, tq.name, now) {
 				continue
 			}
-			limit := min(c.cfg.Bands[b].OverShareMaxQueueTime, c.cfg.Bands[b].MaxQueueTime)
+			limit := c.cfg.Bands[b].overShareQueueTime()
 			ahead := 0.0
 			for it := tq.head; it != nil; it = it.tNext {
 				start := now.Add(secondsToDuration((ahead + it.cost) / rate))
