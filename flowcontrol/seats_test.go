@@ -354,16 +354,7 @@ func TestLearnedSlotLimit(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				// Neither the queue depth nor the pending prompts bound the endpoint: only its slots do.
-				h := newHarness(t, testConfig(t, func(c *Config) {
-					c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
-				}))
-				h.scrape(ep("a", 0))
-				streamedAs := func(tenant string, priority int) *call {
-					h.seq++
-					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: tenant, Priority: priority,
-						Bytes: 100, Streamed: true})
-				}
+				h, streamedAs := slotBoundHarness(t)
 				streamed := func(priority int) *call { return streamedAs("t", priority) }
 				next := func() *call {
 					if tt.nextTenant != "" {
@@ -455,14 +446,8 @@ func TestLateEnd(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, func(c *Config) {
-					c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
-				}))
-				h.scrape(ep("a", 0))
-				streamed := func() *call {
-					h.seq++
-					return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: "t", Bytes: 100, Streamed: true})
-				}
+				h, streamedAs := slotBoundHarness(t)
+				streamed := func() *call { return streamedAs("t", 0) }
 				var sent []*call
 				for range 5 { // nothing is known yet: all five go, and the fifth waits in the server
 					cl := streamed()
@@ -814,5 +799,20 @@ func TestWarmUpGrowth(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// slotBoundHarness returns a harness whose endpoint "a", scraped idle, is bound by its slots alone (neither the queue
+// depth nor the pending prompts bound it), and a sender of streamed requests of a tenant at a priority.
+func slotBoundHarness(t *testing.T) (*harness, func(tenant string, priority int) *call) {
+	t.Helper()
+	h := newHarness(t, testConfig(t, func(c *Config) {
+		c.Endpoint.QueueDepth, c.Endpoint.PendingTime = 100, 0
+	}))
+	h.scrape(ep("a", 0))
+	return h, func(tenant string, priority int) *call {
+		h.seq++
+		return h.admitReq(Request{ID: fmt.Sprintf("req-%d", h.seq), Tenant: tenant, Priority: priority, Bytes: 100,
+			Streamed: true})
 	}
 }
