@@ -62,22 +62,28 @@ func (s *tracedStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	return req, err
 }
 
+// Send commits the trace before the answer leaves, so a client that reads the trace once it has its answer finds the
+// record.
 func (s *tracedStream) Send(resp *extprocv3.ProcessingResponse) error {
-	err := s.shapingStream.Send(resp) // shapes an immediate response in place first
-	if !s.trace.Active() {
-		return err
+	s.shape(resp) // the record holds the immediate response as the client gets it
+	if s.trace.Active() {
+		s.commit(resp)
 	}
+	return s.ExternalProcessor_ProcessServer.Send(resp)
+}
+
+// commit records the EPP's answer in resp: the immediate response, or the endpoint the request was routed to.
+func (s *tracedStream) commit(resp *extprocv3.ProcessingResponse) {
 	if ir := resp.GetImmediateResponse(); ir != nil {
 		s.trace.Answered(int(ir.GetStatus().GetCode()), immediateHeader(ir, plugins.ShedReasonHeader),
 			immediateHeader(ir, "retry-after"), errorMessage(ir.GetBody()))
-		return err
+		return
 	}
 	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
 		if h.GetHeader().GetKey() == metadata.DestinationEndpointKey {
 			s.trace.Routed(headerValue(h.GetHeader()))
 		}
 	}
-	return err
 }
 
 // end commits the trace of a request that ended without an answer (the client went away).

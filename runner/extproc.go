@@ -202,6 +202,13 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 }
 
 func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
+	s.shape(resp)
+	return s.ExternalProcessor_ProcessServer.Send(resp)
+}
+
+// shape readies resp to be sent: the shapers rewrite an immediate response in place, and the chunk shortcut is armed
+// once the response headers go back.
+func (s *shapingStream) shape(resp *extprocv3.ProcessingResponse) {
 	if ir := resp.GetImmediateResponse(); ir != nil {
 		for _, shaper := range s.shapers {
 			shaper.ShapeImmediateResponse(s.Context(), s.requestID, ir)
@@ -214,7 +221,6 @@ func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
 	if s.chunks != nil {
 		s.armShortcut(resp)
 	}
-	return s.ExternalProcessor_ProcessServer.Send(resp)
 }
 
 // validHeaderValues replaces the bytes of req's header and trailer values
