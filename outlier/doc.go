@@ -13,7 +13,7 @@
 // A Pace ejects, through the same Detector, an endpoint that became slow: it times the gaps between the chunks of
 // each streamed response (a token per engine step), learns each endpoint's usual gap, and, while most peers' pace is
 // normal, reports an endpoint whose streams all fell silent for SlowFactor times its usual gap with no prefill of a
-// prompt sent there to explain it, or one of whose streams had SlowGaps of its last 2·SlowGaps-1 gaps at SlowFactor
+// prompt sent there (nor load of a LoRA adapter for one) to explain it, or one of whose streams had SlowGaps of its last 2·SlowGaps-1 gaps at SlowFactor
 // times its usual gap, each gap less the prefills of the prompts sent there during it and the gap before. A slowed server answers successfully, so its slow ejections are kept apart from the 5xx records: they end as a 5xx ejection
 // does, and a normal gap outside an ejection clears them.
 //

@@ -25,10 +25,11 @@ import (
 // is delivered last looks like the only one silent.
 //
 // A stall: an endpoint with streams under way that sends nothing for SlowFactor times its usual gap. On a healthy
-// server only a prefill makes a step that long (or a pause of its process, which a stall cannot tell apart),
-// and a prefill is of a prompt the EPP sent there: Dispatch records
-// each request sent to the endpoint with its prompt's length, and the endpoint may be computing prefills until
-// prefillUntil, each prompt taking at most its tokens at prefillTokensPerStep per usual gap, one after the other
+// server only a prefill makes a step that long (or a pause of its process, which a stall cannot tell apart, or the
+// load of a LoRA adapter), and a prefill is of a prompt the EPP sent there, a load for a request it sent there:
+// Dispatch records each request sent to the endpoint with its prompt's length and whether it may load an adapter,
+// and the endpoint may be computing prefills until prefillUntil, each prompt taking at most its tokens at
+// prefillTokensPerStep per usual gap, and adapterLoadGaps usual gaps more for a load, one after the other
 // from its dispatch, or, for the oldest request still waiting for its first chunk, from the next end of a stream
 // there (a slot-limited server starts a waiting request when a running one ends). A silence of SlowFactor usual
 // gaps counted from the later of the latest chunk and prefillUntil is unexplained: the endpoint is slow at once, at
@@ -88,6 +89,11 @@ const (
 	// gap), of the GPU classes known: an A10G computes about 70 (18 ms step, 4k tokens/s), an H100 about 150 (6 ms,
 	// 25k tokens/s). A prompt of T tokens delays the endpoint's streams by at most T/prefillTokensPerStep usual gaps.
 	prefillTokensPerStep = 64
+	// adapterLoadGaps is the most usual gaps loading a LoRA adapter adds to the step that admits a request for it
+	// (vLLM loads adapters inside the engine step, so every stream of the batch waits): the test bed's H100-like
+	// server loads one in 25 ms (4 steps of 6 ms), its A10G-like one in 60 ms (3.3 steps of 18 ms). A request that
+	// may load one counts as adapterLoadGaps·prefillTokensPerStep more prompt tokens.
+	adapterLoadGaps = 4
 	// stallHorizon bounds how long a silence counts as a stall: a stream whose end was never reported is silent
 	// for ever, and an endpoint that slowed down sends its slow chunks well within it.
 	stallHorizon = 2 * time.Second
@@ -155,12 +161,16 @@ func NewPace(d *Detector) *Pace {
 	}
 }
 
-// Dispatch records that request id, of about tokens prompt tokens, was sent to endpoint at now: its prefill may
-// stall the endpoint's streams for as long as its tokens take at the slowest rate, from now, or, while it waits for
-// its first chunk, from the next end of a stream there (see Pace). An empty id or endpoint is ignored.
-func (p *Pace) Dispatch(now time.Time, id, endpoint string, tokens int) {
+// Dispatch records that request id, of about tokens prompt tokens, was sent to endpoint at now, and whether it may
+// load a LoRA adapter there (loadsAdapter): its prefill, and the load, may stall the endpoint's streams for as long
+// as its tokens take at the slowest rate plus adapterLoadGaps usual gaps, from now, or, while it waits for its first
+// chunk, from the next end of a stream there (see Pace). An empty id or endpoint is ignored.
+func (p *Pace) Dispatch(now time.Time, id, endpoint string, tokens int, loadsAdapter bool) {
 	if p.factor == 0 || id == "" || endpoint == "" {
 		return
+	}
+	if loadsAdapter {
+		tokens = max(tokens, 0) + adapterLoadGaps*prefillTokensPerStep
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -9,12 +9,13 @@ import (
 )
 
 // paceStep is one event at ms: a chunk of stream id from endpoint ep; the dispatch of request id to ep with a
-// prompt of tokens (tokens > 0); the end of stream id (end); a Stalled check (stall), want naming the endpoints it
+// prompt of tokens (tokens > 0), for an adapter it may load there (loads); the end of stream id (end); a Stalled check (stall), want naming the endpoints it
 // ejects; or a pick among a, b and c (pick), want naming those left out.
 type paceStep struct {
 	ms     int
 	id, ep string
 	tokens int
+	loads  bool
 	end    bool
 	stall  bool
 	pick   bool
@@ -50,6 +51,11 @@ func end(ms int, id string) []paceStep       { return []paceStep{{ms: ms, id: id
 // dispatch is request id sent to ep at ms with a prompt of tokens.
 func dispatch(ms int, id, ep string, tokens int) []paceStep {
 	return []paceStep{{ms: ms, id: id, ep: ep, tokens: tokens}}
+}
+
+// dispatchLoading is request id sent to ep at ms with a prompt of tokens, for a LoRA adapter ep may have to load.
+func dispatchLoading(ms int, id, ep string, tokens int) []paceStep {
+	return []paceStep{{ms: ms, id: id, ep: ep, tokens: tokens, loads: true}}
 }
 
 // prefilling is a prompt sent to ep at ms so long that its prefill may last past the row's end: it explains every
@@ -152,6 +158,25 @@ func TestPace(t *testing.T) {
 		{name: "a short prompt delays the stall by its prefill only", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
 			streamOf("s", "a", 800), dispatch(850, "q", "a", 64), stall(880), stall(949), stall(950, "a"),
+		)},
+		// An adapter load: 4 usual gaps (80 ms) more than its prompt's prefill (20 ms).
+		{name: "an adapter load sent there explains its stall with its prompt's prefill", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800), dispatchLoading(850, "q", "a", 64), stall(950), stall(1029), stall(1030, "a"),
+		)},
+		// lora-heavy with every chunk reported (usual gap 6 ms, 289-token prompts): two requests sent during steps
+		// that each load an adapter (42 ms steps); the second one's prefill starts when the first one's step ends,
+		// at 346 ms, 18 ms after the first one's prefill alone explains.
+		{name: "adapter loads of requests sent during a load's step explain its stall", steps: paced(
+			warm("a", 6), warm("b", 6), streamOf("b2", "b", 300, repeat(50, 6)...),
+			streamOf("s", "a", 240, repeat(10, 6)...), dispatchLoading(301, "q1", "a", 289), dispatchLoading(311, "q2", "a", 289),
+			streamOf("q1", "a", 346, 42), []paceStep{{ms: 346, id: "s", ep: "a"}, {ms: 388, id: "s", ep: "a"}},
+			stall(387), pick(388),
+		)},
+		{name: "adapter loads explain a slowed server's stall only for as long as they take", steps: paced(
+			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			streamOf("s", "a", 800), dispatchLoading(810, "q1", "a", 64), dispatchLoading(820, "q2", "a", 64),
+			stall(1089), stall(1090, "a"),
 		)},
 		{name: "the prefills of a burst add up", steps: paced(
 			warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
@@ -256,7 +281,7 @@ func runPace(t *testing.T, d *Detector, p *Pace, steps []paceStep) {
 		case s.end:
 			p.End(now, s.id)
 		case s.tokens > 0:
-			p.Dispatch(now, s.id, s.ep, s.tokens)
+			p.Dispatch(now, s.id, s.ep, s.tokens, s.loads)
 		default:
 			p.Chunk(now, s.id, s.ep)
 		}

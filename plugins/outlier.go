@@ -167,11 +167,31 @@ func (f *OutlierFilter) Filter(ctx context.Context, _ *fwksched.CycleState, _ *f
 }
 
 // PreRequest implements fwkrc.PreRequest: the request is dispatched to its endpoint with its prompt, whose prefill
-// there may stall the endpoint's streams for a while (outlier.Pace.Dispatch).
+// there, and the load of its LoRA adapter if the endpoint may not hold it, may stall the endpoint's streams for a
+// while (outlier.Pace.Dispatch).
 func (f *OutlierFilter) PreRequest(_ context.Context, req *fwksched.LLMRequest, result *fwksched.SchedulingResult) {
 	if target := primaryTarget(result); req != nil && target != nil {
-		f.pace.Dispatch(f.clock.Now(), req.RequestId, EndpointName(target.GetMetadata()), promptTokens(req))
+		f.pace.Dispatch(f.clock.Now(), req.RequestId, EndpointName(target.GetMetadata()), promptTokens(req),
+			mayLoadAdapter(req.TargetModel, target))
 	}
+}
+
+// mayLoadAdapter reports whether a request for model may make ep load a LoRA adapter: ep's latest scrape
+// (LoRAResidency, from sluice-lora-residency-extractor) names the base models it serves, model is not one of them,
+// and ep neither ran it nor held it in GPU memory then. An adapter held then counts as held still, though it may
+// have been evicted since (the slowest prefill rate leaves some slack for that load). Without the residency
+// extractor nothing tells an adapter from the base model, and no request counts as a load.
+func mayLoadAdapter(model string, ep fwksched.Endpoint) bool {
+	res := loraResidencyOf(ep)
+	if model == "" || res == nil || len(res.BaseModels) == 0 || res.servesBase(model) || res.Adapters.Has(model) {
+		return false
+	}
+	if m := ep.GetMetrics(); m != nil {
+		if _, running := m.ActiveModels[model]; running {
+			return false
+		}
+	}
+	return true
 }
 
 // primaryTarget is the endpoint the request is sent to: the first of the primary profile's targets, or nil.

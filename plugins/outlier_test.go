@@ -18,6 +18,7 @@ import (
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	"github.com/sluice-gw/sluice/lora"
 	"github.com/sluice-gw/sluice/outlier"
 )
 
@@ -256,5 +257,70 @@ func TestOutlierFilterPace(t *testing.T) {
 	clk.Step(time.Millisecond)
 	if n := kept(); n != 3 {
 		t.Fatalf("after the ejection: %d kept, want 3", n)
+	}
+}
+
+// TestOutlierFilterAdapterLoad: a request sent to a server for a LoRA adapter the server may have to load (its latest
+// scrape names its base models, and the adapter neither ran nor was resident there) explains, beside its prompt's
+// prefill, 4 usual gaps more of the server's silence (vLLM loads the adapter inside the step, so every stream
+// waits); a request for the base model, or for an adapter held there, or to a server that reports no residency,
+// explains its prefill only. Past what the load explains, the silence still ejects.
+func TestOutlierFilterAdapterLoad(t *testing.T) {
+	const base = "meta-llama/Llama-3.1-8B-Instruct"
+	served := func(adapters ...string) *LoRAResidency {
+		return &LoRAResidency{BaseModels: map[string]struct{}{base: {}}, Adapters: lora.NewAdapters(adapters...), ObservedAt: fcT0}
+	}
+	tests := []struct {
+		name      string
+		model     string
+		residency *LoRAResidency
+		running   []string
+		// wantKept is how many of the three servers are picked 140 ms after the request was sent (a prefill of one
+		// usual gap, 20 ms, then 4 usual gaps of silence: 100 ms), and 180 ms after (a load's 4 usual gaps more).
+		wantKept140, wantKept180 int
+	}{
+		{"an adapter not held there", "adapter-1", served("adapter-2"), nil, 3, 2},
+		{"an adapter resident there", "adapter-1", served("adapter-1"), nil, 2, 2},
+		{"an adapter running there", "adapter-1", served(), []string{"adapter-1"}, 2, 2},
+		{"the base model", base, served("adapter-2"), nil, 2, 2},
+		{"no residency reported", "adapter-1", nil, nil, 2, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(fcT0)
+			f, eps := newOutlierFilter(t, "", clk)
+			m := eps[0].GetMetrics().Clone()
+			m.ActiveModels = map[string]int{}
+			for _, a := range tt.running {
+				m.ActiveModels[a] = 1
+			}
+			attrs := fwkdl.NewAttributes()
+			if tt.residency != nil {
+				attrs.Put(LoRAResidencyKey, tt.residency)
+			}
+			eps[0] = fwksched.NewEndpoint(eps[0].GetMetadata(), m, attrs)
+			kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
+			step := func(n int, servers ...int) {
+				for range n {
+					clk.Step(20 * time.Millisecond)
+					for _, i := range servers {
+						chunk(f, eps[i], fmt.Sprint("warm-", i), false)
+					}
+				}
+			}
+			step(100, 0, 1, 2)
+			// 256 bytes: a prompt of about 64 tokens, one usual gap's prefill at the slowest rate.
+			f.PreRequest(t.Context(), &fwksched.LLMRequest{RequestId: "q", TargetModel: tt.model, RequestSizeBytes: 256},
+				&fwksched.SchedulingResult{PrimaryProfileName: "default",
+					ProfileResults: map[string]*fwksched.ProfileRunResult{"default": {TargetEndpoints: eps[:1]}}})
+			step(7, 1, 2)
+			if n := kept(); n != tt.wantKept140 {
+				t.Errorf("140 ms after the request: %d kept, want %d", n, tt.wantKept140)
+			}
+			step(2, 1, 2)
+			if n := kept(); n != tt.wantKept180 {
+				t.Errorf("180 ms after the request: %d kept, want %d", n, tt.wantKept180)
+			}
+		})
 	}
 }

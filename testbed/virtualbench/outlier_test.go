@@ -154,6 +154,10 @@ classes:
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 40}}},
 		{"slot-limited a10g fleet, long prompts waiting for a slot", Config{Servers: chaosFleet(t), Mix: mustMix(t, mixed),
 			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 8}}},
+		// The suite's lora-heavy: a step that admits a request for an adapter not resident loads it (25 ms, four
+		// steps of an idle H100-like server), and a request sent during that step starts its prefill after it.
+		{"LoRA fleet, adapters loading", Config{Fleet: "h100:4", Mix: loraHeavyMix(t, 24), LoRAModules: adapterNames(24),
+			Arrival: loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: 20}}},
 		// The suite's priority-overload-large-batch-2x: most steps of a 256-slot batch compute a prompt or two.
 		{"large-batch fleet at twice its capacity", Config{Fleet: "h100:2,a10g:2", Mix: mustMix(t, strings.NewReplacer("prompt_tokens: 64", "prompt_tokens: 512", "output_tokens: 32", "output_tokens: 128").Replace(chaosMix)),
 			Objectives: map[string]int{"critical": 2, "standard": 1, "sheddable": 0},
@@ -191,6 +195,33 @@ classes:
 			}
 		})
 	}
+}
+
+// adapterNames are n LoRA adapters' names.
+func adapterNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("adapter-%02d", i)
+	}
+	return names
+}
+
+// loraHeavyMix is the suite's lora-heavy load on n adapters: streamed chats of 256 prompt and 64 output tokens, 70%
+// of them for the adapters with Zipf popularity (s = 1), the rest for the base model.
+func loraHeavyMix(t *testing.T, n int) *loadgen.Mix {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("api: chat\nstream: true\nclasses:\n")
+	b.WriteString("  - {name: base, model: meta-llama/Llama-3.1-8B-Instruct, weight: 300, prompt_tokens: 256, output_tokens: 64}\n")
+	norm := 0.0
+	for k := 1; k <= n; k++ {
+		norm += 1 / float64(k)
+	}
+	for k, name := range adapterNames(n) {
+		fmt.Fprintf(&b, "  - {name: %s, model: %s, weight: %.3f, prompt_tokens: 256, output_tokens: 64}\n",
+			name, name, 700/float64(k+1)/norm)
+	}
+	return mustMix(t, b.String())
 }
 
 // outlierProfile is Sluice's default profile with the outlier filter's parameters set to params (JSON).
