@@ -88,6 +88,10 @@ type Controller struct {
 	// poolSlots is the smallest slot limit learned on any endpoint at the latest scrape (0 when none): what lower
 	// bands take for the limit of an endpoint whose own is not known yet, under the Critical reserve (poolSlotsCap).
 	poolSlots int
+	// poolRunning is the most requests any endpoint was seen running at once, at the latest scrape (0 when none):
+	// with live peers, what an endpoint that has not queued yet is taken to run while no slot limit is learned in the
+	// pool (seatsLocked).
+	poolRunning int
 	// demand is what each tenant of each band asks (tenantseats.go), swept when it reaches demandSweepAt entries;
 	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates.
 	demand        map[tenantKey]*tenantDemand

@@ -18,7 +18,9 @@ import (
 //     limit (poolSlotsLocked) as soon as one replica learns it, as one replica owning every endpoint would: the
 //     endpoints of a pool usually run one configuration, and each of N replicas, seeing 1/N of the endpoints and of
 //     the traffic, would learn one later; and counts it as the seats of an endpoint whose own limit is not known
-//     (seatsLocked), where a replica's own share of the traffic has not shown it yet;
+//     (seatsLocked), where a replica's own share of the traffic has not shown it yet; until one is learned, the most any
+//     endpoint of the pool has run (SeatSummary.PoolRunning) stands for the seats of an endpoint that has not queued
+//     yet, so that a peer whose own seats are all taken in the warm-up sees the places there as one replica would;
 //   - when a Critical request finds no headroom on its own endpoints (CriticalWouldWait), its caller may send it to a
 //     peer's endpoint with an idle seat, as a replica alone would take any idle seat of the pool; the owner counts
 //     such requests (Peers.Load) against its endpoints' seats from the next summary on, and its scrapes show them too.
@@ -49,6 +51,9 @@ type Peers struct {
 	// PoolSlots is the smallest slot limit the peers learned on their endpoints (SeatSummary.PoolSlots); 0 when none
 	// did.
 	PoolSlots int
+	// PoolRunning is the most requests any of the peers' endpoints was seen running at once
+	// (SeatSummary.PoolRunning); 0 when none reported it.
+	PoolRunning int
 	// IdleSeats is how many idle seats the peers listed (SeatSummary.Idle), whichever replica each is offered to.
 	IdleSeats int
 	// Demand is what the live peers that sent their Demand reported, summed; Demand.Peers == 0 when none did (older
@@ -234,6 +239,10 @@ type SeatSummary struct {
 	// none): only what it learned itself, so that a limit its endpoints no longer show is forgotten by every replica
 	// within one summary rather than passed round among them.
 	PoolSlots int
+	// PoolRunning is the most requests any of this replica's own endpoints was seen running at once, at its latest
+	// snapshot (0 when none): with the peers' it is the pool's, which stands for the seats of an endpoint that has not
+	// queued yet while no slot limit is learned (seatsLocked).
+	PoolRunning int
 	// Idle lists endpoints with an idle seat now that lower bands here will not take, and how many each has, in
 	// snapshot order (at most maxOfferedEndpoints): where a peer's Critical request may go.
 	Idle []EndpointSeats
@@ -258,6 +267,7 @@ func (c *Controller) SeatSummary() SeatSummary {
 	s.CriticalRate, _ = c.criticalArrivals.rate(now)
 	s.CriticalWaiting = c.bands[Critical].count
 	s.PoolSlots = c.poolSlots
+	s.PoolRunning = c.poolRunning
 	// While lower bands wait, an idle seat beyond the reserve is theirs at the next dispatch: only the reserve is
 	// offered. Either way at most maxOfferedEndpoints are listed, which bounds a summary's size in a large pool.
 	offer := -1
@@ -459,15 +469,50 @@ func (c *Controller) IsPeerEndpoint(name string) bool {
 // endpoint's limit is known, its seats are its own. Only the reserve, the idle seats offered to peers and where a
 // Critical request starts at once count them: whether the endpoint is full (noteFull) and its rank go by the seats it
 // is known to hold.
+//
+// With a live peer, while no slot limit is learned in the pool, an endpoint that has no seat count yet (it has not
+// queued) counts as its seats the most any endpoint of the pool has been seen running at once (poolRunningLocked), if
+// that is a small server's (below largeBatchRunning) and the endpoint never ran more: a server of the pool ran that
+// many at once, and the endpoints of a pool usually run one configuration. In the warm-up the pool's first slot limit
+// is learned only once some server is sent more than it runs, which with N replicas, each filling its own endpoints
+// evenly, comes when the pool is all but full (one replica's ranking happened to overfill a server earlier: measured in
+// testbed/bench/scenarios/README.md). Until then a replica whose own endpoints all run their tentative seats has no
+// seat to send a Critical request to but beyond them, into a server's queue, while a peer's endpoint running fewer
+// than the pool has run lists none (it has no seat count): the place one replica owning both would have taken. So
+// the idle seats listed for peers count these places; where a Critical request here starts at once is unchanged
+// (startsAtOnceLocked), and no reserve counts them (they are not seat-bound). Bounded by what the pool has run, not
+// offered without end: a peer's request counts here only from its next summary.
 func (c *Controller) seatsLocked(e *endpointState) int {
-	if c.peers.ReserveShare == nil || e.seats == 0 {
+	if c.peers.ReserveShare == nil {
 		return e.seats
+	}
+	if e.seats == 0 {
+		return c.unqueuedSeatsLocked(e)
 	}
 	n := c.poolSlotsForLocked(e)
 	if n <= e.seats {
 		return e.seats
 	}
 	return max(e.seats, min(n, e.capacity))
+}
+
+// unqueuedSeatsLocked is seatsLocked for an endpoint with no seat count, with a live peer: while no slot limit is learned
+// in the pool, the most the pool has run if below largeBatchRunning and not below what e has run; 0 otherwise.
+func (c *Controller) unqueuedSeatsLocked(e *endpointState) int {
+	if c.poolSlotsLocked() > 0 {
+		return 0
+	}
+	n := c.poolRunningLocked()
+	if n >= largeBatchRunning || e.learner.maxRunning > n {
+		return 0
+	}
+	return n
+}
+
+// poolRunningLocked is the most requests any endpoint of the pool was seen running at once: on this replica's endpoints
+// or its live peers' (0 when none).
+func (c *Controller) poolRunningLocked() int {
+	return max(c.poolRunning, c.peers.PoolRunning)
 }
 
 // freeSeatsLocked is how many of e's seats (seatsLocked) are free.

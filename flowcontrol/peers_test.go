@@ -215,6 +215,46 @@ func TestSeatSummaryListsIdleSeats(t *testing.T) {
 	})
 }
 
+// TestSeatSummaryOffersEndpointsWithoutSeats: with a live peer and no slot limit learned in the pool, an endpoint that
+// has not queued (no seat count) lists as idle the places up to the most the pool has run, less what it holds: in a
+// warm-up it is where a peer's Critical request starts at once when every seat of the peer's own is taken. The summary
+// tells the most this replica's endpoints ran. Alone, once a slot limit is learned, or with a large batch's count, it
+// lists none.
+func TestSeatSummaryOffersEndpointsWithoutSeats(t *testing.T) {
+	live := func(pool, _ int) int { return pool }
+	for _, tc := range []struct {
+		name  string
+		peers Peers
+		want  []EndpointSeats
+	}{
+		{name: "a peer's endpoint ran 4", peers: Peers{ReserveShare: live, PoolRunning: 4},
+			want: []EndpointSeats{{"a", 2}, {"b", 3}}},
+		{name: "alone", peers: Peers{PoolRunning: 4}},
+		{name: "a slot limit learned", peers: Peers{ReserveShare: live, PoolRunning: 4, PoolSlots: 4}},
+		{name: "a large batch ran", peers: Peers{ReserveShare: live, PoolRunning: largeBatchRunning}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0), ep("b", 0))
+				h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on a, the least saturated first
+				h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on b
+				h.admit(0, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on a
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 2}, Endpoint{Name: "b", Running: 1})
+				h.c.SetPeers(tc.peers)
+				s := h.c.SeatSummary()
+				if !slices.Equal(s.Idle, tc.want) {
+					t.Fatalf("idle %v, want %v", s.Idle, tc.want)
+				}
+				if s.PoolRunning != 2 {
+					t.Fatalf("summary tells the most run here %d, want 2 (a)", s.PoolRunning)
+				}
+			})
+		})
+	}
+}
+
 // TestMayUsePeerEndpoint: a peer's endpoint may take a request for prefix affinity only while a peer is live, never
 // for a band shed when saturated, and below Critical only while the Critical reserve is off; this controller's own
 // endpoints are MayExceedHeadroom's to judge, not this.
@@ -373,16 +413,26 @@ func TestPeersPoolSlots(t *testing.T) {
 
 // TestSeatsCountPoolSlots: with a live peer, an endpoint whose own slot limit is not known counts the pool's slot
 // limit as its seats, within its tentative capacity, so that the reserve keeps those slots idle for Critical; alone,
-// with its limit known, or having run more than the pool's limit, it counts its own seats.
+// with its limit known, or having run more than the pool's limit, it counts its own seats. One with no seats yet (it
+// has not queued) counts, while no slot limit is learned in the pool, the most the pool has run (here or at a peer) if
+// a small server's and not below what it ran itself.
 func TestSeatsCountPoolSlots(t *testing.T) {
 	live := func(pool, _ int) int { return pool }
 	for _, tc := range []struct {
 		name                         string
 		alone                        bool
 		poolSlots                    int // the peers'
+		peersRan, ownRan             int // the most the peers' endpoints and this replica's have run
 		seats, capacity, known, most int // the endpoint's
 		want                         int
 	}{
+		{name: "no seats yet, a peer's endpoint ran 4", peersRan: 4, most: 3, want: 4},
+		{name: "no seats yet, an endpoint here ran 4", ownRan: 4, peersRan: 2, most: 2, want: 4},
+		{name: "no seats yet, never ran", peersRan: 3, want: 3},
+		{name: "no seats yet, a slot limit learned", poolSlots: 4, peersRan: 4, most: 3, want: 0},
+		{name: "no seats yet, alone", alone: true, peersRan: 4, most: 3, want: 0},
+		{name: "no seats yet, a large batch ran", peersRan: largeBatchRunning, most: 3, want: 0},
+		{name: "no seats yet, ran more than the pool reported", peersRan: 3, most: 5, want: 0},
 		{name: "pool's limit within capacity", poolSlots: 4, seats: 3, capacity: 4, want: 4},
 		{name: "capacity bounds it", poolSlots: 4, seats: 2, capacity: 3, want: 3},
 		{name: "alone", alone: true, poolSlots: 4, seats: 2, capacity: 3, want: 2},
@@ -393,7 +443,7 @@ func TestSeatsCountPoolSlots(t *testing.T) {
 		{name: "no seats yet", poolSlots: 4, capacity: 3, want: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &Controller{peers: Peers{PoolSlots: tc.poolSlots}}
+			c := &Controller{peers: Peers{PoolSlots: tc.poolSlots, PoolRunning: tc.peersRan}, poolRunning: tc.ownRan}
 			if !tc.alone {
 				c.peers.ReserveShare = live
 			}

@@ -80,7 +80,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		states[i].tally(r, +1)
 	}
 	c.endpoints, c.endpointIndex = states, index
-	c.newestScrapeNs, c.poolSlots = math.MinInt64, 0
+	c.newestScrapeNs, c.poolSlots, c.poolRunning = math.MinInt64, 0, 0
 	for i := range states {
 		e := &states[i]
 		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
@@ -98,6 +98,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		if n := e.slotBound(); n > 0 && (c.poolSlots == 0 || n < c.poolSlots) {
 			c.poolSlots = n
 		}
+		c.poolRunning = max(c.poolRunning, e.learner.maxRunning)
 	}
 	c.dispatchLocked(now)
 	c.shedUnreachableLocked(now)

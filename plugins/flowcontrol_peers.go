@@ -35,7 +35,7 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	f.applyPeers()
 	s := f.ctrl.SeatSummary()
 	own := replication.Summary{CriticalRate: s.CriticalRate, SeatFrees: s.SeatFrees, Seats: s.Seats,
-		CriticalWaiting: s.CriticalWaiting, PoolSlots: s.PoolSlots}
+		CriticalWaiting: s.CriticalWaiting, PoolSlots: s.PoolSlots, PoolRunning: s.PoolRunning}
 	for _, e := range s.Idle {
 		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
 	}
@@ -136,7 +136,7 @@ func (f *FlowControl) applyPeers() {
 	}
 	f.ctrl.SetPeers(flowcontrol.Peers{
 		CriticalRate: pool.CriticalRate, SeatFrees: pool.SeatFrees, Seats: pool.Seats,
-		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, PoolSlots: pool.PoolSlots,
+		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, PoolSlots: pool.PoolSlots, PoolRunning: pool.PoolRunning,
 		IdleSeats:    pool.IdleSeats,
 		ReserveShare: func(n, seats int) int { return pool.ReserveShare(self, n, seats) },
 		Demand:       demand,

@@ -420,3 +420,40 @@ func TestFlowControlPeerDemand(t *testing.T) {
 		}
 	}
 }
+
+// TestFlowControlPeerPoolRunning: a summary tells the most any of the replica's endpoints was seen running (from its
+// scrapes), through the wire form, and a replica hearing it lists as idle, for its peers, the places up to that count on
+// its own endpoint that has not queued yet (no slot limit is learned anywhere).
+func TestFlowControlPeerPoolRunning(t *testing.T) {
+	clk := clocktesting.NewFakeClock(fcT0)
+	replica := func(self, peer, address string, running int) *FlowControl {
+		pool := &fakePool{}
+		e := upstreamEndpoint(address, 0, 0, clk.Now())
+		e.GetMetrics().RunningRequestsSize = running
+		pool.set(e)
+		view, err := replication.NewView(self, []string{self, peer}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{Endpoints: pool,
+			Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		return fc
+	}
+	a := replica("epp-a:9003", "epp-b:9003", "10.0.0.1", 4)
+	b := replica("epp-b:9003", "epp-a:9003", "10.0.0.2", 1)
+	sendSummary(t, a, b)
+	sendSummary(t, b, a)
+	if s := a.PeerSummary(); s.PoolRunning != 4 {
+		t.Fatalf("a's summary tells the most run %d, want 4", s.PoolRunning)
+	}
+	sendSummary(t, a, b)
+	if s := b.ctrl.SeatSummary(); !slices.Equal(s.Idle, []flowcontrol.EndpointSeats{{Endpoint: "10.0.0.2:8000", Seats: 4}}) {
+		t.Fatalf("b lists idle %v, want its endpoint's 4 places (the pool ran 4, b's endpoint holds none of b's)", s.Idle)
+	}
+}

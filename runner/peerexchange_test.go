@@ -33,7 +33,7 @@ func (r *recordingExchanger) PeerSummary() replication.Summary {
 	defer r.mu.Unlock()
 	r.seq++
 	return replication.Summary{From: r.self, Seq: r.seq, Seats: 4, Idle: []replication.EndpointCount{{Endpoint: "10.0.0.1:8000", N: 1}},
-		PoolSlots: 4}
+		PoolSlots: 4, PoolRunning: 4}
 }
 
 func (r *recordingExchanger) PeerWireVersion(string) byte { return r.version }
@@ -91,14 +91,14 @@ func TestPeerExchangeOverGRPC(t *testing.T) {
 	admB, viewB := replica(lb, b, []string{b, a}, replication.WireVersion)
 	runnertest.Eventually(t, "b hears a's summaries", func() string {
 		if got := admB.heard(); len(got) < 2 || got[0].From != a || got[len(got)-1].Seq <= got[0].Seq ||
-			got[0].Version != 1 || got[0].PoolSlots != 0 || got[0].Reads != replication.WireVersion {
+			got[0].Version != 1 || got[0].PoolSlots != 0 || got[0].PoolRunning != 0 || got[0].Reads != replication.WireVersion {
 			return "b heard " + summaryFroms(got)
 		}
 		return ""
 	})
 	runnertest.Eventually(t, "a hears b's summaries", func() string {
 		if got := admA.heard(); len(got) == 0 || got[0].From != b || got[0].Idle[0].N != 1 ||
-			got[0].Version != replication.WireVersion || got[0].PoolSlots != 4 || got[0].Reads != replication.WireVersion {
+			got[0].Version != replication.WireVersion || got[0].PoolSlots != 4 || got[0].PoolRunning != 4 || got[0].Reads != replication.WireVersion {
 			return "a heard " + summaryFroms(got)
 		}
 		return ""

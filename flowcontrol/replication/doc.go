@@ -12,7 +12,8 @@
 // index inserted since its last one (Prefix), so that every replica's index holds what any replica routed, and a
 // request routed to a peer's endpoint for prefix affinity is counted there like one sent to an idle seat (SentTo),
 // and the smallest slot limit the sender learned on its endpoints (PoolSlots), which every replica takes for the
-// pool's. Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per band, and
+// pool's, and the most any of its endpoints was seen running at once (PoolRunning, wire version 5), which until a slot
+// limit is learned stands for the seats of an endpoint that has not queued yet. Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per band, and
 // its drain rate), kept until the next one; Pool sums the live peers' (Pool.Demand), so each replica judges a tenant
 // under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary;
 // each peer is sent the newest version it sent, WireVersion); nothing on the request path waits for one.

@@ -24,6 +24,9 @@ type Summary struct {
 	// PoolSlots is the smallest slot limit the sender learned on its own endpoints, 0 when none
 	// (flowcontrol.SeatSummary).
 	PoolSlots int
+	// PoolRunning is the most requests any of the sender's own endpoints was seen running at once, 0 when none
+	// (flowcontrol.SeatSummary; wire version 5).
+	PoolRunning int
 	// Idle lists the sender's endpoints with idle seats, and how many each has.
 	Idle []EndpointCount
 	// Sent counts, per endpoint the sender does not own, its requests running there: Critical ones sent to idle seats
@@ -228,6 +231,8 @@ type Pool struct {
 	// PoolSlots is the smallest slot limit a live peer learned on its endpoints; 0 when none did. IdleSeats is how
 	// many idle seats they listed, to whichever replica each is offered.
 	PoolSlots, IdleSeats int
+	// PoolRunning is the most requests any live peer saw one of its endpoints run at once; 0 when none reported it.
+	PoolRunning int
 	// Load is, per endpoint, the requests peers said they sent there and still run.
 	Load map[string]int
 	// seats are the live replicas' seat-bound seats, self's not included, by name (ReserveShare).
@@ -261,6 +266,7 @@ func (x *Exchange) Pool(now time.Time) Pool {
 		if h.PoolSlots > 0 && (p.PoolSlots == 0 || h.PoolSlots < p.PoolSlots) {
 			p.PoolSlots = h.PoolSlots
 		}
+		p.PoolRunning = max(p.PoolRunning, h.PoolRunning)
 		p.seats[name] = h.Seats
 		for _, s := range h.Sent {
 			if p.Load == nil {

@@ -108,7 +108,7 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 		{From: "10.0.0.1:9003", Seq: 1},
 		{From: "epp-0", Seq: 1 << 40, CriticalRate: 3.5, SeatFrees: 9.25, Seats: 48, CriticalWaiting: 2,
 			Idle: []EndpointCount{{"10.0.1.1:8000", 1}, {"10.0.1.2:8000", 3}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}},
-			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}, PoolSlots: 4},
+			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}, PoolSlots: 4, PoolRunning: 4},
 		{From: "epp-1", Seq: 2, Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{1, 1 << 63, 42}},
 			{Pod: "default/vllm-1", Hashes: []uint64{7}}}},
 	} {
@@ -181,7 +181,7 @@ func TestExchangeSentExpires(t *testing.T) {
 func TestSummaryWireVersions(t *testing.T) {
 	s := Summary{From: "epp-0", Seq: 9, CriticalRate: 2, SeatFrees: 8, Seats: 12, CriticalWaiting: 1,
 		Idle: []EndpointCount{{"10.0.1.1:8000", 2}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}}, Acks: []Ack{{"epp-1", 3}},
-		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4,
+		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4, PoolRunning: 3,
 		Demand: &Demand{Drain: 6, Settled: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}}}
 	wire := map[byte][]byte{}
 	for v := byte(wireVersionSeats); v <= WireVersion; v++ {
@@ -192,7 +192,10 @@ func TestSummaryWireVersions(t *testing.T) {
 		wire[v] = b
 		want := s
 		want.Version = v
-		if v < WireVersion {
+		if v < wireVersionRunning {
+			want.PoolRunning = 0
+		}
+		if v < wireVersionDemand {
 			want.Demand = nil
 		}
 		if v < wireVersionSlots {
@@ -210,14 +213,15 @@ func TestSummaryWireVersions(t *testing.T) {
 	v3, _ := noPrefix.AppendVersion(nil, wireVersionSlots)
 	noDemand := s
 	noDemand.Demand = nil
-	v4, _ := noDemand.AppendVersion(nil, WireVersion)
+	v4, _ := noDemand.AppendVersion(nil, wireVersionDemand)
 	for _, tc := range []struct {
 		older, newer []byte
 		added        int
 	}{
 		{wire[wireVersionSeats], v3, 2}, // an empty prefix list and the slot limit
 		{wire[wireVersionPrefix], wire[wireVersionSlots], 1},
-		{wire[wireVersionSlots], v4, 1}, // the demand's flags: none
+		{wire[wireVersionSlots], v4, 1},                        // the demand's flags: none
+		{wire[wireVersionDemand], wire[wireVersionRunning], 1}, // the most run: 3, one byte
 	} {
 		if !reflect.DeepEqual(tc.older[1:], tc.newer[1:len(tc.newer)-tc.added]) {
 			t.Errorf("version %d is not version %d without its added fields:\n%x\n%x", tc.older[0], tc.newer[0], tc.older, tc.newer)
@@ -351,6 +355,27 @@ func TestExchangeWireVersion(t *testing.T) {
 	x.Heard(Summary{From: "d", Seq: 1, Version: WireVersion, Idle: []EndpointCount{{"d-ep", 1}}}, t0.Add(2*time.Second))
 	if p := x.Pool(t0.Add(2 * time.Second)); p.PoolSlots != 4 || p.IdleSeats != 3 {
 		t.Fatalf("pool slot limit %d, idle seats %d; want the smallest reported, 4, and the 3 listed", p.PoolSlots, p.IdleSeats)
+	}
+}
+
+// TestExchangePoolRunning: the pool's most run is the largest a live peer reported; a peer of a release from before
+// wire version 5 reports none, and a silent peer's no longer counts.
+func TestExchangePoolRunning(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	x := NewExchange("a", time.Second)
+	for _, s := range []Summary{
+		{From: "b", Seq: 1, Version: WireVersion, PoolRunning: 3},
+		{From: "c", Seq: 1, Version: wireVersionDemand}, // older: none
+		{From: "d", Seq: 1, Version: WireVersion, PoolRunning: 4},
+	} {
+		x.Heard(s, t0)
+	}
+	if p := x.Pool(t0); p.PoolRunning != 4 {
+		t.Fatalf("pool's most run %d, want the largest reported, 4", p.PoolRunning)
+	}
+	x.Heard(Summary{From: "b", Seq: 2, Version: WireVersion, PoolRunning: 3}, t0.Add(1500*time.Millisecond))
+	if p := x.Pool(t0.Add(1500 * time.Millisecond)); p.PoolRunning != 3 {
+		t.Fatalf("pool's most run %d with d silent, want b's 3", p.PoolRunning)
 	}
 }
 

@@ -12,19 +12,23 @@ import (
 // replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
 // prefix inserts after the acknowledgements, version 3 the pool's slot limit after them, version 4 the demand after
 // it (a flags byte, demand present and drain settled; with demand, the drain rate and the tenants, each a band byte,
-// its name, three rates and the span they average over). Every version is read; a replica sends each peer the newest
+// its name, three rates and the span they average over), version 5 the most the sender's endpoints have run after it.
+// Every version is read; a replica sends each peer the newest
 // version that peer has sent (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases
 // still exchange what both read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
-// beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand).
+// beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand),
+// those from before the most run anything beyond 4 (they are sent version 4 and report none: Pool.PoolRunning counts
+// the peers that do).
 
 const (
 	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
-	WireVersion       = 4
-	wireVersionDemand = 4 // with the demand
-	wireVersionSlots  = 3 // with the pool's slot limit, without the demand
-	wireVersionPrefix = 2 // with prefix inserts, without the pool's slot limit
-	wireVersionSeats  = 1 // without prefix inserts
-	hashBytes         = 8
+	WireVersion        = 5
+	wireVersionRunning = 5 // with the most the sender's endpoints have run
+	wireVersionDemand  = 4 // with the demand, without the most run
+	wireVersionSlots   = 3 // with the pool's slot limit, without the demand
+	wireVersionPrefix  = 2 // with prefix inserts, without the pool's slot limit
+	wireVersionSeats   = 1 // without prefix inserts
+	hashBytes          = 8
 )
 
 // maxWireHashes bounds the block hashes a received summary may carry, over all its pods: 32 KiB.
@@ -46,9 +50,9 @@ const (
 // maxWireEntries bounds each list a received summary may hold: a corrupt or hostile length cannot allocate much.
 const maxWireEntries = 1 << 16
 
-// maxWireSeats bounds a received summary's seat count, its Critical requests waiting, its pool slot limit, and the
-// seats of each of its endpoint lists summed: admission walks them seat by seat under its lock (Exchange.Take, the
-// reserve's sizing), so a corrupt or hostile count must not make that walk long.
+// maxWireSeats bounds a received summary's seat count, its Critical requests waiting, its pool slot limit and most run,
+// and the seats of each of its endpoint lists summed: admission walks them seat by seat under its lock (Exchange.Take,
+// the reserve's sizing), so a corrupt or hostile count must not make that walk long.
 const maxWireSeats = 1 << 16
 
 // AppendBinary appends s's wire form, in the newest version, to b.
@@ -96,25 +100,34 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 		return b, nil
 	}
 	b = binary.AppendUvarint(b, uint64(max(0, s.PoolSlots)))
-	if v < WireVersion {
+	if v < wireVersionDemand {
 		return b, nil
 	}
-	if s.Demand == nil {
-		return append(b, 0), nil
+	b = appendDemand(b, s.Demand)
+	if v < wireVersionRunning {
+		return b, nil
+	}
+	return binary.AppendUvarint(b, uint64(max(0, s.PoolRunning))), nil
+}
+
+// appendDemand appends version 4's demand: a flags byte, and with demand its drain rate and tenants.
+func appendDemand(b []byte, d *Demand) []byte {
+	if d == nil {
+		return append(b, 0)
 	}
 	flags := byte(demandPresent)
-	if s.Demand.Settled {
+	if d.Settled {
 		flags |= demandSettled
 	}
 	b = append(b, flags)
-	b = appendRate(b, s.Demand.Drain)
-	b = binary.AppendUvarint(b, uint64(len(s.Demand.Tenants)))
-	for _, t := range s.Demand.Tenants {
+	b = appendRate(b, d.Drain)
+	b = binary.AppendUvarint(b, uint64(len(d.Tenants)))
+	for _, t := range d.Tenants {
 		b = append(b, t.Band)
 		b = appendString(b, t.Tenant)
 		b = appendRate(appendRate(appendRate(appendRate(b, t.Cost), t.Requests), t.Weight), t.Span)
 	}
-	return b, nil
+	return b
 }
 
 func appendRate(b []byte, r float64) []byte {
@@ -170,8 +183,11 @@ func ParseSummary(b []byte) (Summary, error) {
 	if v >= wireVersionSlots {
 		s.PoolSlots = r.seats(r.count())
 	}
-	if v >= WireVersion {
+	if v >= wireVersionDemand {
 		s.Demand = r.demand()
+	}
+	if v >= wireVersionRunning {
+		s.PoolRunning = r.seats(r.count())
 	}
 	switch {
 	case r.err != nil:
