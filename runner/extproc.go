@@ -206,16 +206,16 @@ func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
 	return s.ExternalProcessor_ProcessServer.Send(resp)
 }
 
-// shape readies resp to be sent: the shapers rewrite an immediate response in place, and the chunk shortcut is armed
-// once the response headers go back.
+// shape readies resp to be sent: the shapers rewrite an immediate response in place, and model selection hands its
+// selector the outcome of a request the EPP answers itself; the chunk shortcut is armed once the response headers go
+// back.
 func (s *shapingStream) shape(resp *extprocv3.ProcessingResponse) {
 	if ir := resp.GetImmediateResponse(); ir != nil {
 		for _, shaper := range s.shapers {
 			shaper.ShapeImmediateResponse(s.Context(), s.requestID, ir)
 		}
 		if s.selection != nil {
-			s.selection.outcome.Immediate = true
-			s.selection.outcome.Status = int(ir.GetStatus().GetCode())
+			s.selection.answered(ir)
 		}
 	}
 	if s.chunks != nil {

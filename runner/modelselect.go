@@ -51,8 +51,12 @@ type ModelChoice struct {
 	// (leaving Model empty) makes upstream treat it as the client's: the
 	// response then names the served model.
 	Body []byte
-	// Done, when not nil, is called exactly once when the request's ext_proc
-	// stream ends, with how the request ended.
+	// Done, when not nil, is called exactly once with how the request ended,
+	// as soon as that is final: when the response's last message arrives (its
+	// end of stream, or trailers), before the EPP answers that message; when
+	// the EPP answers the request itself, before that answer is sent; else
+	// when the request's ext_proc stream ends. So a proxy, and a client, that
+	// has the EPP's last answer finds the outcome counted.
 	Done func(ResponseOutcome)
 }
 
@@ -221,8 +225,10 @@ func (s *shapingStream) sendBodyTooLarge() error {
 	return s.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: resp}})
 }
 
-// observe records what a message tells about the response.
+// observe records what a message tells about the response, and hands the selector the outcome once the message
+// ends the response: the stream reads it before upstream's handler answers it.
 func (ms *modelSelection) observe(req *extprocv3.ProcessingRequest) {
+	ended := false
 	switch v := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		for _, h := range v.ResponseHeaders.GetHeaders().GetHeaders() {
@@ -231,6 +237,7 @@ func (ms *modelSelection) observe(req *extprocv3.ProcessingRequest) {
 			}
 		}
 		ms.outcome.Complete = v.ResponseHeaders.EndOfStream
+		ended = v.ResponseHeaders.EndOfStream
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		body := v.ResponseBody.Body
 		if len(body) > 0 && !ms.firstByte {
@@ -238,15 +245,28 @@ func (ms *modelSelection) observe(req *extprocv3.ProcessingRequest) {
 			ms.outcome.FirstByte = ms.clock.Since(ms.received)
 		}
 		ms.outcome.Complete = ms.outcome.Complete || v.ResponseBody.EndOfStream || bytes.Contains(body, sseDone)
+		ended = v.ResponseBody.EndOfStream
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		ms.outcome.Complete = true
+		ended = true
 	}
+	if ended {
+		ms.finish()
+	}
+}
+
+// answered records the EPP's own answer to the request and hands the selector the outcome, before the answer is sent.
+func (ms *modelSelection) answered(ir *extprocv3.ImmediateResponse) {
+	ms.outcome.Immediate = true
+	ms.outcome.Status = int(ir.GetStatus().GetCode())
+	ms.finish()
 }
 
 // sseDone is the final event of an OpenAI-style streamed response.
 var sseDone = []byte("data: [DONE]")
 
-// finish hands the outcome to the selector's callback, once.
+// finish hands the outcome to the selector's callback, once: at the first of the response's end, the EPP's own
+// answer and the end of the stream.
 func (ms *modelSelection) finish() {
 	if ms == nil || ms.done == nil {
 		return

@@ -34,6 +34,8 @@ type scriptedStream struct {
 	end   error
 	clock *clocktesting.FakeClock
 	sent  []*extprocv3.ProcessingResponse
+	// onSend, when set, sees each answer as it is sent.
+	onSend func(*extprocv3.ProcessingResponse)
 }
 
 func (f *scriptedStream) Context() context.Context { return context.Background() }
@@ -54,8 +56,94 @@ func (f *scriptedStream) Recv() (*extprocv3.ProcessingRequest, error) {
 }
 
 func (f *scriptedStream) Send(r *extprocv3.ProcessingResponse) error {
+	if f.onSend != nil {
+		f.onSend(r)
+	}
 	f.sent = append(f.sent, r)
 	return nil
+}
+
+// TestModelSelectionReportsTheOutcomeBeforeTheLastAnswer: the selector has the request's outcome before the EPP sends
+// its answer to the message that ended the response, or its own answer to the request, so a proxy or a client that
+// has that answer (and then a test that reads the outcome's metrics or the guardrail) finds the outcome counted; the
+// end of the ext_proc stream may come much later.
+func TestModelSelectionReportsTheOutcomeBeforeTheLastAnswer(t *testing.T) {
+	request := []step{{msg: reqHeaders(false)}, {msg: reqBody(`{"model":"m"}`, true)}}
+	tests := []struct {
+		name   string
+		steps  []step
+		answer *extprocv3.ProcessingResponse
+		want   ResponseOutcome
+	}{
+		{
+			name:  "the response body ends",
+			steps: append(slices.Clone(request), step{msg: respHeaders("500", false)}, step{msg: respBody(`{"error":"boom"}`, true)}),
+			want:  ResponseOutcome{Status: 500, Complete: true},
+		},
+		{
+			name:  "the response headers end the response",
+			steps: append(slices.Clone(request), step{msg: respHeaders("503", true)}),
+			want:  ResponseOutcome{Status: 503, Complete: true},
+		},
+		{
+			name:   "the EPP answers the request itself",
+			steps:  request,
+			answer: immediate(typev3.StatusCode_TooManyRequests, "busy"),
+			want:   ResponseOutcome{Status: 429, Immediate: true},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sel := &fakeSelector{model: "canary"}
+			proxy := &scriptedStream{steps: tt.steps}
+			var countedAtLastAnswer []ResponseOutcome
+			proxy.onSend = func(*extprocv3.ProcessingResponse) { countedAtLastAnswer = slices.Clone(sel.outcomes) }
+			srv := &shapingServer{upstream: &answeringUpstream{answer: tt.answer}, selector: sel, maxBodyBytes: 1 << 20,
+				clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+			if err := srv.Process(proxy); err != nil {
+				t.Fatal(err)
+			}
+			if len(countedAtLastAnswer) != 1 || countedAtLastAnswer[0] != tt.want {
+				t.Errorf("outcomes when the last answer was sent %+v, want exactly %+v", countedAtLastAnswer, tt.want)
+			}
+			if len(sel.outcomes) != 1 {
+				t.Errorf("Done called %d times, want once", len(sel.outcomes))
+			}
+		})
+	}
+}
+
+// answeringUpstream stands in for upstream's streaming server answering every message as it reads it: with answer
+// (when set) to the request body, which ends the request, else with an empty answer of the message's kind.
+type answeringUpstream struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	answer *extprocv3.ProcessingResponse
+}
+
+func (u *answeringUpstream) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			return nil
+		}
+		resp := &extprocv3.ProcessingResponse{}
+		switch req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			if u.answer != nil {
+				return s.Send(u.answer)
+			}
+			resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+		}
+		if err := s.Send(resp); err != nil {
+			return err
+		}
+	}
 }
 
 // recordingUpstream stands in for upstream's streaming server: it reads the
