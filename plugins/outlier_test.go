@@ -205,6 +205,23 @@ func chunk(f *OutlierFilter, ep fwksched.Endpoint, id string, end bool) {
 	f.ResponseBody(context.Background(), &fwksched.LLMRequest{RequestId: id}, &fwkrc.Response{RequestId: id, EndOfStream: end}, ep.GetMetadata())
 }
 
+// streamSteps returns a function that moves clk on by n steps of 20 ms and, at each, reports a chunk of a stream
+// from each of the servers (indexes into eps), and, when whole, a non-streamed answer from each too (one call, at
+// its end, which times nothing).
+func streamSteps(clk *clocktesting.FakeClock, f *OutlierFilter, eps []fwksched.Endpoint, whole bool) func(n int, servers ...int) {
+	return func(n int, servers ...int) {
+		for range n {
+			clk.Step(20 * time.Millisecond)
+			for _, i := range servers {
+				chunk(f, eps[i], fmt.Sprint("warm-", i), false)
+				if whole {
+					chunk(f, eps[i], "whole", true)
+				}
+			}
+		}
+	}
+}
+
 // TestOutlierFilterPace: streamed responses time their endpoint's pace; a server whose streams all stall, with no
 // long prompt sent to it that its prefill would explain, is left out once the silence is 4x its usual gap; a long
 // prompt dispatched to it (PreRequest) explains its silence until the prompt's first chunk; a non-streamed response
@@ -214,15 +231,7 @@ func TestOutlierFilterPace(t *testing.T) {
 	f, eps := newOutlierFilter(t, "", clk)
 	kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
 	// Every server streams at 20 ms a chunk; non-streamed answers come and go.
-	step := func(n int, servers ...int) {
-		for range n {
-			clk.Step(20 * time.Millisecond)
-			for _, i := range servers {
-				chunk(f, eps[i], fmt.Sprint("warm-", i), false)
-				chunk(f, eps[i], "whole", true)
-			}
-		}
-	}
+	step := streamSteps(clk, f, eps, true)
 	step(100, 0, 1, 2)
 	if n := kept(); n != 3 {
 		t.Fatalf("at a steady pace: %d kept, want 3", n)
@@ -300,14 +309,7 @@ func TestOutlierFilterAdapterLoad(t *testing.T) {
 			}
 			eps[0] = fwksched.NewEndpoint(eps[0].GetMetadata(), m, attrs)
 			kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
-			step := func(n int, servers ...int) {
-				for range n {
-					clk.Step(20 * time.Millisecond)
-					for _, i := range servers {
-						chunk(f, eps[i], fmt.Sprint("warm-", i), false)
-					}
-				}
-			}
+			step := streamSteps(clk, f, eps, false)
 			step(100, 0, 1, 2)
 			// 256 bytes: a prompt of about 64 tokens, one usual gap's prefill at the slowest rate.
 			f.PreRequest(t.Context(), &fwksched.LLMRequest{RequestId: "q", TargetModel: tt.model, RequestSizeBytes: 256},
