@@ -34,7 +34,9 @@ import (
 // there (a slot-limited server starts a waiting request when a running one ends). A silence of SlowFactor usual
 // gaps counted from the later of the latest chunk and prefillUntil is unexplained: the endpoint is slow at once, at
 // the pick or admission snapshot that sees it (Stalled), or at the chunk that ends it, before the slowed server's
-// first slow chunk arrives.
+// first slow chunk arrives. Prompts the EPP did not send explain a silence too, as far as it can know them: each
+// request an endpoint's new scrape shows beyond the EPP's own there (a peer replica's, whose prompts it never sees)
+// counts as a prompt of the mean length dispatched, sent then (Scraped).
 //
 // The window of a stream's gaps judges a slowed server whose silences stay explained (long prompts keep arriving
 // there), as it did before stalls were judged. Why several gaps, and the median of a stream's recent gaps rather
@@ -63,6 +65,12 @@ type Pace struct {
 	gaps   int
 
 	mu sync.Mutex
+	// ejectOnStall is the stall rule in force: the Detector's EjectOnStall until SetEjectOnStall.
+	ejectOnStall bool
+	// promptTokens is the running mean of the prompts dispatched (Dispatch), over about the last paceMemory: the
+	// length a request another sender sent counts as (Scraped).
+	promptTokens float64
+	prompts      int
 	// streams holds the streams under way by request ID, from their first chunk to End (or to streamIdle
 	// without a chunk).
 	streams map[string]*stream
@@ -138,6 +146,8 @@ type endpointPace struct {
 	// prefilled counts the prompt tokens whose prefill may have started there: each prompt sent there, and the
 	// oldest waiting one again at each end of a stream (prefill).
 	prefilled int64
+	// scrapedAt is the time of the latest scrape Scraped counted.
+	scrapedAt time.Time
 	// quietFrom and quietTo bound its latest quiet spell: quietGaps usual gaps or more between two of its chunks, a
 	// stream of it under way.
 	quietFrom, quietTo time.Time
@@ -156,9 +166,18 @@ type EndpointEjection struct {
 // it judges nothing.
 func NewPace(d *Detector) *Pace {
 	return &Pace{
-		d: d, factor: d.cfg.SlowFactor, gaps: d.cfg.SlowGaps,
+		d: d, factor: d.cfg.SlowFactor, gaps: d.cfg.SlowGaps, ejectOnStall: d.cfg.EjectOnStall,
 		streams: map[string]*stream{}, suspects: map[*stream]struct{}{}, endpoints: map[string]*endpointPace{},
 	}
+}
+
+// SetEjectOnStall turns the stall rule on or off from now on (Config.EjectOnStall): an EPP that learns only after its
+// plugins are built that prompts it never sees reach its endpoints (replicas with peers) turns it off. The window of
+// a stream's slow gaps still judges every endpoint.
+func (p *Pace) SetEjectOnStall(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ejectOnStall = on
 }
 
 // Dispatch records that request id, of about tokens prompt tokens, was sent to endpoint at now, and whether it may
@@ -175,6 +194,8 @@ func (p *Pace) Dispatch(now time.Time, id, endpoint string, tokens int, loadsAda
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pruneLocked(now)
+	p.prompts = min(p.prompts+1, paceMemory)
+	p.promptTokens += (float64(max(tokens, 0)) - p.promptTokens) / float64(p.prompts)
 	if s := p.streams[id]; s != nil {
 		p.dropLocked(now, id, s)
 	}
@@ -183,6 +204,29 @@ func (p *Pace) Dispatch(now time.Time, id, endpoint string, tokens int, loadsAda
 	p.streams[id] = s
 	e.queue = append(e.queue, s)
 	e.prefill(now, tokens)
+}
+
+// Scraped records, at now, that endpoint's scrape taken at scrapedAt showed inFlight requests there, running or
+// waiting. Those beyond the requests this EPP has there (streaming, or sent and not streaming yet) were sent by
+// someone else: a peer replica, whose prompts this EPP never sees, or traffic that does not pass through it. At each
+// new scrape each of them counts as a prompt of the mean length dispatched here, sent at now: its prefill explains a
+// stall of the endpoint's streams as a prompt sent here does, but not the slow gaps of a stream's window (a slowed
+// server with others' load there is still ejected by those). An endpoint whose pace is unknown, or a scrape time ahead
+// of now (not a scrape's: the test bed shows upstream's staleness check such a time for fresh metrics), is ignored.
+func (p *Pace) Scraped(now time.Time, endpoint string, inFlight int, scrapedAt time.Time) {
+	if p.factor == 0 || endpoint == "" {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.endpoints[endpoint]
+	if e == nil || !scrapedAt.After(e.scrapedAt) || scrapedAt.After(now) {
+		return
+	}
+	e.scrapedAt = scrapedAt
+	if others := inFlight - e.open - len(e.queue); others > 0 {
+		e.explainUntil(now, others*int(p.promptTokens))
+	}
 }
 
 // Chunk records a chunk of request id's streamed response, sent by endpoint, at now. When the gap since the
@@ -293,6 +337,15 @@ func (e *endpointPace) prefill(now time.Time, tokens int) {
 	e.prefillUntil = e.prefillUntil.Add(e.usual * time.Duration(tokens) / prefillTokensPerStep)
 }
 
+// explainUntil extends, at now, the time e's silence is explained (prefillUntil) by prompts of tokens sent by someone
+// else, at the slowest rate, without counting them among the prefills that explain a stream's gaps (prefilled).
+func (e *endpointPace) explainUntil(now time.Time, tokens int) {
+	if e.prefillUntil.Before(now) {
+		e.prefillUntil = now
+	}
+	e.prefillUntil = e.prefillUntil.Add(e.usual * time.Duration(tokens) / prefillTokensPerStep)
+}
+
 // dequeue removes s from e's pending requests.
 func (e *endpointPace) dequeue(s *stream) {
 	if i := slices.Index(e.queue, s); i >= 0 {
@@ -304,7 +357,7 @@ func (e *endpointPace) dequeue(s *stream) {
 // nothing for SlowFactor times its usual gap (up to stallHorizon: a stream whose end was never reported is not a
 // stall) since its latest chunk or since the prefills it may be computing end, whichever is later (silentSince).
 func (p *Pace) stalledLocked(e *endpointPace, now time.Time) bool {
-	return p.d.cfg.EjectOnStall && p.silentLocked(e, now) && p.slowLocked(e, now.Sub(e.prefillUntil))
+	return p.ejectOnStall && p.silentLocked(e, now) && p.slowLocked(e, now.Sub(e.prefillUntil))
 }
 
 // silentSince is when e's silence stopped being explained: its latest chunk or the end of the prefills it may be

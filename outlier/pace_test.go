@@ -9,17 +9,20 @@ import (
 )
 
 // paceStep is one event at ms: a chunk of stream id from endpoint ep; the dispatch of request id to ep with a
-// prompt of tokens (tokens > 0), for an adapter it may load there (loads); the end of stream id (end); a Stalled check (stall), want naming the endpoints it
+// prompt of tokens (tokens > 0), for an adapter it may load there (loads); the end of stream id (end); a scrape of ep
+// taken at takenMs showing inFlight requests there (scrape); a Stalled check (stall), want naming the endpoints it
 // ejects; or a pick among a, b and c (pick), want naming those left out.
 type paceStep struct {
-	ms     int
-	id, ep string
-	tokens int
-	loads  bool
-	end    bool
-	stall  bool
-	pick   bool
-	want   []string
+	ms                int
+	id, ep            string
+	tokens            int
+	loads             bool
+	end               bool
+	scrape            bool
+	inFlight, takenMs int
+	stall             bool
+	pick              bool
+	want              []string
 }
 
 // stream returns the chunks of stream id from ep: the first at start, then one after each gap (ms).
@@ -69,6 +72,11 @@ func dispatches(ep string, ms, every, n, tokens int) []paceStep {
 		steps = append(steps, dispatch(ms+i*every, fmt.Sprintf("q%d-%s", i, ep), ep, tokens)...)
 	}
 	return steps
+}
+
+// scrape is ep's scrape taken at takenMs, showing inFlight requests there, seen at ms.
+func scrape(ms int, ep string, inFlight, takenMs int) []paceStep {
+	return []paceStep{{ms: ms, ep: ep, scrape: true, inFlight: inFlight, takenMs: takenMs}}
 }
 
 func stall(ms int, want ...string) []paceStep { return []paceStep{{ms: ms, stall: true, want: want}} }
@@ -229,18 +237,75 @@ func TestPace(t *testing.T) {
 	}
 }
 
-// TestPaceStallRuleOff: with EjectOnStall off, a server whose streams all stall is left to its streams' slow gaps.
+// TestPaceStallRuleOff: with the stall rule off, configured (EjectOnStall) or turned off later (SetEjectOnStall, as
+// an EPP with peers does), a server whose streams all stall is left to its streams' slow gaps.
 func TestPaceStallRuleOff(t *testing.T) {
-	cfg := paceConfig
-	cfg.EjectOnStall = false
-	d, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name            string
+		configured, set bool
+	}{
+		{name: "configured off", configured: false, set: false},
+		{name: "turned off", configured: true, set: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := paceConfig
+			cfg.EjectOnStall = tt.configured
+			d, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := NewPace(d)
+			if tt.set {
+				p.SetEjectOnStall(false)
+			}
+			runPace(t, d, p, paced(
+				warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+				streamOf("s", "a", 800, 200), streamOf("t", "a", 810, 200), stall(890), pick(890), pick(1100),
+			))
+		})
 	}
-	runPace(t, d, NewPace(d), paced(
-		warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
-		streamOf("s", "a", 800, 200), streamOf("t", "a", 810, 200), stall(890), pick(890), pick(1100),
-	))
+}
+
+// TestPaceOthersRequests: requests an endpoint's scrape shows beyond those this EPP has there (a peer replica's,
+// whose prompts it never sees) explain its streams' silence as prompts of the mean length dispatched, once per
+// scrape; not a stream's slow gaps. The mean prompt is 256 tokens (4 usual gaps of 20 ms at 64 a gap).
+func TestPaceOthersRequests(t *testing.T) {
+	// a streams s and t from 800 and 810 ms, and falls silent; b streams at its pace.
+	fleet := func(steps ...[]paceStep) []paceStep {
+		return paced(append(steps, warm("a", 20), warm("b", 20), streamOf("b2", "b", 800, repeat(40, 20)...),
+			dispatch(700, "q", "b", 256), streamOf("s", "a", 800), streamOf("t", "a", 810))...)
+	}
+	tests := []struct {
+		name  string
+		steps []paceStep
+	}{
+		{name: "no scrape: the silence is a stall", steps: fleet(stall(889), stall(890, "a"))},
+		{name: "only this EPP's requests there: a stall", steps: fleet(scrape(850, "a", 2, 850), stall(890, "a"))},
+		// 2 others' prompts at 850: 512 tokens, 8 usual gaps (160 ms), to 1010; 4 usual gaps more is a stall.
+		{name: "others' requests explain a stall", steps: fleet(
+			scrape(850, "a", 4, 850), stall(890), stall(1089), stall(1090, "a"),
+		)},
+		{name: "the same scrape counts once", steps: fleet(
+			scrape(850, "a", 4, 850), scrape(1000, "a", 4, 850), stall(1090, "a"),
+		)},
+		// At 1000 (scrape of 950) 2 more: to 1170.
+		{name: "each new scrape counts them again", steps: fleet(
+			scrape(850, "a", 4, 850), scrape(1000, "a", 4, 950), stall(1090), stall(1249), stall(1250, "a"),
+		)},
+		{name: "others' requests do not explain a stream's slow gaps", steps: fleet(
+			streamOf("s", "a", 1000, 200, 200), scrape(850, "a", 12, 850), scrape(1050, "a", 12, 1050),
+			scrape(1250, "a", 12, 1250), stall(1190), pick(1200), pick(1399), pick(1400, "a"),
+		)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := New(paceConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runPace(t, d, NewPace(d), tt.steps)
+		})
+	}
 }
 
 // growing returns n gaps growing evenly from from to to ms.
@@ -280,6 +345,8 @@ func runPace(t *testing.T, d *Detector, p *Pace, steps []paceStep) {
 			}
 		case s.end:
 			p.End(now, s.id)
+		case s.scrape:
+			p.Scraped(now, s.ep, s.inFlight, at(s.takenMs))
 		case s.tokens > 0:
 			p.Dispatch(now, s.id, s.ep, s.tokens, s.loads)
 		default:

@@ -303,9 +303,10 @@ func (f *FlowControl) Controller() *flowcontrol.Controller { return f.ctrl }
 
 // Attach connects every HeadroomFilter and SaturationScorer among plugins (the EPP configuration's plugins, by name) to
 // this adapter and returns how many headroom filters it found. The endpoints every OutlierFilter among plugins ejects
-// are marked ejected in the controller's snapshots: admission counts no capacity the scheduler will not use. Dispatched decisions are kept for the filters only when
-// at least one is attached. If plugins hold exactly one PrefixCache, the filters keep prefix affinity with it (see
-// HeadroomFilter).
+// are marked ejected in the controller's snapshots: admission counts no capacity the scheduler will not use; with
+// peers (ownership or the peer exchange) their stall rule stands down unless configured (OutlierFilter.withPeers).
+// Dispatched decisions are kept for the filters only when at least one is attached. If plugins hold exactly one
+// PrefixCache, the filters keep prefix affinity with it (see HeadroomFilter).
 func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 	var filters []*HeadroomFilter
 	var prefix []*PrefixCache
@@ -334,6 +335,14 @@ func (f *FlowControl) Attach(plugins map[string]fwkplugin.Plugin) int {
 		f.filtering.Store(true)
 	}
 	f.outliers.Store(&outliers)
+	if f.ownership != nil || f.peers != nil {
+		for _, o := range outliers {
+			if o.withPeers() {
+				f.logger.Info("The outlier filter's stall rule stands down: a replica does not see the prompts its "+
+					"peers send to a server; set ejectOnStall to keep it", "plugin", o.typedName.Name)
+			}
+		}
+	}
 	f.sharePrefix(prefix)
 	return len(filters)
 }

@@ -56,7 +56,7 @@ func (f *FlowControl) nameOf(md *fwkdl.EndpointMetadata) string {
 }
 
 // markEjected sets Ejected on the endpoints of eps (named names) that an attached outlier filter leaves out of a pick
-// among them all.
+// among them all, once it has seen their scrapes (the requests others sent there explain a stall: outlier.Pace.Scraped).
 func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint, names []string) {
 	outliers := f.outliers.Load()
 	if outliers == nil || len(*outliers) == 0 {
@@ -65,6 +65,9 @@ func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint, names []string) {
 	now := f.clock.Now()
 	var ejected []bool
 	for _, o := range *outliers {
+		for i := range eps {
+			o.pace.Scraped(now, names[i], eps[i].Running+eps[i].WaitingQueue, eps[i].ScrapedAt)
+		}
 		o.ejectStalled(context.Background(), now)
 		if o.detector.Clean() {
 			continue

@@ -52,7 +52,9 @@ type outlierAPIConfig struct {
 	// servers' pace is normal (1-32). Default 7.
 	SlowGaps *int `json:"slowGaps,omitempty"`
 	// EjectOnStall: a server all of whose streams are silent for slowFactor times its usual gap, with no prompt sent
-	// there whose prefill explains it, is ejected at once; false leaves slow servers to slowGaps. Default true.
+	// there whose prefill explains it, is ejected at once; false leaves slow servers to slowGaps. Default true, false
+	// when the EPP runs with peers (--peers: a replica does not see the prompts its peers send to a server, whose
+	// prefill looks like a stall); set, it is in force either way.
 	EjectOnStall *bool `json:"ejectOnStall,omitempty"`
 }
 
@@ -105,6 +107,8 @@ type OutlierFilter struct {
 	pace      *outlier.Pace
 	recorder  outlier.Recorder
 	clock     clock.PassiveClock
+	// stallRuleSet: the parameters set ejectOnStall, which running with peers then leaves in force (withPeers).
+	stallRuleSet bool
 }
 
 // OutlierFilterFactory builds an OutlierFilter without metrics (see NewOutlierFilterFactory).
@@ -128,24 +132,44 @@ func NewOutlierFilterFactory(rec outlier.Recorder) fwkplugin.FactoryFunc {
 			return nil, fmt.Errorf("%s %q: %w", OutlierFilterType, name, err)
 		}
 		f := &OutlierFilter{
-			typedName: fwkplugin.TypedName{Type: OutlierFilterType, Name: name},
-			detector:  d,
-			pace:      outlier.NewPace(d),
-			recorder:  rec,
-			clock:     clockOf(handle, clock.RealClock{}),
+			typedName:    fwkplugin.TypedName{Type: OutlierFilterType, Name: name},
+			detector:     d,
+			pace:         outlier.NewPace(d),
+			recorder:     rec,
+			clock:        clockOf(handle, clock.RealClock{}),
+			stallRuleSet: api.EjectOnStall != nil,
 		}
 		rec.Watch(func() int { return d.Ejected(f.clock.Now()) })
 		return f, nil
 	}
 }
 
+// withPeers tells f that the EPP runs with peers (replicas sharing the pool): prompts this replica never sees reach
+// its endpoints, so the stall rule, which counts only the prompts it sent, stands down unless ejectOnStall was set.
+// A slowed server is still ejected by its streams' slow gaps (slowGaps), each judged by the prompts this replica sent.
+// It reports whether the stall rule stood down.
+func (f *OutlierFilter) withPeers() bool {
+	if f.stallRuleSet {
+		return false
+	}
+	f.pace.SetEjectOnStall(false)
+	return true
+}
+
 // TypedName implements fwkplugin.Plugin.
 func (f *OutlierFilter) TypedName() fwkplugin.TypedName { return f.typedName }
 
 // Filter implements fwksched.Filter: the candidates without the ejected ones (within the detector's cap, never all),
-// once the streams stalled since their last chunk have ejected their endpoints.
+// once the streams stalled since their last chunk have ejected their endpoints, unless the requests the candidates'
+// latest scrapes show beyond this EPP's explain it (outlier.Pace.Scraped).
 func (f *OutlierFilter) Filter(ctx context.Context, _ *fwksched.CycleState, _ *fwksched.LLMRequest, endpoints []fwksched.Endpoint) []fwksched.Endpoint {
-	f.ejectStalled(ctx, f.clock.Now())
+	now := f.clock.Now()
+	for _, ep := range endpoints {
+		if m := ep.GetMetrics(); m != nil {
+			f.pace.Scraped(now, EndpointName(ep.GetMetadata()), m.RunningRequestsSize+m.WaitingQueueSize, m.UpdateTime)
+		}
+	}
+	f.ejectStalled(ctx, now)
 	if len(endpoints) < 2 || f.detector.Clean() {
 		return endpoints
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,8 @@ import (
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	"github.com/sluice-gw/sluice/flowcontrol"
+	"github.com/sluice-gw/sluice/flowcontrol/replication"
 	"github.com/sluice-gw/sluice/lora"
 	"github.com/sluice-gw/sluice/outlier"
 )
@@ -325,4 +328,92 @@ func TestOutlierFilterAdapterLoad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOutlierFilterStallRuleWithPeers: an EPP with peers (endpoint ownership, the peer exchange) does not see the
+// prompts its peers send to a server, so their prefill would look like a stall: attached to its admission, the
+// outlier filter's stall rule stands down unless ejectOnStall is set. Without peers, the requests a server's scrape
+// shows beyond this EPP's explain its silence as prompts of the mean length sent (512 tokens here: 16 usual gaps for
+// 2 of them). A server that slows down is ejected either way, by its stream's slow gaps.
+func TestOutlierFilterStallRuleWithPeers(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		params    string
+		ownership bool
+		exchange  bool
+		// scrapeInFlight: server 0's scrape, seen at a pick before the stall, shows this many requests (this EPP
+		// has 1 there).
+		scrapeInFlight int
+		// stallEjects: a silence of 4 usual gaps with no prompt sent there ejects the server.
+		stallEjects bool
+	}{
+		{name: "one EPP", stallEjects: true},
+		{name: "endpoint ownership", ownership: true},
+		{name: "peer exchange", ownership: true, exchange: true},
+		{name: "peer exchange, ejectOnStall set true", params: `{"ejectOnStall": true}`, ownership: true, exchange: true, stallEjects: true},
+		{name: "one EPP, ejectOnStall set false", params: `{"ejectOnStall": false}`},
+		{name: "one EPP, only its own request in the scrape", scrapeInFlight: 1, stallEjects: true},
+		{name: "one EPP, 2 others' requests in the scrape", scrapeInFlight: 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(fcT0)
+			f, eps := newOutlierFilter(t, tt.params, clk)
+			deps := FlowControlDeps{Endpoints: &fakePool{}, Clock: clk, Rand: rand.New(rand.NewPCG(1, 2))}
+			if tt.ownership {
+				view, err := replication.NewView("epp-a:9003", []string{"epp-a:9003", "epp-b:9003"}, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				deps.Ownership = view
+			}
+			if tt.exchange {
+				deps.Peers = replication.NewExchange("epp-a:9003", time.Second)
+			}
+			fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, deps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fc.Attach(map[string]fwkplugin.Plugin{"outlier": f})
+			kept := func() int { return len(f.Filter(t.Context(), fwksched.NewCycleState(), nil, eps)) }
+			// Every server streams at 20 ms a chunk.
+			step := func(n int, servers ...int) {
+				for range n {
+					clk.Step(20 * time.Millisecond)
+					for _, i := range servers {
+						chunk(f, eps[i], fmt.Sprint("warm-", i), false)
+					}
+				}
+			}
+			// One prompt of 512 tokens sent, to server 1: the mean length.
+			f.PreRequest(t.Context(), &fwksched.LLMRequest{RequestId: "long", RequestSizeBytes: 2 << 10}, &fwksched.SchedulingResult{
+				PrimaryProfileName: "default", ProfileResults: map[string]*fwksched.ProfileRunResult{"default": {TargetEndpoints: eps[1:2]}}})
+			step(100, 0, 1, 2)
+			if tt.scrapeInFlight > 0 {
+				ep := upstreamEndpoint("10.0.0.1", tt.scrapeInFlight, 0, clk.Now())
+				eps[0] = fwksched.NewEndpoint(ep.GetMetadata(), ep.GetMetrics(), fwkdl.NewAttributes())
+				kept()
+			}
+			// Server 0 falls silent for 4 usual gaps (a peer's long prompt there, or a slowed server).
+			step(4, 1, 2)
+			if got, want := kept(), 3-b2i(tt.stallEjects); got != want {
+				t.Fatalf("after a stall: %d kept, want %d", got, want)
+			}
+			// Server 0 streams 5x slower than its usual pace: 7 slow gaps eject it whatever the stall rule.
+			chunk(f, eps[0], "warm-0", false)
+			for range 7 {
+				step(5, 1, 2)
+				chunk(f, eps[0], "warm-0", false)
+			}
+			if got := kept(); got != 2 {
+				t.Fatalf("after 7 slow gaps: %d kept, want 2", got)
+			}
+		})
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
