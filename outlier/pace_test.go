@@ -228,11 +228,7 @@ func TestPace(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := New(paceConfig)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runPace(t, d, NewPace(d), tt.steps)
+			runDefaultPace(t, tt.steps)
 		})
 	}
 }
@@ -299,11 +295,7 @@ func TestPaceOthersRequests(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := New(paceConfig)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runPace(t, d, NewPace(d), tt.steps)
+			runDefaultPace(t, tt.steps)
 		})
 	}
 }
@@ -315,6 +307,16 @@ func growing(from, to, n int) []int {
 		gaps[i] = from + (to-from)*i/(n-1)
 	}
 	return gaps
+}
+
+// runDefaultPace runs steps on a Pace of a detector of paceConfig.
+func runDefaultPace(t *testing.T, steps []paceStep) {
+	t.Helper()
+	d, err := New(paceConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPace(t, d, NewPace(d), steps)
 }
 
 func runPace(t *testing.T, d *Detector, p *Pace, steps []paceStep) {
