@@ -330,11 +330,8 @@ func (p *Pace) endpointLocked(endpoint string) *endpointPace {
 
 // prefill extends, at now, the time e may spend computing prefills by a prompt of tokens, at the slowest rate.
 func (e *endpointPace) prefill(now time.Time, tokens int) {
-	if e.prefillUntil.Before(now) {
-		e.prefillUntil = now
-	}
 	e.prefilled += int64(max(tokens, 0))
-	e.prefillUntil = e.prefillUntil.Add(e.usual * time.Duration(tokens) / prefillTokensPerStep)
+	e.explainUntil(now, tokens)
 }
 
 // explainUntil extends, at now, the time e's silence is explained (prefillUntil) by prompts of tokens sent by someone
