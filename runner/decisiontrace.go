@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 
@@ -34,46 +33,8 @@ func newDecisionRecorder(opts *Options) (*decisiontrace.Recorder, error) {
 	})
 }
 
-// tracedStream is the ext_proc stream of one request whose decision may be traced: its context carries the
-// request's decisiontrace.Trace to upstream's hooks (admission, the scheduler's plugins), Recv begins the trace with
-// the request's headers, and Send commits it with the EPP's answer: where it routed the request, or the immediate
-// response it sent. Only the EPP with --decision-trace wraps its streams in one.
-type tracedStream struct {
-	*shapingStream
-	ctx   context.Context
-	trace *decisiontrace.Trace
-	// header is the opt-in header (--decision-trace-header), or "".
-	header string
-}
-
-func newTracedStream(s *shapingStream, rec *decisiontrace.Recorder) *tracedStream {
-	ctx, t := rec.Start(s.Context())
-	return &tracedStream{shapingStream: s, ctx: ctx, trace: t, header: rec.Header()}
-}
-
-// Context returns the shaping stream's context (its logger, request ID and hot-path state) with the request's trace.
-func (s *tracedStream) Context() context.Context { return s.ctx }
-
-func (s *tracedStream) Recv() (*extprocv3.ProcessingRequest, error) {
-	req, err := s.shapingStream.Recv()
-	if h := req.GetRequestHeaders(); err == nil && h != nil {
-		s.trace.Begin(s.requestID, s.header != "" && carries(h, s.header))
-	}
-	return req, err
-}
-
-// Send commits the trace before the answer leaves, so a client that reads the trace once it has its answer finds the
-// record.
-func (s *tracedStream) Send(resp *extprocv3.ProcessingResponse) error {
-	s.shape(resp) // the record holds the immediate response as the client gets it
-	if s.trace.Active() {
-		s.commit(resp)
-	}
-	return s.ExternalProcessor_ProcessServer.Send(resp)
-}
-
-// commit records the EPP's answer in resp: the immediate response, or the endpoint the request was routed to.
-func (s *tracedStream) commit(resp *extprocv3.ProcessingResponse) {
+// commitTrace records the EPP's answer in resp: the immediate response, or the endpoint the request was routed to.
+func (s *shapingStream) commitTrace(resp *extprocv3.ProcessingResponse) {
 	if ir := resp.GetImmediateResponse(); ir != nil {
 		s.trace.Answered(int(ir.GetStatus().GetCode()), immediateHeader(ir, plugins.ShedReasonHeader),
 			immediateHeader(ir, "retry-after"), errorMessage(ir.GetBody()))
@@ -85,9 +46,6 @@ func (s *tracedStream) commit(resp *extprocv3.ProcessingResponse) {
 		}
 	}
 }
-
-// end commits the trace of a request that ended without an answer (the client went away).
-func (s *tracedStream) end() { s.trace.End() }
 
 // carries reports whether h has header name (any case) with a value.
 func carries(h *extprocv3.HttpHeaders, name string) bool {

@@ -94,9 +94,9 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 		defer ss.selection.finish()
 	}
 	if s.decisions != nil {
-		ts := newTracedStream(ss, s.decisions)
-		defer ts.end()
-		return s.upstream.Process(ts)
+		ss.ctx, ss.trace = s.decisions.Start(ss.ctx)
+		ss.traceHeader = s.decisions.Header()
+		defer ss.trace.End() // a request that ended without an answer (the client went away)
 	}
 	return s.upstream.Process(ss)
 }
@@ -117,6 +117,11 @@ func shedders(shapers []ResponseShaper) []Shedder {
 // shapers agree on it; Send shapes immediate responses; Context carries a
 // logger that keeps designed shedding out of the error log (Shedder).
 //
+// With a decision trace, the context carries the request's trace to
+// upstream's hooks (admission, the scheduler's plugins), the request's headers
+// begin it, and every answer commits it (decisiontrace.go), the stream's own
+// answers included.
+//
 // With model selection, Recv holds a request's headers back until its body
 // is complete (upstream answers nothing before that either), asks the
 // selector, sets the x-gateway-model-name-rewrite header upstream reads, and
@@ -132,6 +137,9 @@ type shapingStream struct {
 	chunks    *chunkCount     // on the hot path, the stream's state the hot Director shares
 	// wireChunks: the stream's codec encodes a streamedChunk (extProcCodec), which answerChunk then sends.
 	wireChunks bool
+	// trace (nil without --decision-trace) is the request's decision trace; traceHeader its opt-in header, or "".
+	trace       *decisiontrace.Trace
+	traceHeader string
 }
 
 // Context is the stream's context, with the shed-quiet logger when a shaper
@@ -179,6 +187,7 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	h := req.GetRequestHeaders()
 	if h != nil {
 		s.requestID = ensureRequestID(h)
+		s.trace.Begin(s.requestID, s.traceHeader != "" && carries(h, s.traceHeader))
 	}
 	if ms == nil {
 		return req, nil
@@ -201,8 +210,13 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	return req, nil
 }
 
+// Send shapes resp and commits the trace before the answer leaves, so a client that reads the trace once it has its
+// answer finds the record (which holds the immediate response as the client gets it).
 func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
 	s.shape(resp)
+	if s.trace.Active() {
+		s.commitTrace(resp)
+	}
 	return s.ExternalProcessor_ProcessServer.Send(resp)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
 
 // step is one message the proxy sends, after the clock moved by advance.
@@ -390,7 +393,12 @@ func TestModelSelectionAnswers413ForABodyTooLargeToHold(t *testing.T) {
 	sel := &fakeSelector{model: "canary"}
 	proxy := &scriptedStream{steps: []step{{msg: reqHeaders(false)}, {msg: reqBody("0123456789", false)}, {msg: reqBody("0123456789", true)}}}
 	up := &recordingUpstream{}
-	srv := &shapingServer{upstream: up, shapers: []ResponseShaper{OpenAIErrorBody}, selector: sel, maxBodyBytes: 15, clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	decisions, err := decisiontrace.New(decisiontrace.Config{Size: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &shapingServer{upstream: up, shapers: []ResponseShaper{OpenAIErrorBody}, selector: sel, maxBodyBytes: 15,
+		clock: clocktesting.NewFakeClock(time.Unix(0, 0)), decisions: decisions}
 	if err := srv.Process(proxy); err != nil {
 		t.Fatal(err)
 	}
@@ -410,6 +418,12 @@ func TestModelSelectionAnswers413ForABodyTooLargeToHold(t *testing.T) {
 	if err := json.Unmarshal(ir.GetBody(), &body); err != nil || ir.GetStatus().GetCode() != typev3.StatusCode_PayloadTooLarge ||
 		!strings.Contains(body.Error.Message, "15 bytes") || body.Error.Type != "invalid_request_error" {
 		t.Fatalf("immediate response %d %s (%v), want 413 with an OpenAI error naming the limit", ir.GetStatus().GetCode(), ir.GetBody(), err)
+	}
+	// The decision trace holds the stream's own answer as it holds upstream's.
+	records := decisions.Records("", 0)
+	if len(records) != 1 || records[0].Outcome != decisiontrace.Answered || records[0].Status != http.StatusRequestEntityTooLarge ||
+		records[0].Error != body.Error.Message {
+		t.Fatalf("decision trace %+v, want one record of the 413 with its message", records)
 	}
 }
 
