@@ -65,6 +65,9 @@ func (s *tracedStream) Recv() (*extprocv3.ProcessingRequest, error) {
 // Send commits the trace before the answer leaves, so a client that reads the trace once it has its answer finds the
 // record.
 func (s *tracedStream) Send(resp *extprocv3.ProcessingResponse) error {
+	if resp = s.bufferedAnswer(resp); resp == nil {
+		return nil
+	}
 	s.shape(resp) // the record holds the immediate response as the client gets it
 	if s.trace.Active() {
 		s.commit(resp)
@@ -79,7 +82,11 @@ func (s *tracedStream) commit(resp *extprocv3.ProcessingResponse) {
 			immediateHeader(ir, "retry-after"), errorMessage(ir.GetBody()))
 		return
 	}
-	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+	routing := resp.GetRequestHeaders().GetResponse().GetHeaderMutation()
+	if b := resp.GetRequestBody().GetResponse(); b.GetBodyMutation().GetStreamedResponse() == nil && b.GetHeaderMutation() != nil {
+		routing = b.GetHeaderMutation() // the answer to a BUFFERED body (bufferedbody.go)
+	}
+	for _, h := range routing.GetSetHeaders() {
 		if h.GetHeader().GetKey() == metadata.DestinationEndpointKey {
 			s.trace.Routed(headerValue(h.GetHeader()))
 		}

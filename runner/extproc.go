@@ -132,6 +132,8 @@ type shapingStream struct {
 	chunks    *chunkCount     // on the hot path, the stream's state the hot Director shares
 	// wireChunks: the stream's codec encodes a streamedChunk (extProcCodec), which answerChunk then sends.
 	wireChunks bool
+	// buffered is set when the proxy sends the request body BUFFERED (bufferedbody.go), else nil.
+	buffered *bufferedBody
 }
 
 // Context is the stream's context, with the shed-quiet logger when a shaper
@@ -179,6 +181,13 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	h := req.GetRequestHeaders()
 	if h != nil {
 		s.requestID = ensureRequestID(h)
+		// Before the model-selection hold reads the body: a proxy that buffers the body sends it only once the
+		// headers are answered.
+		if bufferedRequestBody(req) {
+			if err := s.answerHeadersForBufferedBody(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if ms == nil {
 		return req, nil
@@ -202,6 +211,9 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 }
 
 func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
+	if resp = s.bufferedAnswer(resp); resp == nil {
+		return nil
+	}
 	s.shape(resp)
 	return s.ExternalProcessor_ProcessServer.Send(resp)
 }

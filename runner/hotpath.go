@@ -60,6 +60,10 @@ type chunkCount struct {
 	armed       bool
 	// resp is what the chunk observers are handed for the chunks the hot Director skips.
 	resp fwkrc.Response
+	// forwardsClientModel: the hot Director forwards the request with the model the client asked for, so the body it
+	// forwards is the client's, re-encoded (upstream's Director changes no other member); a proxy that buffered the
+	// body can forward its own copy (bufferedbody.go).
+	forwardsClientModel bool
 }
 
 type chunkCountKey struct{}
@@ -170,6 +174,9 @@ func (d *hotDirector) HandleRequest(ctx context.Context, reqCtx *handlers.Reques
 	if ok {
 		reqCtx.Request.RawBody = body
 		reqCtx.RequestSize = len(body)
+	}
+	if c := chunkCountOf(ctx); c != nil {
+		c.forwardsClientModel = reqCtx.IncomingModelName != "" && reqCtx.TargetModelName == reqCtx.IncomingModelName
 	}
 	return reqCtx, nil
 }
