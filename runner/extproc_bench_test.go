@@ -309,12 +309,12 @@ type benchStream struct {
 	bodyPhase       int
 	headersAnswered bool
 	routed          bool
-	headers       int // response-header answers
-	chunks        int // streamed response-body answers
-	handEncoded   int // answers sent as a streamedChunk (the hot path's own, SendMsg)
-	done          bool
-	failure       string
-	record        func(*extprocv3.ProcessingResponse) // nil: answers are only checked
+	headers         int // response-header answers
+	chunks          int // streamed response-body answers
+	handEncoded     int // answers sent as a streamedChunk (the hot path's own, SendMsg)
+	done            bool
+	failure         string
+	record          func(*extprocv3.ProcessingResponse) // nil: answers are only checked
 }
 
 func (s *benchStream) reset() {
