@@ -36,8 +36,9 @@ import (
 // there (GIE's configuration, or a proxy that sends no protocol_config) nothing here runs.
 //
 // Whether the EPP forwards the client's body is known on the hot path only (bodyChange): there upstream's Director
-// changes nothing in the body but its model (its re-encoding aside, which changes no member). Off the hot path, or
-// when the model selector replaced the body, the body always goes back.
+// changes nothing in the body but its model (its re-encoding aside, which changes no member), and when it keeps the
+// model the hot Director skips the re-encoding, which would not be sent. Off the hot path, or when the model selector
+// replaced the body, the body always goes back.
 
 // bufferedBody is the state of one request whose proxy sends the body BUFFERED: the stream has answered the request
 // headers itself, and turns upstream's answers to the body into one BodyResponse.
@@ -63,6 +64,9 @@ func bufferedRequestBody(req *extprocv3.ProcessingRequest) bool {
 // body; upstream's handler sees the headers next, as ever.
 func (s *shapingStream) answerHeadersForBufferedBody() error {
 	s.buffered = &bufferedBody{}
+	if s.chunks != nil {
+		s.chunks.proxyHoldsBody = true
+	}
 	return s.ExternalProcessor_ProcessServer.Send(&extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
 	})
@@ -103,10 +107,7 @@ func (s *shapingStream) bufferedAnswer(resp *extprocv3.ProcessingResponse) *extp
 // bodyChange reports whether the body the EPP forwards may differ from the client's: off the hot path always; on it
 // when the model selector replaced the body or the Director forwards another model than the client asked for.
 func (s *shapingStream) bodyChange() bool {
-	if s.chunks == nil || !s.chunks.forwardsClientModel {
-		return true
-	}
-	return s.selection != nil && s.selection.bodyReplaced
+	return s.chunks == nil || !s.chunks.proxyHoldsBody || !s.chunks.forwardsClientModel
 }
 
 // bufferedBodyResponse is the answer to a BUFFERED body: the header mutation, route-cache flag and dynamic metadata

@@ -36,7 +36,8 @@ import (
 // framing, the socket) is left out. Upstream's EPP and Sluice's run side by side in one run: the ratio
 // at each size is the figure (testbed/bench/scenarios/README.md), in cpu-ns/op (the process's CPU time per operation,
 // which a shared machine's load disturbs far less than ns/op). With -benchmem, allocs/op against chunks is the cost
-// per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt.
+// per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt. epp=sluice-buffered is Sluice's
+// EPP with the proxy sending the request body BUFFERED (bufferedbody.go): one body message, no body sent back.
 //
 //	go test -run '^$' -bench ExtProcStream -benchmem -count 6 ./runner/
 func BenchmarkExtProcStream(b *testing.B) {

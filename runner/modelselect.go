@@ -126,9 +126,6 @@ type modelSelection struct {
 	queue    []*extprocv3.ProcessingRequest
 	queueErr error
 
-	// bodyReplaced: the selector replaced the request body (ModelChoice.Body).
-	bodyReplaced bool
-
 	done      func(ResponseOutcome)
 	received  time.Time // when the request headers arrived
 	outcome   ResponseOutcome
@@ -181,7 +178,9 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 	}
 	switch {
 	case choice.Body != nil:
-		ms.bodyReplaced = true
+		if s.chunks != nil {
+			s.chunks.proxyHoldsBody = false // the proxy holds the client's body, not this one
+		}
 		ms.replaceBody(choice.Body)
 	case len(chunks) > 1:
 		// Upstream's handler appends each body message to a buffer it grows: handed the joined body as one
