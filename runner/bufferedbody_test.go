@@ -150,6 +150,7 @@ func TestBufferedBodyAnswers(t *testing.T) {
 		upstream *upstreamLikeHandler
 		hot      bool
 		selector ModelSelector
+		maxBody  int64 // the most the model selection holds; 0: 1 MiB
 		want     []*extprocv3.ProcessingResponse
 		// wantImmediate, when set, is the status of the last answer, an immediate response with an OpenAI-style body.
 		wantImmediate int
@@ -205,6 +206,15 @@ func TestBufferedBodyAnswers(t *testing.T) {
 			wantImmediate: 429,
 		},
 		{
+			name:          "buffered, a body too large for the model selection to hold: 413 after the headers' answer",
+			in:            []*extprocv3.ProcessingRequest{bufferedHeaders(false), reqBody(client, true)},
+			upstream:      &upstreamLikeHandler{},
+			hot:           true,
+			selector:      &fakeSelector{},
+			maxBody:       8,
+			wantImmediate: 413,
+		},
+		{
 			name:     "buffered announced, no body: upstream answers the headers",
 			in:       []*extprocv3.ProcessingRequest{bufferedHeaders(true)},
 			upstream: &upstreamLikeHandler{},
@@ -214,8 +224,12 @@ func TestBufferedBodyAnswers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			maxBody := tt.maxBody
+			if maxBody == 0 {
+				maxBody = 1 << 20
+			}
 			srv := &shapingServer{upstream: tt.upstream, shapers: []ResponseShaper{OpenAIErrorBody}, hot: tt.hot,
-				selector: tt.selector, maxBodyBytes: 1 << 20}
+				selector: tt.selector, maxBodyBytes: maxBody}
 			if tt.selector != nil {
 				srv.clock = clocktesting.NewFakeClock(time.Unix(0, 0))
 			}
