@@ -40,7 +40,11 @@ func (s *shapingStream) commitTrace(resp *extprocv3.ProcessingResponse) {
 			immediateHeader(ir, "retry-after"), errorMessage(ir.GetBody()))
 		return
 	}
-	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+	routing := resp.GetRequestHeaders().GetResponse().GetHeaderMutation()
+	if b := resp.GetRequestBody().GetResponse(); b.GetBodyMutation().GetStreamedResponse() == nil && b.GetHeaderMutation() != nil {
+		routing = b.GetHeaderMutation() // the answer to a BUFFERED body (bufferedbody.go)
+	}
+	for _, h := range routing.GetSetHeaders() {
 		if h.GetHeader().GetKey() == metadata.DestinationEndpointKey {
 			s.trace.Routed(headerValue(h.GetHeader()))
 		}

@@ -35,6 +35,12 @@
 //     handler would answer them (upstream's handler sees the first and the
 //     last, and every chunk at -v=4 and up). cmd/epp takes it with Sluice
 //     admission.
+//   - A request body the proxy sends BUFFERED (an opt-in of the proxy's
+//     ext_proc request_body_mode, read from the protocol_config of the
+//     stream's first message; bufferedbody.go): the stream answers the
+//     request headers at once and answers the body with one BodyResponse
+//     carrying upstream's routing headers and metadata, and the body only
+//     when it changed. With GIE's FULL_DUPLEX_STREAMED nothing changes.
 //   - WithManagerSetup: in Kubernetes mode only, extends the controller
 //     manager's options before it is created (scheme, cache ByObject) and the
 //     manager after (extra controllers, e.g. the FlowControlPolicy reconciler).

@@ -137,6 +137,8 @@ type shapingStream struct {
 	chunks    *chunkCount     // on the hot path, the stream's state the hot Director shares
 	// wireChunks: the stream's codec encodes a streamedChunk (extProcCodec), which answerChunk then sends.
 	wireChunks bool
+	// buffered is set when the proxy sends the request body BUFFERED (bufferedbody.go), else nil.
+	buffered *bufferedBody
 	// trace (nil without --decision-trace) is the request's decision trace; traceHeader its opt-in header, or "".
 	trace       *decisiontrace.Trace
 	traceHeader string
@@ -188,6 +190,13 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	if h != nil {
 		s.requestID = ensureRequestID(h)
 		s.trace.Begin(s.requestID, s.traceHeader != "" && carries(h, s.traceHeader))
+		// Before the model-selection hold reads the body: a proxy that buffers the body sends it only once the
+		// headers are answered.
+		if bufferedRequestBody(req) {
+			if err := s.answerHeadersForBufferedBody(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if ms == nil {
 		return req, nil
@@ -213,6 +222,9 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 // Send shapes resp and commits the trace before the answer leaves, so a client that reads the trace once it has its
 // answer finds the record (which holds the immediate response as the client gets it).
 func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
+	if resp = s.bufferedAnswer(resp); resp == nil {
+		return nil
+	}
 	s.shape(resp)
 	if s.trace.Active() {
 		s.commitTrace(resp)

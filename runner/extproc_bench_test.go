@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -35,7 +36,8 @@ import (
 // framing, the socket) is left out. Upstream's EPP and Sluice's run side by side in one run: the ratio
 // at each size is the figure (testbed/bench/scenarios/README.md), in cpu-ns/op (the process's CPU time per operation,
 // which a shared machine's load disturbs far less than ns/op). With -benchmem, allocs/op against chunks is the cost
-// per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt.
+// per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt. epp=sluice-buffered is Sluice's
+// EPP with the proxy sending the request body BUFFERED (bufferedbody.go): one body message, no body sent back.
 //
 //	go test -run '^$' -bench ExtProcStream -benchmem -count 6 ./runner/
 func BenchmarkExtProcStream(b *testing.B) {
@@ -44,14 +46,16 @@ func BenchmarkExtProcStream(b *testing.B) {
 		{2 << 10, 16}, {2 << 10, 128}, {2 << 10, 1024}, // a 512-token chat, answers of 16 to 1024 tokens
 		{1 << 10, 16}, {8 << 10, 16}, {16 << 10, 16}, {64 << 10, 16}, {220 << 10, 16}, {256 << 10, 16}, // prompts of 256 to 64k tokens
 	}
-	for _, profile := range []string{"upstream-default", "sluice"} {
-		h, err := startBenchEPP(b, profile)
+	for _, profile := range []string{"upstream-default", "sluice", "sluice-buffered"} {
+		buffered := profile == "sluice-buffered" // the proxy sends the request body BUFFERED (bufferedbody.go)
+		h, err := startBenchEPP(b, strings.TrimSuffix(profile, "-buffered"))
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, shape := range shapes {
 			b.Run(fmt.Sprintf("prompt=%dKB/chunks=%d/epp=%s", shape.promptBytes>>10, shape.chunks, profile), func(b *testing.B) {
 				ex := newStreamedChat(shape.promptBytes, shape.chunks)
+				ex.buffered = buffered
 				b.ReportAllocs()
 				b.ResetTimer()
 				stop := runnertest.CPUPerOp(b)
@@ -193,6 +197,9 @@ type streamedChat struct {
 	wire              [][]byte // body (in requestChunkBytes chunks), respHeaders and chunks, encoded
 	bodyMessages      int      // how many of wire carry the request body
 	stream            benchStream
+	// buffered plays the proxy with request_body_mode BUFFERED (bufferedbody.go): the request headers announce it, the
+	// body goes in one message, and only once the headers are answered.
+	buffered bool
 }
 
 // requestChunkBytes is the largest request body message the proxy sends: Envoy hands ext_proc the body as its
@@ -247,8 +254,12 @@ func (x *streamedChat) run(h benchEPP, id string) error {
 func (x *streamedChat) runRecording(h benchEPP, id string, record func(*extprocv3.ProcessingResponse)) error {
 	if x.wire == nil {
 		body := x.body.GetRequestBody().GetBody()
-		for off := 0; off == 0 || off < len(body); off += requestChunkBytes {
-			end := min(off+requestChunkBytes, len(body))
+		chunk := requestChunkBytes
+		if x.buffered {
+			chunk = len(body)
+		}
+		for off := 0; off == 0 || off < len(body); off += chunk {
+			end := min(off+chunk, len(body))
 			x.wire = append(x.wire, mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 				RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}}))
 		}
@@ -260,9 +271,15 @@ func (x *streamedChat) runRecording(h benchEPP, id string, record func(*extprocv
 	s := &x.stream
 	s.reset()
 	s.codec, s.record, s.responsePhase = h.codec, record, 1+x.bodyMessages
-	s.in = append(s.in, mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+	headers := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: headerList(":method", "POST", ":path", "/v1/chat/completions",
-			":authority", "gateway", "content-type", "application/json", "x-request-id", id)}}}))
+			":authority", "gateway", "content-type", "application/json", "x-request-id", id)}}}
+	if x.buffered {
+		headers.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+		s.bodyPhase = 1
+	}
+	s.in = append(s.in, mustMarshal(headers))
 	s.in = append(s.in, x.wire...)
 	if err := h.Process(s); err != nil {
 		return err
@@ -288,13 +305,17 @@ type benchStream struct {
 	next  int
 	// responsePhase is the index in in of the first response-phase message, which waits for the request phase's answer.
 	responsePhase int
-	routed        bool
-	headers       int // response-header answers
-	chunks        int // streamed response-body answers
-	handEncoded   int // answers sent as a streamedChunk (the hot path's own, SendMsg)
-	done          bool
-	failure       string
-	record        func(*extprocv3.ProcessingResponse) // nil: answers are only checked
+	// bodyPhase, when not 0, is the index in in of the request body, which waits for the request headers' answer (a
+	// BUFFERED body).
+	bodyPhase       int
+	headersAnswered bool
+	routed          bool
+	headers         int // response-header answers
+	chunks          int // streamed response-body answers
+	handEncoded     int // answers sent as a streamedChunk (the hot path's own, SendMsg)
+	done            bool
+	failure         string
+	record          func(*extprocv3.ProcessingResponse) // nil: answers are only checked
 }
 
 func (s *benchStream) reset() {
@@ -305,7 +326,7 @@ func (s *benchStream) reset() {
 func (s *benchStream) Context() context.Context { return context.Background() }
 
 func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
-	if s.next == s.responsePhase && !s.routed || s.next >= len(s.in) {
+	if s.next == s.responsePhase && !s.routed || s.bodyPhase > 0 && s.next == s.bodyPhase && !s.headersAnswered || s.next >= len(s.in) {
 		return nil, io.EOF
 	}
 	m := &extprocv3.ProcessingRequest{}
@@ -358,6 +379,8 @@ func (s *benchStream) sent(r *extprocv3.ProcessingResponse) error {
 	switch v := r.Response.(type) {
 	case *extprocv3.ProcessingResponse_ImmediateResponse:
 		s.failure = fmt.Sprintf("immediate response %d: %s", v.ImmediateResponse.GetStatus().GetCode(), v.ImmediateResponse.GetBody())
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		s.headersAnswered = true
 	case *extprocv3.ProcessingResponse_RequestBody:
 		if sr := v.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse(); sr == nil || sr.EndOfStream {
 			s.routed = true

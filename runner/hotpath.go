@@ -60,6 +60,12 @@ type chunkCount struct {
 	armed       bool
 	// resp is what the chunk observers are handed for the chunks the hot Director skips.
 	resp fwkrc.Response
+	// proxyHoldsBody: the proxy sends the request body BUFFERED and holds the very body upstream's handler gets (the
+	// model selector did not replace it), which it forwards unless the EPP's answer replaces it (bufferedbody.go).
+	proxyHoldsBody bool
+	// forwardsClientModel: the hot Director forwards the request with the model the client asked for, so the body it
+	// forwards is the client's, re-encoded (upstream's Director changes no other member).
+	forwardsClientModel bool
 }
 
 type chunkCountKey struct{}
@@ -158,10 +164,20 @@ var _ handlers.Director = (*hotDirector)(nil)
 // the body, with the long members of the body left out of that map and encoded here without encoding/json's scanner
 // (plugins.ForwardedBody), byte for byte the body upstream's Director forwards.
 func (d *hotDirector) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
+	received := reqCtx.Request.RawBody
 	ctx, forwarded := plugins.WithForwardedBody(ctx)
 	reqCtx, err := d.Director.HandleRequest(ctx, reqCtx)
 	if err != nil {
 		return reqCtx, err
+	}
+	if c := chunkCountOf(ctx); c != nil {
+		c.forwardsClientModel = reqCtx.IncomingModelName != "" && reqCtx.TargetModelName == reqCtx.IncomingModelName
+		if c.proxyHoldsBody && c.forwardsClientModel {
+			// The proxy forwards the body it holds, which the stream then does not send back: encoding the forwarded
+			// body would be work thrown away, and the request's size is that of the body the model server gets.
+			reqCtx.Request.RawBody, reqCtx.RequestSize = received, len(received)
+			return reqCtx, nil
+		}
 	}
 	body, ok, err := forwarded.Encode()
 	if err != nil {

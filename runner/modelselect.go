@@ -178,6 +178,9 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 	}
 	switch {
 	case choice.Body != nil:
+		if s.chunks != nil {
+			s.chunks.proxyHoldsBody = false // the proxy holds the client's body, not this one
+		}
 		ms.replaceBody(choice.Body)
 	case len(chunks) > 1:
 		// Upstream's handler appends each body message to a buffer it grows: handed the joined body as one

@@ -222,6 +222,9 @@ func (r *realRun) start(ctx context.Context) error {
 			grpcs = append(grpcs, "127.0.0.1:"+strconv.Itoa(grpc))
 		}
 		dpArgs = append(dpArgs, "--epp="+strings.Join(grpcs, ","))
+		if r.c.RequestBodyMode != "" {
+			dpArgs = append(dpArgs, "--request-body-mode="+r.c.RequestBodyMode)
+		}
 		if r.c.Balance != "" {
 			dpArgs = append(dpArgs, "--epp-balance="+r.c.Balance)
 		}

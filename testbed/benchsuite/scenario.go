@@ -224,6 +224,11 @@ type ExtraContenderFile struct {
 	SluiceAdmission   bool   `json:"sluice_admission,omitempty"`
 	EPPConfig         string `json:"epp_config,omitempty"`
 	FlowControlPolicy string `json:"flow_control_policy,omitempty"`
+	// RequestBodyMode is how the data plane sends request bodies to the
+	// EPP, as Envoy's ext_proc request_body_mode: full-duplex-streamed
+	// (GIE's, the default) or buffered. Real time only: the virtual engine
+	// has no data plane.
+	RequestBodyMode string `json:"request_body_mode,omitempty"`
 }
 
 // TargetFile is one target: exactly one of AtMost, AtLeast and Within.
@@ -240,6 +245,12 @@ type TargetFile struct {
 	AtLeast *float64 `json:"at_least,omitempty"`
 	Within  *float64 `json:"within,omitempty"`
 }
+
+// The data plane's request body modes (its --request-body-mode).
+const (
+	requestBodyFullDuplexStreamed = "full-duplex-streamed"
+	requestBodyBuffered           = "buffered"
+)
 
 // Router is how a contender routes requests.
 type Router string
@@ -353,6 +364,9 @@ type Contender struct {
 	// PeerExchange adds the replicas' peer exchange to EndpointOwnership (see
 	// ReplicasFile).
 	PeerExchange bool `json:"peer_exchange,omitempty"`
+	// RequestBodyMode is the data plane's --request-body-mode; "" is its
+	// default, GIE's FULL_DUPLEX_STREAMED (see ExtraContenderFile).
+	RequestBodyMode string `json:"request_body_mode,omitempty"`
 }
 
 // Describe says in a few words what the contender runs.
@@ -378,6 +392,11 @@ func (c Contender) Describe() string {
 			one.PeerExchange = false
 		}
 		return fmt.Sprintf("%d replicas%s, streams balanced %s; %s", c.Replicas, owned, c.Balance, one.Describe())
+	}
+	if c.RequestBodyMode != "" {
+		plain := c
+		plain.RequestBodyMode = ""
+		return plain.Describe() + "; request body " + c.RequestBodyMode
 	}
 	profile := "upstream v1.5.0 default profile"
 	if c.SluiceAdmission {
@@ -748,13 +767,19 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 			errs.addf(field+".name", "%q is taken (by a built-in contender or an earlier extra)", x.Name)
 		}
 		reserved[x.Name] = true
-		c := Contender{Name: x.Name, Router: x.Router, SluiceAdmission: x.SluiceAdmission, Extra: true}
+		c := Contender{Name: x.Name, Router: x.Router, SluiceAdmission: x.SluiceAdmission, Extra: true,
+			RequestBodyMode: x.RequestBodyMode}
+		switch x.RequestBodyMode {
+		case "", requestBodyFullDuplexStreamed, requestBodyBuffered:
+		default:
+			errs.addf(field+".request_body_mode", "%q is not %s or %s", x.RequestBodyMode, requestBodyFullDuplexStreamed, requestBodyBuffered)
+		}
 		switch x.Router {
 		case RouterEPP:
 			loadEPPFiles(&c, dir, x.EPPConfig, x.FlowControlPolicy, field, errs)
 		case RouterRoundRobin:
-			if x.EPPConfig != "" || x.FlowControlPolicy != "" || x.SluiceAdmission {
-				errs.add(field, errors.New("a round-robin contender has no EPP: drop epp_config, flow_control_policy and sluice_admission"))
+			if x.EPPConfig != "" || x.FlowControlPolicy != "" || x.SluiceAdmission || x.RequestBodyMode != "" {
+				errs.add(field, errors.New("a round-robin contender has no EPP: drop epp_config, flow_control_policy, sluice_admission and request_body_mode"))
 			}
 		default:
 			errs.addf(field+".router", "%q is not epp or round-robin", x.Router)

@@ -187,6 +187,10 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"bad router", minimalScenario + "extra_contenders: [{name: a, router: envoy}]\n", []string{"extra_contenders[0].router:", `"envoy"`}},
 		{"round-robin with config", minimalScenario + "extra_contenders: [{name: a, router: round-robin, sluice_admission: true}]\n",
 			[]string{"extra_contenders[0]:", "no EPP"}},
+		{"round-robin with body mode", minimalScenario + "extra_contenders: [{name: a, router: round-robin, request_body_mode: buffered}]\n",
+			[]string{"extra_contenders[0]:", "no EPP"}},
+		{"bad body mode", minimalScenario + "extra_contenders: [{name: a, router: epp, request_body_mode: streamed}]\n",
+			[]string{"extra_contenders[0].request_body_mode:", `"streamed"`}},
 		{"bad figure", minimalScenario + "targets: [{figure: latency, vs: round-robin, at_most: 1}]\n", []string{"targets[0].figure:", `"latency"`}},
 		{"bad baseline", minimalScenario + "targets: [{figure: ttft_p99, vs: sluice, at_most: 1}]\n", []string{"targets[0].vs:", `"sluice"`}},
 		{"no bound", minimalScenario + "targets: [{figure: ttft_p99, vs: round-robin}]\n", []string{"targets[0]:", "exactly one"}},
@@ -399,6 +403,13 @@ func TestShippedScenarios(t *testing.T) {
 					t.Errorf("%s: target %d is %+v, want %+v", sc.Name, i, declared[i], targets[i])
 				}
 			}
+		}
+	}
+	// Issue 21, target 3: long prompts also run the sluice contender behind a proxy that buffers the request body.
+	if lp := byFamily["long-prompt"]; len(lp) == 1 {
+		c, ok := lp[0].Contender("sluice-buffered")
+		if !ok || !c.Extra || !c.SluiceAdmission || c.RequestBodyMode != "buffered" || c.EndpointPickerConfig != nil {
+			t.Errorf("long-prompt's sluice-buffered contender %+v (found %v), want the sluice contender with a buffered body", c, ok)
 		}
 	}
 	// Issue 17: the priority, fairness and mixed-fleet scenarios run on at least three server shapes.

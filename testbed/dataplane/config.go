@@ -29,6 +29,21 @@ const (
 	DefaultShutdownGrace = 30 * time.Second
 )
 
+// BodyMode is how the proxy sends a request body to the EPP: Envoy's
+// ext_proc ProcessingMode.BodySendMode, of which two are implemented.
+type BodyMode string
+
+const (
+	// BodyFullDuplexStreamed is FULL_DUPLEX_STREAMED: the body in chunks as
+	// it arrives, without waiting for the EPP, which streams the body back.
+	BodyFullDuplexStreamed BodyMode = "full-duplex-streamed"
+	// BodyBuffered is BUFFERED: the proxy waits for the answer to the request
+	// headers, then sends the whole body in one message; the EPP's one answer
+	// may change headers and replace the body, and otherwise the proxy
+	// forwards the body it holds.
+	BodyBuffered BodyMode = "buffered"
+)
+
 // Config configures a Proxy. Exactly one of EPPAddress and RoundRobin selects
 // the mode.
 type Config struct {
@@ -44,6 +59,11 @@ type Config struct {
 	// EPPBalance is BalanceRoundRobin (the default, Envoy's ROUND_ROBIN) or
 	// BalanceRandom (Envoy's RANDOM).
 	EPPBalance string
+	// RequestBodyMode is how the request body goes to the EPP, as Envoy's
+	// ext_proc filter setting processing_mode.request_body_mode:
+	// BodyFullDuplexStreamed (the default, GIE's reference configuration) or
+	// BodyBuffered (doc.go, "BUFFERED request bodies").
+	RequestBodyMode BodyMode
 	// EPPTLS dials the EPP over TLS without verifying its certificate: the
 	// upstream EPP serves a self-signed certificate by default, and GIE's
 	// reference Envoy configuration accepts it the same way (an empty
@@ -108,6 +128,9 @@ func (c Config) withDefaults() Config {
 	if c.MessageTimeout == 0 {
 		c.MessageTimeout = DefaultMessageTimeout
 	}
+	if c.RequestBodyMode == "" {
+		c.RequestBodyMode = BodyFullDuplexStreamed
+	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
 	}
@@ -159,6 +182,11 @@ func (c Config) validate() error {
 		if _, err := parseHostPort(r); err != nil {
 			errs = append(errs, fmt.Errorf("EPP replica: %w", err))
 		}
+	}
+	switch c.RequestBodyMode {
+	case "", BodyFullDuplexStreamed, BodyBuffered:
+	default:
+		errs = append(errs, fmt.Errorf("request body mode %q is not %s or %s", c.RequestBodyMode, BodyFullDuplexStreamed, BodyBuffered))
 	}
 	switch c.EPPBalance {
 	case "", BalanceRoundRobin, BalanceRandom:

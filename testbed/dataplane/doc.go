@@ -39,6 +39,22 @@
 //     the headers; each streamed body chunk from the EPP is written and
 //     flushed to the client at once, so SSE tokens are never held back.
 //
+// # BUFFERED request bodies (Config.RequestBodyMode, --request-body-mode)
+//
+// As Envoy with processing_mode.request_body_mode BUFFERED (request headers
+// SEND; examples/envoy/envoy-buffered-request-body.yaml), announced in
+// ProtocolConfiguration: the proxy sends the request headers and waits for
+// their answer (a header mutation, or an ImmediateResponse, after which no
+// body is sent), then sends the whole body in one message with end_of_stream
+// and waits for its answer: a BodyResponse whose header mutation is applied
+// (Envoy applies a body answer's header mutation only in this mode) and
+// whose body mutation, if any, replaces (body) or clears (clear_body) the
+// body; without one the client's body goes upstream unchanged. A
+// streamed_response answer is a protocol error, as is a content-length
+// header, after the mutations, that does not match the body forwarded
+// (Envoy keeps content-length in this mode and rejects such a mutation).
+// Responses stay FULL_DUPLEX_STREAMED.
+//
 // Every message carries the subset hint (envoy.lb.subset_hint /
 // x-gateway-destination-endpoint-subset) when one is configured.
 //

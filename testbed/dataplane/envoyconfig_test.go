@@ -23,7 +23,18 @@ import (
 // every typed_config resolved, pass go-control-plane's generated validation,
 // and configure ext_proc and routing the way this package emulates them.
 func TestEnvoyExample(t *testing.T) {
-	raw, err := os.ReadFile("../../examples/envoy/envoy.yaml")
+	checkEnvoyExample(t, "../../examples/envoy/envoy.yaml", BodyFullDuplexStreamed)
+}
+
+// TestEnvoyExampleBufferedRequestBody validates the opt-in variant examples/envoy/envoy-buffered-request-body.yaml as
+// TestEnvoyExample does envoy.yaml: the request body BUFFERED, as RequestBodyMode BodyBuffered emulates, and a route
+// buffer limit that lets the bodies this data plane accepts through (Envoy answers 413 beyond it).
+func TestEnvoyExampleBufferedRequestBody(t *testing.T) {
+	checkEnvoyExample(t, "../../examples/envoy/envoy-buffered-request-body.yaml", BodyBuffered)
+}
+
+func checkEnvoyExample(t *testing.T, path string, requestBody BodyMode) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,11 +82,19 @@ func TestEnvoyExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	pm := ep.GetProcessingMode()
+	wantRequestBody := extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	if requestBody == BodyBuffered {
+		wantRequestBody = extprocfilterv3.ProcessingMode_BUFFERED
+	}
 	if pm.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SEND ||
 		pm.GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SEND ||
-		pm.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED ||
+		pm.GetRequestBodyMode() != wantRequestBody ||
 		pm.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		t.Errorf("processing mode %v, want GIE's headers SEND / bodies FULL_DUPLEX_STREAMED", pm)
+		t.Errorf("processing mode %v, want headers SEND, request body %v, response body FULL_DUPLEX_STREAMED", pm, wantRequestBody)
+	}
+	limit := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRequestBodyBufferLimit()
+	if requestBody == BodyBuffered && limit.GetValue() < DefaultMaxRequestBodyBytes {
+		t.Errorf("route request_body_buffer_limit %v: a BUFFERED body longer than it gets 413; want at least %d", limit, DefaultMaxRequestBodyBytes)
 	}
 	if got := ep.GetMessageTimeout().AsDuration(); got != DefaultMessageTimeout {
 		t.Errorf("message_timeout %v, want %v like the data plane", got, DefaultMessageTimeout)

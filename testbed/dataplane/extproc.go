@@ -135,7 +135,11 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 	}
 	defer func() { _ = stream.CloseSend() }()
 
-	dec, err := requestPhase(stream, head, body, hint)
+	phase := requestPhase
+	if p.cfg.RequestBodyMode == BodyBuffered {
+		phase = requestPhaseBuffered
+	}
+	dec, err := phase(stream, head, body, hint)
 	ex.eppTime = time.Since(opened)
 	if timer.stop() {
 		err = errMessageTimeout
@@ -236,6 +240,94 @@ func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, head *reques
 	dec.body = body
 	if len(body) > 0 {
 		dec.body = newBody
+	}
+	return dec, nil
+}
+
+// requestPhaseBuffered sends the request headers and body the way Envoy's
+// BUFFERED request body mode does (request headers SEND) and applies the
+// EPP's answers as Envoy does: the headers alone first, and only once the EPP
+// answered them the whole body in one message with end_of_stream. The answer
+// to the body may mutate headers (Envoy applies a body answer's header
+// mutation only in this mode) and replace or clear the body; without a body
+// mutation the body goes upstream as the client sent it. As in Envoy with
+// request headers SEND, content-length is the EPP's to keep right: a
+// content-length that does not match the body forwarded fails the request
+// (Envoy rejects such a body mutation with a local reply). An
+// ImmediateResponse may answer either message. head is mutated in place.
+func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head *requestHead, body []byte, hint subsetHint) (*requestDecision, error) {
+	md := metadataContext(hint, "")
+	err := stream.Send(&extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers:     head.toHeaderMap(),
+			EndOfStream: len(body) == 0,
+		}},
+		MetadataContext: md,
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{
+			RequestBodyMode:  filterv3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		},
+	})
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("sending request headers to EPP: %w", err)
+	}
+	dec := &requestDecision{body: body}
+	msg, err := stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("receiving the request headers' answer from EPP: %w", err)
+	}
+	dec.mergeDynamic(msg.GetDynamicMetadata())
+	switch v := msg.GetResponse().(type) {
+	case *extprocv3.ProcessingResponse_ImmediateResponse:
+		dec.immediate = v.ImmediateResponse
+		return dec, nil
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		if v.RequestHeaders.GetResponse().GetBodyMutation() != nil {
+			return nil, fmt.Errorf("%w: a body mutation in the request headers' answer (not implemented here)", errProtocol)
+		}
+		applyRequestMutation(head, v.RequestHeaders.GetResponse().GetHeaderMutation())
+	default:
+		return nil, fmt.Errorf("%w: expected the request headers' answer, got %T", errProtocol, v)
+	}
+	if len(body) == 0 {
+		return dec, nil
+	}
+
+	err = stream.Send(&extprocv3.ProcessingRequest{
+		Request:         &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}},
+		MetadataContext: md,
+	})
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("sending request body to EPP: %w", err)
+	}
+	msg, err = stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("receiving the request body's answer from EPP: %w", err)
+	}
+	dec.mergeDynamic(msg.GetDynamicMetadata())
+	switch v := msg.GetResponse().(type) {
+	case *extprocv3.ProcessingResponse_ImmediateResponse:
+		dec.immediate = v.ImmediateResponse
+		return dec, nil
+	case *extprocv3.ProcessingResponse_RequestBody:
+		common := v.RequestBody.GetResponse()
+		applyRequestMutation(head, common.GetHeaderMutation())
+		switch m := common.GetBodyMutation().GetMutation().(type) {
+		case nil:
+		case *extprocv3.BodyMutation_Body:
+			dec.body = m.Body
+		case *extprocv3.BodyMutation_ClearBody:
+			if m.ClearBody {
+				dec.body = nil
+			}
+		default:
+			return nil, fmt.Errorf("%w: %T answers a BUFFERED body", errProtocol, m)
+		}
+	default:
+		return nil, fmt.Errorf("%w: expected the request body's answer, got %T", errProtocol, v)
+	}
+	if cl := head.header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(dec.body)) {
+		return nil, fmt.Errorf("%w: content-length %s does not match the %d-byte body forwarded", errProtocol, cl, len(dec.body))
 	}
 	return dec, nil
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	envoytypev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
@@ -30,6 +31,7 @@ type seenExchange struct {
 	requestHeaders   map[string]string
 	headersEOS       bool
 	requestBody      []byte
+	bodyMessages     int
 	requestMetadata  map[string]any // metadata_context of the last request-phase message
 	responseHeaders  map[string]string
 	responseMetadata map[string]any // metadata_context of the response headers message
@@ -58,6 +60,12 @@ type eppBehaviour struct {
 	bufferResponse bool
 	// transform rewrites response chunks.
 	transform func([]byte) []byte
+	// With a BUFFERED request body announced (protocol_config), the fake
+	// answers the request headers at once with headersAnswer (nil: an empty
+	// HeadersResponse), or never when stallHeaders; decide then answers the
+	// body.
+	headersAnswer *extprocv3.ProcessingResponse
+	stallHeaders  bool
 }
 
 type fakeEPP struct {
@@ -151,9 +159,19 @@ func (f *fakeEPP) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 				if err := answerRequest(); err != nil {
 					return err
 				}
+			} else if req.GetProtocolConfig().GetRequestBodyMode() == filterv3.ProcessingMode_BUFFERED && !f.b.stallHeaders {
+				answer := f.b.headersAnswer
+				if answer == nil {
+					answer = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+						RequestHeaders: &extprocv3.HeadersResponse{}}}
+				}
+				if err := srv.Send(answer); err != nil {
+					return err
+				}
 			}
 		case *extprocv3.ProcessingRequest_RequestBody:
 			f.mu.Lock()
+			s.bodyMessages++
 			s.requestBody = append(s.requestBody, v.RequestBody.GetBody()...)
 			s.requestMetadata = metadataMap(req.GetMetadataContext())
 			f.mu.Unlock()

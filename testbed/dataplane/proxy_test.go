@@ -594,6 +594,8 @@ func TestConfigValidation(t *testing.T) {
 		{"bad replica", Config{EPPAddress: "127.0.0.1:9002", EPPReplicas: []string{"epp"}}, "EPP replica"},
 		{"bad balance", Config{EPPAddress: "127.0.0.1:9002", EPPBalance: "least-request"}, `EPP balance "least-request"`},
 		{"ok replicas", Config{EPPAddress: "127.0.0.1:9002", EPPReplicas: []string{"127.0.0.1:9003"}, EPPBalance: BalanceRandom}, ""},
+		{"bad body mode", Config{EPPAddress: "127.0.0.1:9002", RequestBodyMode: "streamed"}, `request body mode "streamed"`},
+		{"ok buffered", Config{EPPAddress: "127.0.0.1:9002", RequestBodyMode: BodyBuffered}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
