@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -77,6 +79,10 @@ type metricsSource struct {
 	typedName    fwkplugin.TypedName
 	scheme, path string
 	client       *http.Client
+	// read is the families Poll parses, those its extractors read (ValidateExtractor); nil: every family.
+	read    atomic.Pointer[familySet]
+	mu      sync.Mutex // serializes ValidateExtractor
+	readAll bool       // an extractor that does not name what it reads was validated
 }
 
 var _ fwkdl.PollingDataSource = (*metricsSource)(nil)
@@ -109,16 +115,39 @@ func (s *metricsSource) Poll(ctx context.Context, ep fwkdl.Endpoint) (any, error
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("unexpected status code from %s: %v", md.GetNamespacedName(), resp.StatusCode)
 	}
-	return parseMetricsPage(resp.Body)
+	return parseMetricsPage(resp.Body, s.read.Load())
 }
 
-// parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the samples of each
-// histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
+// ValidateExtractor implements fwkdl.ValidatingDataSource: it is how GIE shows a source the extractors configured on
+// it (Runtime.Configure, once per extractor, before any poll). Poll parses only the families they read: those an
+// extractor names (familiesRead); every family once one of them does not name its own.
+func (s *metricsSource) ValidateExtractor(ext fwkdl.Extractor) error {
+	names, ok := familiesRead(ext)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ok || s.readAll {
+		s.readAll = true
+		s.read.Store(nil)
+		return nil
+	}
+	read := familySet{}
+	if old := s.read.Load(); old != nil {
+		maps.Copy(read, *old)
+	}
+	for _, n := range names {
+		read[n] = struct{}{}
+	}
+	s.read.Store(&read)
+	return nil
+}
+
+// parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the families read does
+// not name (nil: none left out), and less the samples of each histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
 // all an extractor reading sample values finds there. A page whose only defects are in the samples left out parses.
 // The pages model servers write go through parseMetricsFast; any other page through expfmt, which panics on some
 // malformed pages (a line "{}" after a comment): that is an error here, not the end of the process, as the page comes
 // from a model server.
-func parseMetricsPage(r io.Reader) (families any, err error) {
+func parseMetricsPage(r io.Reader, read *familySet) (families any, err error) {
 	buf := pageBuffers.Get().(*bytes.Buffer)
 	defer func() {
 		if buf.Cap() <= maxPooledPage {
@@ -129,10 +158,21 @@ func parseMetricsPage(r io.Reader) (families any, err error) {
 	if _, err := buf.ReadFrom(r); err != nil {
 		return nil, err
 	}
-	if mfs, ok := parseMetricsFast(buf.Bytes()); ok {
+	var set familySet
+	if read != nil {
+		set = *read
+	}
+	if mfs, ok := parseMetricsFast(buf.Bytes(), set); ok {
 		return mfs, nil
 	}
-	return parseMetricsExpfmt(buf.Bytes())
+	mfs, err := parseMetricsExpfmt(buf.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	if set != nil {
+		maps.DeleteFunc(mfs, func(name string, _ *dto.MetricFamily) bool { _, ok := set[name]; return !ok })
+	}
+	return mfs, nil
 }
 
 // parseMetricsExpfmt is parseMetricsPage's way for any page: withoutDistributionDetail, then expfmt. It rewrites page.
