@@ -24,8 +24,9 @@ import (
 )
 
 // MetricsSourceType is Sluice's metrics data source: upstream's metrics-data-source (the same HTTP polling, the same
-// parameters and output) reading only what an extractor can use of a histogram or a summary. It asks for pages
-// without gzip (upstream's client asks for it).
+// parameters and output type) building only the families its extractors read (ValidateExtractor; every family when
+// one of them does not say), and of those only what an extractor can use of a histogram or a summary. It asks for
+// pages without gzip (upstream's client asks for it).
 //
 // Why: the EPP scrapes every server every 50 ms, and upstream's source parses the whole page with expfmt. A vLLM page
 // is mostly histogram buckets (four latency histograms, ~95 of the simulator's ~140 lines), and no extractor reads
