@@ -198,7 +198,13 @@ const maxPooledPage = 1 << 20
 // their TYPE lines) other than the _count ones: a histogram's buckets and sum, a summary's quantiles and sum. A
 // sample goes where expfmt sends it: a line is left out only when no family of its own name exists (expfmt looks that
 // up first; a summary's quantile is its own family's), else kept. Every other line is kept as it is. It works in place.
+// A page with a sample line without a name ("{...} value") is returned whole: expfmt reads such a line as a sample of
+// the family of the line before it, which leaving out that line would change (FuzzMetricsPage found a page that
+// expfmt parses whole and panics on without its histogram's _sum line).
 func withoutDistributionDetail(page []byte) []byte {
+	if hasNamelessSample(page) {
+		return page
+	}
 	out := page[:0]
 	var family []byte // the histogram or summary the last TYPE line declared, if any
 	var summary bool
@@ -236,6 +242,22 @@ func withoutDistributionDetail(page []byte) []byte {
 		out = append(out, keep...)
 	}
 	return out
+}
+
+// hasNamelessSample reports whether a line of page starts, after blanks, with '{'.
+func hasNamelessSample(page []byte) bool {
+	for rest := page; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if text := bytes.TrimLeft(line, " \t"); len(text) > 0 && text[0] == '{' {
+			return true
+		}
+	}
+	return false
 }
 
 // sampleName is the metric name a sample line starts with.
