@@ -165,9 +165,9 @@ func LoadFlowControlConfig(path string) (*flowcontrol.Config, error) {
 //     rotation does that by construction, which is why the uniform fleet's TTFT tail needs it).
 //   - sluice-lora-residency-extractor on the metrics source: which adapters are resident and which base model a
 //     server serves (vLLM's model_name label), so base-model requests are never scored by adapter state.
-//   - sluice-metrics-data-source: upstream's metrics source, parsing of each histogram and summary only what an
-//     extractor can read, without expfmt for the pages model servers write, and asking for pages uncompressed
-//     (MetricsSourceType).
+//   - sluice-metrics-data-source: upstream's metrics source, building only the families its extractors read (and of
+//     each histogram and summary only what an extractor can read), without expfmt for the pages model servers write,
+//     and asking for pages uncompressed (MetricsSourceType).
 //   - sluice-openai-parser: upstream's parser plus usage.prompt_tokens_details.cached_tokens, which the prefix-cache
 //     scorer calibrates its per-pod capacity with.
 const sluiceDefaultProfile = `apiVersion: inference.networking.x-k8s.io/v1alpha1

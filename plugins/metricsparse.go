@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
@@ -17,17 +18,21 @@ import (
 // labels, a value and an optional timestamp, one space apart; it leaves out the lines withoutDistributionDetail
 // leaves out, and of a histogram or a summary takes only _count samples. ok is false for a page with anything else in
 // it (escapes, quoted names, other spacing, a second HELP or TYPE, an invalid line): the caller parses that page with
-// expfmt, which gives its result or its error. What it returns when ok is what expfmt returns, family for family
-// (TestMetricsFastParseAsExpfmt, FuzzMetricsPage). It does not modify page.
+// expfmt, which gives its result or its error. What it returns when ok is what expfmt returns, family for family,
+// less the families read does not name (read nil: none left out) (TestMetricsFastParseAsExpfmt, FuzzMetricsPage).
+// Every line of a family left out is checked as any other (a page expfmt rejects is not taken), but builds nothing.
+// It does not modify page.
 //
 // Why: expfmt reads a page byte by byte through a state machine, copies every token twice and allocates a map per
 // label, and the EPP parses a page of every server every scrape interval (figures in testbed/bench/scenarios/README.md,
-// "The EPP's own cost per request").
-func parseMetricsFast(page []byte) (families map[string]*dto.MetricFamily, ok bool) {
+// "The EPP's own cost per request"); the extractors read five to seven of a vLLM page's ~40 families.
+func parseMetricsFast(page []byte, read familySet) (families map[string]*dto.MetricFamily, ok bool) {
 	if len(page) > 0 && page[len(page)-1] != '\n' {
 		return nil, false
 	}
-	p := fastParser{families: make(map[string]*dto.MetricFamily, 32), named: make(map[string]bool, 64)}
+	p := fastParsers.Get().(*fastParser)
+	defer p.release()
+	p.read = read
 	for rest := page; len(rest) > 0; {
 		i := bytes.IndexByte(rest, '\n')
 		line := rest[:i]
@@ -36,19 +41,43 @@ func parseMetricsFast(page []byte) (families map[string]*dto.MetricFamily, ok bo
 			return nil, false
 		}
 	}
-	for name, mf := range p.families {
-		if len(mf.Metric) == 0 {
-			delete(p.families, name) // as expfmt: a family of comments only is not one
+	n := 0
+	for i := range p.states {
+		if mf := p.states[i].mf; mf != nil && len(mf.Metric) > 0 {
+			n++
 		}
 	}
-	return p.families, true
+	families = make(map[string]*dto.MetricFamily, n)
+	for i := range p.states {
+		if mf := p.states[i].mf; mf != nil && len(mf.Metric) > 0 { // as expfmt: a family of comments only is not one
+			families[mf.GetName()] = mf
+		}
+	}
+	return families, true
 }
 
-// fastParser is parseMetricsFast's state over one page.
+// familySet names the metric families a page's reader reads; nil is every family.
+type familySet map[string]struct{}
+
+// has reports whether the family name is read.
+func (s familySet) has(name []byte) bool {
+	if s == nil {
+		return true
+	}
+	_, ok := s[string(name)]
+	return ok
+}
+
+// fastParser is parseMetricsFast's state over one page. Parsers are pooled (fastParsers): the maps keyed by the
+// page's bytes are cleared after each page (release), and kept for the next one.
 type fastParser struct {
-	families map[string]*dto.MetricFamily
+	read familySet
+	// states and index hold every family of the page so far, in order, by name (keys point into the page): what
+	// expfmt's checks need of a family, and the family itself for one that is read.
+	states []familyState
+	index  map[string]int
 	// withoutDistributionDetail's state: the histogram or summary the last TYPE line declared, and the names of the
-	// comment lines and of the samples kept so far (keys point into the page, which outlives the parse).
+	// comment lines and of the samples kept so far (keys point into the page).
 	family  []byte
 	summary bool
 	named   map[string]bool
@@ -57,6 +86,40 @@ type fastParser struct {
 	counted map[string]bool
 	// strs shares the strings of one page: label names and values repeat on most lines.
 	strs map[string]*string
+	// labels and values are the label names and values of the sample being read (a name repeated is expfmt's error).
+	labels, values [][]byte
+}
+
+// familyState is what the fast parse knows of one family of the page. mf is the family as parseMetricsFast returns
+// it, for a family that is read; nil for one that is not, whose samples are checked as expfmt checks them and then
+// dropped, with no allocation.
+type familyState struct {
+	mf            *dto.MetricFamily
+	typ           dto.MetricType
+	typed, helped bool
+}
+
+var fastParsers = sync.Pool{New: func() any {
+	return &fastParser{index: make(map[string]int, 64), named: make(map[string]bool, 64)}
+}}
+
+// maxPooledFamilies bounds the families of a parser kept in fastParsers.
+const maxPooledFamilies = 1024
+
+// release forgets the page (every key pointing into it) and returns p to fastParsers.
+func (p *fastParser) release() {
+	if len(p.states) > maxPooledFamilies {
+		return
+	}
+	clear(p.states)
+	p.states = p.states[:0]
+	clear(p.index)
+	clear(p.named)
+	clear(p.strs)
+	p.counted = nil
+	p.labels, p.values = p.labels[:0], p.values[:0]
+	p.read, p.family, p.summary = nil, nil, false
+	fastParsers.Put(p)
 }
 
 // str returns a shared pointer to the string of b.
@@ -72,36 +135,33 @@ func (p *fastParser) str(b []byte) *string {
 	return &s
 }
 
-// resolved is the family a name resolves to among the families so far, as expfmt's setOrCreateCurrentMF finds it.
-type resolved struct {
-	mf    *dto.MetricFamily
-	count bool // the _count of a histogram or summary
-	other bool // another sample of a histogram or summary (its sum, or its own name)
-}
-
-// resolve finds the family a sample or comment named name belongs to, as expfmt does: its own family, or a histogram's
-// or summary's that it is a _count, _sum or _bucket of; with create, a new untyped family of that name otherwise.
-func (p *fastParser) resolve(name []byte, create bool) resolved {
-	if mf := p.families[string(name)]; mf != nil {
-		return resolved{mf: mf}
+// resolve finds the family a sample or comment named name belongs to, as expfmt's setOrCreateCurrentMF does: its own
+// family, or a histogram's or summary's that it is a _count, _sum or _bucket of; else a new untyped family of that
+// name. It returns the family's index in states, and whether name is the _count of a histogram or summary (count) or
+// another sample of one (other: its sum, or its own name).
+func (p *fastParser) resolve(name []byte) (i int, count, other bool) {
+	if i, ok := p.index[string(name)]; ok {
+		return i, false, false
 	}
 	base, suffix := splitSuffix(name)
 	if suffix != "" {
-		if mf := p.families[string(base)]; mf != nil {
-			t := mf.GetType()
-			if mf.Type != nil && (t == dto.MetricType_SUMMARY && suffix != "_bucket" || t == dto.MetricType_HISTOGRAM ||
+		if i, ok := p.index[string(base)]; ok {
+			st := &p.states[i]
+			t := st.typ
+			if st.typed && (t == dto.MetricType_SUMMARY && suffix != "_bucket" || t == dto.MetricType_HISTOGRAM ||
 				t == dto.MetricType_GAUGE_HISTOGRAM) {
-				return resolved{mf: mf, count: suffix == "_count", other: suffix != "_count"}
+				return i, suffix == "_count", suffix != "_count"
 			}
 		}
 	}
-	if !create {
-		return resolved{}
+	var st familyState
+	if p.read.has(name) {
+		n := string(name)
+		st.mf = &dto.MetricFamily{Name: &n}
 	}
-	n := string(name)
-	mf := &dto.MetricFamily{Name: &n}
-	p.families[n] = mf
-	return resolved{mf: mf}
+	p.states = append(p.states, st)
+	p.index[unsafe.String(&name[0], len(name))] = len(p.states) - 1
+	return len(p.states) - 1, false, false
 }
 
 // splitSuffix splits a name ending in _count, _sum or _bucket (with something before it) into the two.
@@ -157,16 +217,20 @@ func (p *fastParser) comment(line []byte) bool {
 			p.family = rest[:n]
 		}
 	}
-	r := p.resolve(rest[:n], true)
+	i, _, _ := p.resolve(rest[:n])
+	st := &p.states[i]
 	if string(word) == "HELP" {
-		if r.mf.Help != nil || bytes.IndexByte(text, '\\') >= 0 {
+		if st.helped || bytes.IndexByte(text, '\\') >= 0 {
 			return false
 		}
-		h := string(text)
-		r.mf.Help = &h
+		st.helped = true
+		if st.mf != nil {
+			h := string(text)
+			st.mf.Help = &h
+		}
 		return true
 	}
-	if r.mf.Type != nil {
+	if st.typed {
 		return false
 	}
 	var t dto.MetricType
@@ -184,7 +248,10 @@ func (p *fastParser) comment(line []byte) bool {
 	default:
 		return false
 	}
-	r.mf.Type = t.Enum()
+	st.typ, st.typed = t, true
+	if st.mf != nil {
+		st.mf.Type = t.Enum()
+	}
 	return true
 }
 
@@ -203,17 +270,47 @@ func labelNameLen(b []byte) int { return legacyNameLen(b, false) }
 // legacyNameLen is the length of the legacy name b starts with: [a-zA-Z_] then [a-zA-Z0-9_], and ':' anywhere in a
 // metric name (colon).
 func legacyNameLen(b []byte, colon bool) int {
-	i := 0
-	for ; i < len(b); i++ {
-		c := b[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || colon && c == ':' || i > 0 && c >= '0' && c <= '9') {
-			break
-		}
+	first, rest := labelFirst, labelRest
+	if colon {
+		first, rest = metricFirst, metricRest
+	}
+	if len(b) == 0 || nameChars[b[0]]&first == 0 {
+		return 0
+	}
+	i := 1
+	for i < len(b) && nameChars[b[i]]&rest != 0 {
+		i++
 	}
 	return i
 }
 
-// sample handles a sample line: name[{label="value",...}] value[ timestamp].
+// nameChars classifies each byte for legacyNameLen (a table: the names are most of a page's bytes).
+var nameChars = func() (t [256]uint8) {
+	for c := range 256 {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_'
+		digit := c >= '0' && c <= '9'
+		if letter {
+			t[c] |= labelFirst | labelRest | metricFirst | metricRest
+		}
+		if digit {
+			t[c] |= labelRest | metricRest
+		}
+		if c == ':' {
+			t[c] |= metricFirst | metricRest
+		}
+	}
+	return t
+}()
+
+const (
+	labelFirst uint8 = 1 << iota
+	labelRest
+	metricFirst
+	metricRest
+)
+
+// sample handles a sample line: name[{label="value",...}] value[ timestamp]. A sample of a family that is not read is
+// checked as one that is, and dropped.
 func (p *fastParser) sample(line []byte) bool {
 	n := metricNameLen(line)
 	if n == 0 || n == len(line) || line[n] != '{' && line[n] != ' ' {
@@ -225,20 +322,27 @@ func (p *fastParser) sample(line []byte) bool {
 		return true // withoutDistributionDetail leaves it out
 	}
 	p.named[name] = true
-	r := p.resolve(line[:n], true)
-	if r.other {
+	i, count, other := p.resolve(line[:n])
+	if other {
 		return false
 	}
-	mf := r.mf
-	if mf.Type == nil {
-		mf.Type = dto.MetricType_UNTYPED.Enum()
+	st := &p.states[i]
+	if !st.typed {
+		st.typ, st.typed = dto.MetricType_UNTYPED, true
+		if st.mf != nil {
+			st.mf.Type = dto.MetricType_UNTYPED.Enum()
+		}
 	}
-	distribution := mf.GetType() == dto.MetricType_HISTOGRAM || mf.GetType() == dto.MetricType_SUMMARY ||
-		mf.GetType() == dto.MetricType_GAUGE_HISTOGRAM
-	if distribution && !r.count {
+	distribution := st.typ == dto.MetricType_HISTOGRAM || st.typ == dto.MetricType_SUMMARY ||
+		st.typ == dto.MetricType_GAUGE_HISTOGRAM
+	if distribution && !count {
 		return false // the family's own name in a histogram: expfmt keeps an empty series; not worth the fast path
 	}
-	m := &dto.Metric{}
+	var m *dto.Metric
+	if st.mf != nil {
+		m = &dto.Metric{}
+	}
+	p.labels, p.values = p.labels[:0], p.values[:0]
 	rest := line[n:]
 	if rest[0] == '{' {
 		rest = rest[1:]
@@ -255,11 +359,12 @@ func (p *fastParser) sample(line []byte) bool {
 			if string(name) == "__name__" || distribution && (string(name) == "le" || string(name) == "quantile") {
 				return false
 			}
-			for _, l := range m.Label {
-				if *l.Name == string(name) {
+			for _, l := range p.labels {
+				if string(l) == string(name) {
 					return false // expfmt's error
 				}
 			}
+			p.labels = append(p.labels, name)
 			rest = rest[ln+2:]
 			end := bytes.IndexByte(rest, '"')
 			if end < 0 {
@@ -269,13 +374,21 @@ func (p *fastParser) sample(line []byte) bool {
 			if bytes.IndexByte(value, '\\') >= 0 || !utf8.Valid(value) {
 				return false
 			}
-			m.Label = append(m.Label, &dto.LabelPair{Name: p.str(name), Value: p.str(value)})
+			p.values = append(p.values, value)
 			rest = rest[end+1:]
 			if len(rest) > 0 && rest[0] == ',' {
 				rest = rest[1:]
 			} else if len(rest) == 0 || rest[0] != '}' {
 				return false
 			}
+		}
+	}
+	if m != nil && len(p.labels) > 0 {
+		pairs := make([]dto.LabelPair, len(p.labels)) // one allocation for the sample's pairs
+		m.Label = make([]*dto.LabelPair, len(p.labels))
+		for i := range pairs {
+			pairs[i].Name, pairs[i].Value = p.str(p.labels[i]), p.str(p.values[i])
+			m.Label[i] = &pairs[i]
 		}
 	}
 	if len(rest) < 2 || rest[0] != ' ' {
@@ -293,18 +406,28 @@ func (p *fastParser) sample(line []byte) bool {
 	if len(tok) == 0 || bytes.ContainsAny(tok, "pP_") {
 		return false
 	}
-	v, err := strconv.ParseFloat(string(tok), 64)
+	value, err := strconv.ParseFloat(unsafe.String(&tok[0], len(tok)), 64)
 	if err != nil {
 		return false
 	}
+	var timestamp int64
 	if ts != nil {
-		t, err := strconv.ParseInt(string(ts), 10, 64)
-		if err != nil {
+		if timestamp, err = strconv.ParseInt(unsafe.String(&ts[0], len(ts)), 10, 64); err != nil {
 			return false
 		}
+	}
+	if distribution && !(value >= 0 && value < 1<<53 && value == math.Trunc(value)) {
+		return false
+	}
+	if m == nil {
+		return true // not read (a second _count of a series, which expfmt merges into the first, changes only its family)
+	}
+	if ts != nil {
+		t := timestamp
 		m.TimestampMs = &t
 	}
-	switch mf.GetType() {
+	v := value
+	switch st.typ {
 	case dto.MetricType_COUNTER:
 		m.Counter = &dto.Counter{Value: &v}
 	case dto.MetricType_GAUGE:
@@ -312,11 +435,11 @@ func (p *fastParser) sample(line []byte) bool {
 	case dto.MetricType_UNTYPED:
 		m.Untyped = &dto.Untyped{Value: &v}
 	case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM, dto.MetricType_SUMMARY:
-		if !(v >= 0 && v < 1<<53 && v == math.Trunc(v)) || !p.firstCount(mf, m.Label) {
+		if !p.firstCount(st.mf, m.Label) {
 			return false
 		}
 		c := uint64(v)
-		if mf.GetType() == dto.MetricType_SUMMARY {
+		if st.typ == dto.MetricType_SUMMARY {
 			m.Summary = &dto.Summary{SampleCount: &c}
 		} else {
 			m.Histogram = &dto.Histogram{SampleCount: &c}
@@ -324,7 +447,7 @@ func (p *fastParser) sample(line []byte) bool {
 	default:
 		return false
 	}
-	mf.Metric = append(mf.Metric, m)
+	st.mf.Metric = append(st.mf.Metric, m)
 	return true
 }
 

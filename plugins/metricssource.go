@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -22,8 +24,9 @@ import (
 )
 
 // MetricsSourceType is Sluice's metrics data source: upstream's metrics-data-source (the same HTTP polling, the same
-// parameters and output) reading only what an extractor can use of a histogram or a summary. It asks for pages
-// without gzip (upstream's client asks for it).
+// parameters and output type) building only the families its extractors read (ValidateExtractor; every family when
+// one of them does not say), and of those only what an extractor can use of a histogram or a summary. It asks for
+// pages without gzip (upstream's client asks for it).
 //
 // Why: the EPP scrapes every server every 50 ms, and upstream's source parses the whole page with expfmt. A vLLM page
 // is mostly histogram buckets (four latency histograms, ~95 of the simulator's ~140 lines), and no extractor reads
@@ -77,6 +80,10 @@ type metricsSource struct {
 	typedName    fwkplugin.TypedName
 	scheme, path string
 	client       *http.Client
+	// read is the families Poll parses, those its extractors read (ValidateExtractor); nil: every family.
+	read    atomic.Pointer[familySet]
+	mu      sync.Mutex // serializes ValidateExtractor
+	readAll bool       // an extractor that does not name what it reads was validated
 }
 
 var _ fwkdl.PollingDataSource = (*metricsSource)(nil)
@@ -109,16 +116,39 @@ func (s *metricsSource) Poll(ctx context.Context, ep fwkdl.Endpoint) (any, error
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("unexpected status code from %s: %v", md.GetNamespacedName(), resp.StatusCode)
 	}
-	return parseMetricsPage(resp.Body)
+	return parseMetricsPage(resp.Body, s.read.Load())
 }
 
-// parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the samples of each
-// histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
+// ValidateExtractor implements fwkdl.ValidatingDataSource: it is how GIE shows a source the extractors configured on
+// it (Runtime.Configure, once per extractor, before any poll). Poll parses only the families they read: those an
+// extractor names (familiesRead); every family once one of them does not name its own.
+func (s *metricsSource) ValidateExtractor(ext fwkdl.Extractor) error {
+	names, ok := familiesRead(ext)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ok || s.readAll {
+		s.readAll = true
+		s.read.Store(nil)
+		return nil
+	}
+	read := familySet{}
+	if old := s.read.Load(); old != nil {
+		maps.Copy(read, *old)
+	}
+	for _, n := range names {
+		read[n] = struct{}{}
+	}
+	s.read.Store(&read)
+	return nil
+}
+
+// parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the families read does
+// not name (nil: none left out), and less the samples of each histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
 // all an extractor reading sample values finds there. A page whose only defects are in the samples left out parses.
 // The pages model servers write go through parseMetricsFast; any other page through expfmt, which panics on some
 // malformed pages (a line "{}" after a comment): that is an error here, not the end of the process, as the page comes
 // from a model server.
-func parseMetricsPage(r io.Reader) (families any, err error) {
+func parseMetricsPage(r io.Reader, read *familySet) (families any, err error) {
 	buf := pageBuffers.Get().(*bytes.Buffer)
 	defer func() {
 		if buf.Cap() <= maxPooledPage {
@@ -129,10 +159,21 @@ func parseMetricsPage(r io.Reader) (families any, err error) {
 	if _, err := buf.ReadFrom(r); err != nil {
 		return nil, err
 	}
-	if mfs, ok := parseMetricsFast(buf.Bytes()); ok {
+	var set familySet
+	if read != nil {
+		set = *read
+	}
+	if mfs, ok := parseMetricsFast(buf.Bytes(), set); ok {
 		return mfs, nil
 	}
-	return parseMetricsExpfmt(buf.Bytes())
+	mfs, err := parseMetricsExpfmt(buf.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	if set != nil {
+		maps.DeleteFunc(mfs, func(name string, _ *dto.MetricFamily) bool { _, ok := set[name]; return !ok })
+	}
+	return mfs, nil
 }
 
 // parseMetricsExpfmt is parseMetricsPage's way for any page: withoutDistributionDetail, then expfmt. It rewrites page.
@@ -157,7 +198,13 @@ const maxPooledPage = 1 << 20
 // their TYPE lines) other than the _count ones: a histogram's buckets and sum, a summary's quantiles and sum. A
 // sample goes where expfmt sends it: a line is left out only when no family of its own name exists (expfmt looks that
 // up first; a summary's quantile is its own family's), else kept. Every other line is kept as it is. It works in place.
+// A page with a sample line without a name ("{...} value") is returned whole: expfmt reads such a line as a sample of
+// the family of the line before it, which leaving out that line would change (FuzzMetricsPage found a page that
+// expfmt parses whole and panics on without its histogram's _sum line).
 func withoutDistributionDetail(page []byte) []byte {
+	if hasNamelessSample(page) {
+		return page
+	}
 	out := page[:0]
 	var family []byte // the histogram or summary the last TYPE line declared, if any
 	var summary bool
@@ -195,6 +242,22 @@ func withoutDistributionDetail(page []byte) []byte {
 		out = append(out, keep...)
 	}
 	return out
+}
+
+// hasNamelessSample reports whether a line of page starts, after blanks, with '{'.
+func hasNamelessSample(page []byte) bool {
+	for rest := page; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if text := bytes.TrimLeft(line, " \t"); len(text) > 0 && text[0] == '{' {
+			return true
+		}
+	}
+	return false
 }
 
 // sampleName is the metric name a sample line starts with.

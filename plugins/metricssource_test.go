@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/proto"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
 )
 
@@ -118,7 +120,9 @@ func TestMetricsPageFamilyAfterDroppedLines(t *testing.T) {
 	}
 }
 
-// FuzzMetricsPage holds parseMetricsPage to upstream's parse of any page it parses (sameForExtractors).
+// FuzzMetricsPage holds parseMetricsPage to upstream's parse of any page it parses (sameForExtractors), and its parse
+// of only some families (those of Sluice's default profile's extractors, and some of the seed page's) to its parse of
+// every family: the same error or none, and the same families read.
 func FuzzMetricsPage(f *testing.F) {
 	sim, err := os.ReadFile("testdata/vllm-sim-metrics.txt")
 	if err != nil {
@@ -130,9 +134,21 @@ func FuzzMetricsPage(f *testing.F) {
 		}
 		f.Add([]byte(pg))
 	}
+	for _, pg := range modelServerPages(f) {
+		f.Add([]byte(pg))
+	}
+	read := familySet{"lat": {}, "q": {}, "c_total": {}, "a": {}, "h": {}, "s": {}}
+	for _, names := range [][]string{{"vllm:lora_adapter_loaded", "vllm:num_requests_running"}, defaultCoreFamilies(f)} {
+		for _, n := range names {
+			read[n] = struct{}{}
+		}
+	}
 	f.Fuzz(func(t *testing.T, page []byte) {
-		got, gotErr := parseMetricsPage(strings.NewReader(string(page))) // never panics
-		if fast, ok := parseMetricsFast(page); ok {
+		if err := readsAsEveryFamily(page, read); err != nil {
+			t.Fatalf("page %q: %v", page, err)
+		}
+		got, gotErr := parseMetricsPage(strings.NewReader(string(page)), nil) // never panics
+		if fast, ok := parseMetricsFast(page, nil); ok {
 			filtered := withoutDistributionDetail(bytes.Clone(page))
 			exact, err := upstreamParse(filtered)
 			if err != nil {
@@ -153,6 +169,36 @@ func FuzzMetricsPage(f *testing.F) {
 			t.Fatalf("page %q: %v", page, err)
 		}
 	})
+}
+
+// readsAsEveryFamily reports how parseMetricsPage's parse of the families read differs from its parse of every family
+// less the others: an error where the other has none (or none where it has one), or a family.
+func readsAsEveryFamily(page []byte, read familySet) error {
+	all, errAll := parseMetricsPage(bytes.NewReader(page), nil)
+	some, errSome := parseMetricsPage(bytes.NewReader(page), &read)
+	if (errAll == nil) != (errSome == nil) {
+		return fmt.Errorf("reading some families: error %v; reading every family: error %v", errSome, errAll)
+	}
+	if errAll != nil {
+		return nil
+	}
+	want := all.(map[string]*dto.MetricFamily)
+	maps.DeleteFunc(want, func(name string, _ *dto.MetricFamily) bool { _, ok := read[name]; return !ok })
+	return sameFamilies(some.(map[string]*dto.MetricFamily), want)
+}
+
+// defaultCoreFamilies are the families upstream's core extractor reads with its defaults.
+func defaultCoreFamilies(t testing.TB) []string {
+	t.Helper()
+	p, err := extractormetrics.CoreMetricsExtractorFactory("core", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, ok := familiesRead(p.(fwkdl.Extractor))
+	if !ok {
+		t.Fatal("cannot tell which families upstream's extractor reads")
+	}
+	return names
 }
 
 // upstreamParse is upstream's parseMetrics, with its panics (expfmt's) as errors.
@@ -278,7 +324,7 @@ func TestMetricsFastParseAsExpfmt(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, ok := parseMetricsFast([]byte(c.page))
+			got, ok := parseMetricsFast([]byte(c.page), nil)
 			page := withoutDistributionDetail([]byte(c.page))
 			if ok != c.fast {
 				t.Fatalf("fast parse took the page: %v, want %v", ok, c.fast)
@@ -301,7 +347,7 @@ func TestMetricsFastParseAsExpfmt(t *testing.T) {
 func TestMetricsPageMalformed(t *testing.T) {
 	for _, page := range []string{"#0000000\n{}", "a{b=\"c\" 1\n", "a 1", "a x\n", "# TYPE a foo\n", "a{b=\"\\q\"} 1\n",
 		"# TYPE h histogram\nh_count -1\n", "\x00\n"} {
-		_, err := parseMetricsPage(strings.NewReader(page))
+		_, err := parseMetricsPage(strings.NewReader(page), nil)
 		if err == nil {
 			t.Errorf("page %q parsed", page)
 		}
@@ -327,18 +373,35 @@ func BenchmarkMetricsPage(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// path=fast is the source's parse as the EPP runs it; path=expfmt the way every page took before (the read
-		// into a fresh buffer, withoutDistributionDetail and expfmt), which any other page still takes.
+		// path=read is the source's parse as the EPP runs it with Sluice's default profile (the families its
+		// extractors read); path=fast the parse of every family (a source with an extractor that does not say what it
+		// reads); path=expfmt the way every page took before (the read into a fresh buffer,
+		// withoutDistributionDetail and expfmt), which any other page still takes.
+		read := familySet{}
+		for _, n := range append(defaultCoreFamilies(b), DefaultLoRAResidencyMetric, DefaultLoRABaseModelMetric) {
+			read[n] = struct{}{}
+		}
+		b.Run("page="+f+"/path=read", func(b *testing.B) {
+			b.ReportAllocs()
+			defer cpuPerOp(b)()
+			for b.Loop() {
+				if _, err := parseMetricsPage(bytes.NewReader(page), &read); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 		b.Run("page="+f+"/path=fast", func(b *testing.B) {
 			b.ReportAllocs()
+			defer cpuPerOp(b)()
 			for b.Loop() {
-				if _, err := parseMetricsPage(bytes.NewReader(page)); err != nil {
+				if _, err := parseMetricsPage(bytes.NewReader(page), nil); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 		b.Run("page="+f+"/path=expfmt", func(b *testing.B) {
 			b.ReportAllocs()
+			defer cpuPerOp(b)()
 			for b.Loop() {
 				raw, err := io.ReadAll(bytes.NewReader(page))
 				if err != nil {
@@ -445,7 +508,7 @@ func TestMetricsPageTakesTheFastPath(t *testing.T) {
 			t.Fatal(err)
 		}
 		source := testing.AllocsPerRun(20, func() {
-			if _, err := parseMetricsPage(bytes.NewReader(page)); err != nil {
+			if _, err := parseMetricsPage(bytes.NewReader(page), nil); err != nil {
 				t.Fatal(err)
 			}
 		})
