@@ -22,6 +22,8 @@ import (
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	extractormetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/extractor/metrics"
 	sourcemetrics "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/source/metrics"
+
+	"github.com/sluice-gw/sluice/runner/runnertest"
 )
 
 // metricsPages are the differential's cases and the fuzz target's seeds: the simulator's page, and a page with every
@@ -383,7 +385,7 @@ func BenchmarkMetricsPage(b *testing.B) {
 		}
 		b.Run("page="+f+"/path=read", func(b *testing.B) {
 			b.ReportAllocs()
-			defer cpuPerOp(b)()
+			defer runnertest.CPUPerOp(b)()
 			for b.Loop() {
 				if _, err := parseMetricsPage(bytes.NewReader(page), &read); err != nil {
 					b.Fatal(err)
@@ -392,7 +394,7 @@ func BenchmarkMetricsPage(b *testing.B) {
 		})
 		b.Run("page="+f+"/path=fast", func(b *testing.B) {
 			b.ReportAllocs()
-			defer cpuPerOp(b)()
+			defer runnertest.CPUPerOp(b)()
 			for b.Loop() {
 				if _, err := parseMetricsPage(bytes.NewReader(page), nil); err != nil {
 					b.Fatal(err)
@@ -401,7 +403,7 @@ func BenchmarkMetricsPage(b *testing.B) {
 		})
 		b.Run("page="+f+"/path=expfmt", func(b *testing.B) {
 			b.ReportAllocs()
-			defer cpuPerOp(b)()
+			defer runnertest.CPUPerOp(b)()
 			for b.Loop() {
 				raw, err := io.ReadAll(bytes.NewReader(page))
 				if err != nil {
