@@ -208,15 +208,14 @@ func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, head *reques
 	gotHeaders, bodyDone := false, len(body) == 0
 	var newBody []byte
 	for !gotHeaders || !bodyDone {
-		msg, err := stream.Recv()
+		msg, done, err := recvAnswer(stream, dec, "request decision")
 		if err != nil {
-			return nil, fmt.Errorf("receiving request decision from EPP: %w", err)
+			return nil, err
 		}
-		dec.mergeDynamic(msg.GetDynamicMetadata())
-		switch v := msg.GetResponse().(type) {
-		case *extprocv3.ProcessingResponse_ImmediateResponse:
-			dec.immediate = v.ImmediateResponse
+		if done {
 			return dec, nil
+		}
+		switch v := msg.GetResponse().(type) {
 		case *extprocv3.ProcessingResponse_RequestHeaders:
 			if gotHeaders {
 				return nil, fmt.Errorf("%w: second request headers response", errProtocol)
@@ -272,15 +271,14 @@ func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head
 		return nil, fmt.Errorf("sending request headers to EPP: %w", err)
 	}
 	dec := &requestDecision{body: body}
-	msg, err := stream.Recv()
+	msg, done, err := recvAnswer(stream, dec, "the request headers' answer")
 	if err != nil {
-		return nil, fmt.Errorf("receiving the request headers' answer from EPP: %w", err)
+		return nil, err
 	}
-	dec.mergeDynamic(msg.GetDynamicMetadata())
-	switch v := msg.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		dec.immediate = v.ImmediateResponse
+	if done {
 		return dec, nil
+	}
+	switch v := msg.GetResponse().(type) {
 	case *extprocv3.ProcessingResponse_RequestHeaders:
 		if v.RequestHeaders.GetResponse().GetBodyMutation() != nil {
 			return nil, fmt.Errorf("%w: a body mutation in the request headers' answer (not implemented here)", errProtocol)
@@ -300,15 +298,14 @@ func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("sending request body to EPP: %w", err)
 	}
-	msg, err = stream.Recv()
+	msg, done, err = recvAnswer(stream, dec, "the request body's answer")
 	if err != nil {
-		return nil, fmt.Errorf("receiving the request body's answer from EPP: %w", err)
+		return nil, err
 	}
-	dec.mergeDynamic(msg.GetDynamicMetadata())
-	switch v := msg.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		dec.immediate = v.ImmediateResponse
+	if done {
 		return dec, nil
+	}
+	switch v := msg.GetResponse().(type) {
 	case *extprocv3.ProcessingResponse_RequestBody:
 		common := v.RequestBody.GetResponse()
 		applyRequestMutation(head, common.GetHeaderMutation())
@@ -330,6 +327,21 @@ func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head
 		return nil, fmt.Errorf("%w: content-length %s does not match the %d-byte body forwarded", errProtocol, cl, len(dec.body))
 	}
 	return dec, nil
+}
+
+// recvAnswer receives the EPP's next answer in the request phase (what names it in an error) and keeps its dynamic
+// metadata in dec; an ImmediateResponse goes to dec too, and done reports that it ended the request phase.
+func recvAnswer(stream extprocv3.ExternalProcessor_ProcessClient, dec *requestDecision, what string) (msg *extprocv3.ProcessingResponse, done bool, err error) {
+	msg, err = stream.Recv()
+	if err != nil {
+		return nil, false, fmt.Errorf("receiving %s from EPP: %w", what, err)
+	}
+	dec.mergeDynamic(msg.GetDynamicMetadata())
+	if ir := msg.GetImmediateResponse(); ir != nil {
+		dec.immediate = ir
+		return msg, true, nil
+	}
+	return msg, false, nil
 }
 
 // eppFailed handles an EPP failure before anything reached the client:
