@@ -625,7 +625,8 @@ func TestSeatsKeptForPeersProtected(t *testing.T) {
 // TestSpareOffered: the summary offers the places this replica would leave idle: while nothing waits here, every free
 // seat and one place on an endpoint without a seat count, to any request of a peer (or only to its requests of tenants
 // under their share while some wait at the peers); nothing while the Critical reserve is on, or while requests wait
-// here with none protected waiting at the peers.
+// here with none protected waiting at the peers; none on an endpoint whose seats are the pool's guess while a server
+// of the pool ran more than the pool's slot limit (seatsGuessedLocked).
 func TestSpareOffered(t *testing.T) {
 	live := func(pool, _ int) int { return pool }
 	for _, tc := range []struct {
@@ -634,6 +635,8 @@ func TestSpareOffered(t *testing.T) {
 		critical  bool // a Critical request arrived: the reserve is on
 		extra     int  // more Standard requests than the first
 		protected int
+		poolSlots int // the smallest slot limit the peers learned
+		poolRan   int // the most the peers' endpoints ran at once
 		spare     []EndpointSeats
 		onlyTo    bool
 	}{
@@ -641,6 +644,10 @@ func TestSpareOffered(t *testing.T) {
 		{name: "free seats, protected requests at a peer", known: true, protected: 2, onlyTo: true,
 			spare: []EndpointSeats{{"a", 1}, {"b", 2}}},
 		{name: "no seat count: one place each", spare: []EndpointSeats{{"a", 1}, {"b", 1}}},
+		{name: "the pool's slot limit, run by every server: one place each", poolSlots: 4, poolRan: 4,
+			spare: []EndpointSeats{{"a", 1}, {"b", 1}}},
+		{name: "the pool's slot limit guessed, a server of the pool ran more: none", poolSlots: 4, poolRan: 24},
+		{name: "what the pool ran guessed before a slot limit: none", poolRan: 4},
 		{name: "the Critical reserve is on", known: true, critical: true},
 		{name: "requests wait here", known: true, extra: 4},
 	} {
@@ -652,7 +659,8 @@ func TestSpareOffered(t *testing.T) {
 					}
 				}))
 				h.scrape(ep("a", 0), ep("b", 0))
-				h.c.SetPeers(Peers{ReserveShare: live, ProtectedWaiting: tc.protected})
+				h.c.SetPeers(Peers{ReserveShare: live, ProtectedWaiting: tc.protected, PoolSlots: tc.poolSlots,
+					PoolRunning: tc.poolRan})
 				priority := 0
 				if tc.critical {
 					priority = 1
