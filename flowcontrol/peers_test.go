@@ -573,3 +573,170 @@ func TestPooledTenantRatesOverTheLongestSpan(t *testing.T) {
 			got.cost, got.requests, got.arrivals, want, want)
 	}
 }
+
+// TestSeatsKeptForPeersProtected: with a live peer telling of requests of tenants under their share waiting there
+// (Peers.ProtectedWaiting), a tenant over its share here leaves a seat idle for each (at most half the seats) as it does
+// for this replica's own arrivals of such tenants, and the summary offers those seats to the peers' protected requests
+// only (SpareProtected). Without such requests at the peers it takes the seat, and nothing is offered while it waits.
+func TestSeatsKeptForPeersProtected(t *testing.T) {
+	live := func(pool, _ int) int { return pool }
+	for _, tc := range []struct {
+		name      string
+		protected int // requests of tenants under their share waiting at the peers
+		waits     bool
+		spare     []EndpointSeats
+	}{
+		{name: "none waits at the peers", protected: 0},
+		{name: "one waits at a peer", protected: 1, waits: true, spare: []EndpointSeats{{"a", 1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 2 }))
+				h.scrape(ep("a", 0), ep("b", 0))
+				h.c.SetPeers(Peers{ReserveShare: live, ProtectedWaiting: tc.protected})
+				var sent []*call
+				for range 4 { // a, b, a, b: both full, so both seat-bound
+					cl := h.admit(0, "heavy", 1)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					sent = append(sent, cl)
+				}
+				h.step(time.Second)
+				h.c.Release(sent[0].req.ID) // a seat of a frees
+				next := h.admit(0, "heavy", 1)
+				if tc.waits {
+					next.wantWaiting(t)
+				} else {
+					next.wantOutcome(t, Dispatched, ReasonNone)
+				}
+				s := h.c.SeatSummary()
+				if !slices.Equal(s.Spare, tc.spare) || s.SpareProtected != (tc.spare != nil) {
+					t.Fatalf("spare %v (protected %v), want %v offered to protected requests only", s.Spare, s.SpareProtected, tc.spare)
+				}
+				h.c.SetPeers(Peers{}) // the peers are gone: the seat is this replica's again
+				synctest.Wait()
+				if tc.waits {
+					next.wantOutcome(t, Dispatched, ReasonNone)
+				}
+			})
+		})
+	}
+}
+
+// TestSpareOffered: the summary offers the places this replica would leave idle: while nothing waits here, every free
+// seat and one place on an endpoint without a seat count, to any request of a peer (or only to its requests of tenants
+// under their share while some wait at the peers); nothing while the Critical reserve is on, or while requests wait
+// here with none protected waiting at the peers; none on an endpoint whose seats are the pool's guess while a server
+// of the pool ran more than the pool's slot limit (seatsGuessedLocked).
+func TestSpareOffered(t *testing.T) {
+	live := func(pool, _ int) int { return pool }
+	for _, tc := range []struct {
+		name      string
+		known     bool // a and b state a concurrency of 2
+		critical  bool // a Critical request arrived: the reserve is on
+		extra     int  // more Standard requests than the first
+		protected int
+		poolSlots int // the smallest slot limit the peers learned
+		poolRan   int // the most the peers' endpoints ran at once
+		spare     []EndpointSeats
+		onlyTo    bool
+	}{
+		{name: "free seats", known: true, spare: []EndpointSeats{{"a", 1}, {"b", 2}}},
+		{name: "free seats, protected requests at a peer", known: true, protected: 2, onlyTo: true,
+			spare: []EndpointSeats{{"a", 1}, {"b", 2}}},
+		{name: "no seat count: one place each", spare: []EndpointSeats{{"a", 1}, {"b", 1}}},
+		{name: "the pool's slot limit, run by every server: one place each", poolSlots: 4, poolRan: 4,
+			spare: []EndpointSeats{{"a", 1}, {"b", 1}}},
+		{name: "the pool's slot limit guessed, a server of the pool ran more: none", poolSlots: 4, poolRan: 24},
+		{name: "what the pool ran guessed before a slot limit: none", poolRan: 4},
+		{name: "the Critical reserve is on", known: true, critical: true},
+		{name: "requests wait here", known: true, extra: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) {
+					if tc.known {
+						c.Endpoint.Concurrency = 2
+					}
+				}))
+				h.scrape(ep("a", 0), ep("b", 0))
+				h.c.SetPeers(Peers{ReserveShare: live, ProtectedWaiting: tc.protected, PoolSlots: tc.poolSlots,
+					PoolRunning: tc.poolRan})
+				priority := 0
+				if tc.critical {
+					priority = 1
+				}
+				h.admit(priority, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on a
+				for range tc.extra {
+					h.admit(0, "t", 1)
+				}
+				s := h.c.SeatSummary()
+				if !slices.Equal(s.Spare, tc.spare) || s.SpareProtected != tc.onlyTo {
+					t.Fatalf("spare %v (protected only %v), want %v (%v)", s.Spare, s.SpareProtected, tc.spare, tc.onlyTo)
+				}
+			})
+		})
+	}
+}
+
+// TestSpareElsewhere: requests waiting here go, in order, to the spare places a peer offers (DispatchSpareElsewhere)
+// while take finds one, as Dispatched there and holding nothing here, once the next in line has waited SpareMinWait (a
+// request of a tenant under nobody's share is not offered as protected); none goes while the Critical reserve is on
+// here.
+func TestSpareElsewhere(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		critical bool
+		waited   time.Duration
+		sent     int
+	}{
+		{name: "Standard waiting", waited: SpareMinWait, sent: 1},
+		{name: "not waited long enough", waited: SpareMinWait - time.Millisecond},
+		{name: "the Critical reserve is on", critical: true, waited: SpareMinWait},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 1 }))
+				h.scrape(ep("a", 0))
+				h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }})
+				priority := 0
+				if tc.critical {
+					priority = 1
+				}
+				h.admit(priority, "t", 1).wantOutcome(t, Dispatched, ReasonNone)
+				waiting := []*call{h.admit(0, "t", 1), h.admit(0, "t", 1)}
+				for _, cl := range waiting {
+					cl.wantWaiting(t)
+				}
+				h.step(tc.waited)
+				var offered []string
+				n := h.c.DispatchSpareElsewhere(func(id string, protected bool) (string, bool) {
+					if protected {
+						t.Errorf("%s offered as a protected request: one tenant is under nobody's share", id)
+					}
+					offered = append(offered, id)
+					return "peer-ep", len(offered) == 1 // one spare place among the peers
+				})
+				synctest.Wait()
+				if n != tc.sent {
+					t.Fatalf("dispatched %d (offered %v), want %d", n, offered, tc.sent)
+				}
+				if tc.sent == 0 {
+					if len(offered) > 0 {
+						t.Fatalf("offered %v, want none", offered)
+					}
+					return
+				}
+				if len(offered) != 2 || offered[0] != waiting[0].req.ID {
+					t.Fatalf("offered %v, want the first waiting request, then the second", offered)
+				}
+				if d := waiting[0].wantOutcome(t, Dispatched, ReasonNone); d.Endpoints[0] != "peer-ep" || d.Band != Standard {
+					t.Fatalf("decision %+v, want Standard sent to peer-ep", d)
+				}
+				waiting[1].wantWaiting(t)
+				if s := h.c.Stats(); s.InFlight != 1 {
+					t.Fatalf("%d in flight here, want 1: requests sent to peers hold nothing here", s.InFlight)
+				}
+			})
+		})
+	}
+}

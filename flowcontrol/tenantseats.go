@@ -172,15 +172,19 @@ func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *
 
 // tenantSeatsLocked returns how many idle seats of the seat-bound endpoints (seats of them, freeing at frees per
 // second) a request of tenant in band must leave for the band's other tenants under their share: for each, the
-// reserve its arrival rate needs (reserveSeats), in all at most half the seats. A tenant under its share keeps none
-// from the others under theirs: each would otherwise hold the freed seats idle for the other while both wait.
+// reserve its arrival rate needs (reserveSeats), and with live peers one for each request of such a tenant waiting at a
+// peer (peerKeptLocked), in all at most half the seats. A tenant under its share keeps none from the others under
+// theirs: each would otherwise hold the freed seats idle for the other while both wait.
 func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
-	if band == Critical {
+	if band == Critical || c.isUnderShareLocked(band, tenant, now) {
 		return 0 // the Critical reserve keeps seats for the whole band, sized from all its arrivals
 	}
-	if c.isUnderShareLocked(band, tenant, now) {
-		return 0
-	}
+	return min(c.underShareSeatsLocked(band, tenant, seats, frees, now)+c.peerKeptLocked(band, seats, now), seats/2)
+}
+
+// underShareSeatsLocked is the part of tenantSeatsLocked kept for this replica's own arrivals of the band's other
+// tenants under their share, at most half the seats.
+func (c *Controller) underShareSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
 	kept := 0
 	for k, arrivals := range c.underShareLocked(now) {
 		if k.band == band && k.tenant != tenant {
@@ -188,6 +192,18 @@ func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, free
 		}
 	}
 	return min(kept, seats/2)
+}
+
+// peerKeptLocked is the part of tenantSeatsLocked kept, of seats seat-bound seats here, for the peers' waiting
+// requests of tenants under their share (Peers.ProtectedWaiting), in a band whose requests may go to a peer's place:
+// one replica owning the pool would dispatch them before the requests of a tenant over its share, and they take the
+// seats from this replica's offer (spareLocked). The pool keeps one seat for each, not one at every replica: this
+// replica's part of them by its seats (Peers.ReserveShare, whose parts over the replicas add up to them).
+func (c *Controller) peerKeptLocked(band Band, seats int, now time.Time) int {
+	if c.peers.ProtectedWaiting == 0 || c.peers.ReserveShare == nil || !c.mayGoToPeerLocked(band, now) {
+		return 0
+	}
+	return c.peers.ReserveShare(c.peers.ProtectedWaiting, seats)
 }
 
 // yieldsLocked reports whether a request of tenant in band is sent only where it starts at once (yieldedFullLocked):

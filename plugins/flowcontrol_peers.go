@@ -35,9 +35,13 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	f.applyPeers()
 	s := f.ctrl.SeatSummary()
 	own := replication.Summary{CriticalRate: s.CriticalRate, SeatFrees: s.SeatFrees, Seats: s.Seats,
-		CriticalWaiting: s.CriticalWaiting, PoolSlots: s.PoolSlots, PoolRunning: s.PoolRunning}
+		CriticalWaiting: s.CriticalWaiting, PoolSlots: s.PoolSlots, PoolRunning: s.PoolRunning,
+		SpareProtected: s.SpareProtected, ProtectedWaiting: s.ProtectedWaiting}
 	for _, e := range s.Idle {
 		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
+	}
+	for _, e := range s.Spare {
+		own.Spare = append(own.Spare, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
 	}
 	if f.summaries.Add(1)%DemandEvery == 1 {
 		own.Demand = wireDemand(f.ctrl.Demand())
@@ -90,8 +94,9 @@ func (f *FlowControl) sharePrefix(prefix []*PrefixCache) {
 	f.sharedPrefix.Store(prefix[0])
 }
 
-// HearPeer takes in a peer's summary and puts it in force at once: its prefix inserts go into the prefix index, and
-// Critical requests waiting here go to the idle seats it reports.
+// HearPeer takes in a peer's summary and puts it in force at once: its prefix inserts go into the prefix index,
+// Critical requests waiting here go to the idle seats it reports, and requests of the lower bands waiting here to the
+// spare places it reports (flowcontrol.Controller.DispatchSpareElsewhere).
 func (f *FlowControl) HearPeer(s replication.Summary) {
 	now := f.clock.Now()
 	if pc := f.sharedPrefix.Load(); pc != nil && len(s.Prefix) > 0 {
@@ -109,6 +114,9 @@ func (f *FlowControl) HearPeer(s replication.Summary) {
 	f.applyPeers()
 	if f.steersElsewhere() {
 		f.ctrl.DispatchWaitingElsewhere(func(id string) (string, bool) { return f.peers.Take(id, now) })
+		f.ctrl.DispatchSpareElsewhere(func(id string, protected bool) (string, bool) {
+			return f.peers.TakeSpare(id, now, protected)
+		})
 	}
 }
 
@@ -137,7 +145,7 @@ func (f *FlowControl) applyPeers() {
 	f.ctrl.SetPeers(flowcontrol.Peers{
 		CriticalRate: pool.CriticalRate, SeatFrees: pool.SeatFrees, Seats: pool.Seats,
 		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, PoolSlots: pool.PoolSlots, PoolRunning: pool.PoolRunning,
-		IdleSeats:    pool.IdleSeats,
+		IdleSeats: pool.IdleSeats, ProtectedWaiting: pool.ProtectedWaiting,
 		ReserveShare: func(n, seats int) int { return pool.ReserveShare(self, n, seats) },
 		Demand:       demand,
 	})
@@ -178,8 +186,9 @@ type sharedBlocks struct{ sent, dropped atomic.Uint64 }
 var (
 	peerRequestsDesc = prometheus.NewDesc("sluice_peer_requests_sent_total",
 		"Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would "+
-			"have waited here took an idle seat a peer offered) or prefix_affinity (the peer's endpoint held much more "+
-			"of the prompt).", []string{"reason"}, nil)
+			"have waited here took an idle seat a peer offered), spare_place (a waiting request of a lower band took "+
+			"a place a peer would have left idle) or prefix_affinity (the peer's endpoint held much more of "+
+			"the prompt).", []string{"reason"}, nil)
 	peerPrefixBlocksDesc = prometheus.NewDesc("sluice_peer_prefix_blocks_total",
 		"Prompt blocks this replica's prefix index inserted, by outcome: sent to the peers in a summary, or dropped "+
 			"because a summary carries at most DefaultSharedPrefixBlocks.", []string{"outcome"}, nil)
@@ -198,6 +207,7 @@ func (c peerCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.fc.peers.Counts()
 	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.IdleSeat), "idle_seat")
+	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.SparePlace), "spare_place")
 	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.PrefixAffinity), "prefix_affinity")
 	b := &c.fc.prefixBlocks
 	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.sent.Load()), "sent")

@@ -343,10 +343,11 @@ func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
 	// a sent one request to b's endpoint, for prefix affinity, and no prefix block (its scheduler routed nothing
 	// through a's prefix index here); b's summaries carried the blocks of the prompt it routed, and dropped none.
 	want := `
-# HELP sluice_peer_requests_sent_total Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would have waited here took an idle seat a peer offered) or prefix_affinity (the peer's endpoint held much more of the prompt).
+# HELP sluice_peer_requests_sent_total Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would have waited here took an idle seat a peer offered), spare_place (a waiting request of a lower band took a place a peer would have left idle) or prefix_affinity (the peer's endpoint held much more of the prompt).
 # TYPE sluice_peer_requests_sent_total counter
 sluice_peer_requests_sent_total{reason="idle_seat"} 0
 sluice_peer_requests_sent_total{reason="prefix_affinity"} 1
+sluice_peer_requests_sent_total{reason="spare_place"} 0
 `
 	if err := testutil.CollectAndCompare(peerCollector{a.fc}, strings.NewReader(want), "sluice_peer_requests_sent_total"); err != nil {
 		t.Fatal(err)
@@ -455,5 +456,99 @@ func TestFlowControlPeerPoolRunning(t *testing.T) {
 	sendSummary(t, a, b)
 	if s := b.ctrl.SeatSummary(); !slices.Equal(s.Idle, []flowcontrol.EndpointSeats{{Endpoint: "10.0.0.2:8000", Seats: 4}}) {
 		t.Fatalf("b lists idle %v, want its endpoint's 4 places (the pool ran 4, b's endpoint holds none of b's)", s.Idle)
+	}
+}
+
+// TestFlowControlPeerSparePlaces: two replicas owning one endpoint each. A Standard request that waits at a (its
+// endpoint's one slot taken) goes, once it has waited flowcontrol.SpareMinWait, on hearing b's summary, to the place b
+// offers on its endpoint, where nothing waits
+// (flowcontrol.Controller.DispatchSpareElsewhere); b then counts it there, so its own request waits until it ends.
+// Without a headroom filter (nothing would schedule it on b's endpoint) it is not sent.
+func TestFlowControlPeerSparePlaces(t *testing.T) {
+	for _, steer := range []bool{true, false} {
+		t.Run(fmt.Sprintf("steer=%v", steer), func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(fcT0)
+			pool := &fakePool{}
+			pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
+			peers := []string{"epp-a:9003", "epp-b:9003"}
+			cfg := flowcontrol.DefaultConfig()
+			cfg.Endpoint.Concurrency = 1
+			replica := func(self string) *FlowControl {
+				view, err := replication.NewView(self, peers, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range peers {
+					view.Heard(p, clk.Now())
+				}
+				fc, err := NewFlowControl(cfg, FlowControlOptions{}, FlowControlDeps{Endpoints: pool, Clock: clk,
+					Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Second)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if steer {
+					fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+				}
+				if err := fc.SyncEndpoints(); err != nil {
+					t.Fatal(err)
+				}
+				return fc
+			}
+			a, b := replica("epp-a:9003"), replica("epp-b:9003")
+			type outcome struct {
+				done      bool
+				err       error
+				endpoints []string
+			}
+			submit := func(fc *FlowControl, id string) *outcome {
+				o := &outcome{}
+				fc.Submit(requestContext(id, "t", 10, nil), 0, func(err error, _ bool) {
+					o.done, o.err = true, err
+					sd, _ := fc.headroom.get(id)
+					o.endpoints = sd.decision.Endpoints
+				})
+				return o
+			}
+			sendSummary(t, a, b)
+			if mine := submit(a, "a-s1"); !mine.done || mine.err != nil {
+				t.Fatalf("a's first request: %+v, want it dispatched to a's endpoint", mine)
+			}
+			moved := submit(a, "a-s2")
+			if moved.done {
+				t.Fatalf("a's second request %+v did not wait for a place", moved)
+			}
+			// a-s2 waits flowcontrol.SpareMinWait (scraped again meanwhile); b has nothing waiting: it offers its
+			// endpoint's place.
+			clk.Step(flowcontrol.SpareMinWait)
+			pool.set(refreshed(pool.PodList(allEndpoints), clk.Now())...)
+			for _, fc := range []*FlowControl{a, b} {
+				if err := fc.SyncEndpoints(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sendSummary(t, b, a)
+			if !steer {
+				if moved.done {
+					t.Fatalf("a's second request %+v went to b's endpoint with nothing to schedule it there", moved)
+				}
+				return
+			}
+			if !moved.done || moved.err != nil || !slices.Equal(moved.endpoints, []string{"10.0.0.2:8000"}) {
+				t.Fatalf("a's second request: %+v, want it sent to b's endpoint 10.0.0.2:8000", moved)
+			}
+			sendSummary(t, a, b) // b learns of a-s2 on its endpoint
+			waiting := submit(b, "b-s1")
+			if waiting.done {
+				t.Fatalf("b's request %+v was dispatched onto the place a's request holds", waiting)
+			}
+			a.ResponseBody(context.Background(), &fwksched.LLMRequest{RequestId: "a-s2"}, &fwkrc.Response{EndOfStream: true}, nil)
+			sendSummary(t, a, b) // b learns that it ended
+			if !waiting.done || waiting.err != nil {
+				t.Fatalf("b's request %+v, want it dispatched once a's request ended", waiting)
+			}
+			if n := a.peers.Counts(); n.SparePlace != 1 {
+				t.Fatalf("a counts %+v, want one request sent to a spare place", n)
+			}
+		})
 	}
 }

@@ -29,6 +29,13 @@ type Summary struct {
 	PoolRunning int
 	// Idle lists the sender's endpoints with idle seats, and how many each has.
 	Idle []EndpointCount
+	// Spare lists places on the sender's endpoints that a waiting request at a peer may take (TakeSpare), and how
+	// many each has: places the sender would leave idle (flowcontrol.SeatSummary.Spare; wire version 6).
+	// SpareProtected says that only a request of a tenant under its share may take them. ProtectedWaiting is how many
+	// requests of tenants under their share wait at the sender, for which its peers keep seats and offer them.
+	Spare            []EndpointCount
+	SpareProtected   bool
+	ProtectedWaiting int
 	// Sent counts, per endpoint the sender does not own, its requests running there: Critical ones sent to idle seats
 	// (Exchange.Take) and any routed there for prefix affinity (Exchange.SentTo).
 	Sent []EndpointCount
@@ -101,21 +108,22 @@ type Exchange struct {
 	seq   uint64
 	peers map[string]heardSummary
 	sent  map[string]sentRequest // this replica's requests on peers' endpoints, by request ID
-	// taken and routed count the requests this replica sent to peers' endpoints, by Take and by SentTo (Counts).
-	taken, routed uint64
+	// taken, spare and routed count the requests this replica sent to peers' endpoints, by Take, TakeSpare and SentTo
+	// (Counts).
+	taken, spare, routed uint64
 }
 
 // Counts are how many requests a replica sent to peers' endpoints since it started: to idle seats its peers offered
-// (Take), and where prefix affinity placed them (SentTo).
+// (Take), to spare places (TakeSpare), and where prefix affinity placed them (SentTo).
 type Counts struct {
-	IdleSeat, PrefixAffinity uint64
+	IdleSeat, SparePlace, PrefixAffinity uint64
 }
 
 // Counts returns the requests this replica sent to peers' endpoints so far.
 func (x *Exchange) Counts() Counts {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return Counts{IdleSeat: x.taken, PrefixAffinity: x.routed}
+	return Counts{IdleSeat: x.taken, SparePlace: x.spare, PrefixAffinity: x.routed}
 }
 
 type heardSummary struct {
@@ -233,6 +241,8 @@ type Pool struct {
 	PoolSlots, IdleSeats int
 	// PoolRunning is the most requests any live peer saw one of its endpoints run at once; 0 when none reported it.
 	PoolRunning int
+	// ProtectedWaiting is how many requests of tenants under their share wait at the live peers.
+	ProtectedWaiting int
 	// Load is, per endpoint, the requests peers said they sent there and still run.
 	Load map[string]int
 	// seats are the live replicas' seat-bound seats, self's not included, by name (ReserveShare).
@@ -260,6 +270,7 @@ func (x *Exchange) Pool(now time.Time) Pool {
 		p.SeatFrees += h.SeatFrees
 		p.Seats += h.Seats
 		p.CriticalWaiting += h.CriticalWaiting
+		p.ProtectedWaiting += h.ProtectedWaiting
 		for _, e := range h.Idle {
 			p.IdleSeats += e.N
 		}
@@ -350,6 +361,35 @@ func (p Pool) ReserveShare(self string, pool, seats int) int {
 func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if endpoint, ok = x.takeLocked(id, now, func(h heardSummary) []EndpointCount { return h.Idle }); ok {
+		x.taken++
+	}
+	return endpoint, ok
+}
+
+// TakeSpare is Take over the peers' spare places (Summary.Spare) rather than their idle seats: for a request waiting
+// here, where one replica owning the pool would have sent it to an idle server of the pool; protected says whether its
+// tenant is under its share, which it must be to take a place a peer offered only to such requests
+// (Summary.SpareProtected). The places are offered in turn as idle seats are, so two replicas never take the same place
+// from one summary, and a replica takes a place again only once the owner acknowledges the summary that counted its
+// last one there.
+func (x *Exchange) TakeSpare(id string, now time.Time, protected bool) (endpoint string, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	spare := func(h heardSummary) []EndpointCount {
+		if h.SpareProtected && !protected {
+			return nil
+		}
+		return h.Spare
+	}
+	if endpoint, ok = x.takeLocked(id, now, spare); ok {
+		x.spare++
+	}
+	return endpoint, ok
+}
+
+// takeLocked is Take over the list of each live peer's summary that offered gives.
+func (x *Exchange) takeLocked(id string, now time.Time, offered func(heardSummary) []EndpointCount) (endpoint string, ok bool) {
 	x.liveLocked(now)
 	// unseen counts this replica's requests each owner has not yet acknowledged, by endpoint.
 	unseen := map[string]int{}
@@ -365,15 +405,15 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 			continue // the owner has not heard this replica: it would not count the request
 		}
 		seat := 0
-		for _, e := range h.Idle {
-			offered := 0
+		for _, e := range offered(h) {
+			mine := 0
 			for range e.N {
 				if (uint64(seat)+h.Seq)%uint64(len(h.Acks)) == uint64(rank) {
-					offered++
+					mine++
 				}
 				seat++
 			}
-			free := offered - unseen[e.Endpoint]
+			free := mine - unseen[e.Endpoint]
 			if free > bestFree || (free == bestFree && free > 0 && e.Endpoint < best) {
 				best, bestOwner, bestFree = e.Endpoint, owner, free
 			}
@@ -383,7 +423,6 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 		return "", false
 	}
 	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now}
-	x.taken++
 	return best, true
 }
 

@@ -109,6 +109,8 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 		{From: "epp-0", Seq: 1 << 40, CriticalRate: 3.5, SeatFrees: 9.25, Seats: 48, CriticalWaiting: 2,
 			Idle: []EndpointCount{{"10.0.1.1:8000", 1}, {"10.0.1.2:8000", 3}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}},
 			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}, PoolSlots: 4, PoolRunning: 4},
+		{From: "epp-2", Seq: 3, Spare: []EndpointCount{{"10.0.3.1:8000", 1}, {"10.0.3.2:8000", 2}}, SpareProtected: true,
+			ProtectedWaiting: 5},
 		{From: "epp-1", Seq: 2, Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{1, 1 << 63, 42}},
 			{Pod: "default/vllm-1", Hashes: []uint64{7}}}},
 	} {
@@ -146,6 +148,8 @@ func TestSummaryWireBoundsSeats(t *testing.T) {
 		{"one idle endpoint", Summary{From: "b", Idle: []EndpointCount{{"e", 1<<31 - 1}}}, false},
 		{"idle seats summed", Summary{From: "b", Idle: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
 		{"sent summed", Summary{From: "b", Sent: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
+		{"spare summed", Summary{From: "b", Spare: []EndpointCount{{"e1", maxWireSeats}, {"e2", 1}}}, false},
+		{"protected waiting", Summary{From: "b", ProtectedWaiting: maxWireSeats + 1}, false},
 		{"block hashes at the bound", Summary{From: "b", Prefix: []BlockInserts{{"ns/p", make([]uint64, maxWireHashes)}}}, true},
 		{"block hashes summed", Summary{From: "b", Prefix: []BlockInserts{{"ns/p", make([]uint64, maxWireHashes)}, {"ns/q", []uint64{1}}}}, false},
 	} {
@@ -182,7 +186,8 @@ func TestSummaryWireVersions(t *testing.T) {
 	s := Summary{From: "epp-0", Seq: 9, CriticalRate: 2, SeatFrees: 8, Seats: 12, CriticalWaiting: 1,
 		Idle: []EndpointCount{{"10.0.1.1:8000", 2}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}}, Acks: []Ack{{"epp-1", 3}},
 		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4, PoolRunning: 3,
-		Demand: &Demand{Drain: 6, Settled: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}}}
+		Demand: &Demand{Drain: 6, Settled: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}},
+		Spare:  []EndpointCount{{"10.0.1.2:8000", 1}}, SpareProtected: true, ProtectedWaiting: 2}
 	wire := map[byte][]byte{}
 	for v := byte(wireVersionSeats); v <= WireVersion; v++ {
 		b, err := s.AppendVersion(nil, v)
@@ -192,6 +197,9 @@ func TestSummaryWireVersions(t *testing.T) {
 		wire[v] = b
 		want := s
 		want.Version = v
+		if v < wireVersionSpare {
+			want.Spare, want.SpareProtected, want.ProtectedWaiting = nil, false, 0
+		}
 		if v < wireVersionRunning {
 			want.PoolRunning = 0
 		}
@@ -214,6 +222,9 @@ func TestSummaryWireVersions(t *testing.T) {
 	noDemand := s
 	noDemand.Demand = nil
 	v4, _ := noDemand.AppendVersion(nil, wireVersionDemand)
+	noSpare := s
+	noSpare.Spare, noSpare.SpareProtected, noSpare.ProtectedWaiting = nil, false, 0
+	v6, _ := noSpare.AppendVersion(nil, wireVersionSpare)
 	for _, tc := range []struct {
 		older, newer []byte
 		added        int
@@ -222,6 +233,8 @@ func TestSummaryWireVersions(t *testing.T) {
 		{wire[wireVersionPrefix], wire[wireVersionSlots], 1},
 		{wire[wireVersionSlots], v4, 1},                        // the demand's flags: none
 		{wire[wireVersionDemand], wire[wireVersionRunning], 1}, // the most run: 3, one byte
+		{wire[wireVersionRunning], v6, 3},                      // no spare place, no flag, none waiting: 3 bytes
+		{wire[wireVersionRunning], wire[wireVersionSpare], len(wire[wireVersionSpare]) - len(wire[wireVersionRunning])},
 	} {
 		if !reflect.DeepEqual(tc.older[1:], tc.newer[1:len(tc.newer)-tc.added]) {
 			t.Errorf("version %d is not version %d without its added fields:\n%x\n%x", tc.older[0], tc.newer[0], tc.older, tc.newer)
@@ -402,6 +415,67 @@ func FuzzParseSummary(f *testing.F) {
 			t.Fatalf("%+v did not survive a round trip: %+v, %v", s, back, err)
 		}
 	})
+}
+
+// TestExchangeTakeSpare: a peer's spare places are taken by TakeSpare, not by Take (which takes idle seats, for
+// Critical), in turn among the peers it acknowledges as idle seats are; places offered only to requests of tenants under
+// their share (SpareProtected) are taken only for those; a place taken is not taken again before the owner acknowledges
+// the summary that told of it; the peers' waiting requests of tenants under their share are summed in the pool.
+func TestExchangeTakeSpare(t *testing.T) {
+	// spareStep takes a place for one request: by TakeSpare (else Take), with its tenant under its share or not.
+	type spareStep struct {
+		spare, protected bool
+		want             string
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		protected bool // b's places are for requests of tenants under their share only
+		steps     []spareStep
+	}{
+		{name: "any request", steps: []spareStep{
+			{false, false, ""},     // Take: b lists no idle seat
+			{true, false, "b-ep2"}, // seats b-ep1, b-ep2, b-ep2, Seq 7: seat 0 to c, 1 to a, 2 to c
+			{true, true, ""},       // a's one place is taken, and b has not counted it yet
+		}},
+		{name: "protected only", protected: true, steps: []spareStep{
+			{true, false, ""}, // a tenant over its share takes none
+			{true, true, "b-ep2"},
+			{true, true, ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewExchange("a", time.Second)
+			a.Heard(Summary{From: "b", Seq: 7, Spare: []EndpointCount{{"b-ep1", 1}, {"b-ep2", 2}}, SpareProtected: tc.protected,
+				ProtectedWaiting: 3, Acks: []Ack{{"a", 0}, {"c", 0}}}, t0)
+			a.Heard(Summary{From: "d", Seq: 1, ProtectedWaiting: 2}, t0)
+			for i, step := range tc.steps {
+				id := fmt.Sprint("r", i)
+				var got string
+				var ok bool
+				if step.spare {
+					got, ok = a.TakeSpare(id, t0, step.protected)
+				} else {
+					got, ok = a.Take(id, t0)
+				}
+				if got != step.want || ok != (step.want != "") {
+					t.Fatalf("step %d: took %q (%v), want %q", i, got, ok, step.want)
+				}
+			}
+			if got := a.Counts(); got != (Counts{SparePlace: 1}) {
+				t.Fatalf("counts %+v, want one spare place", got)
+			}
+			if p := a.Pool(t0); p.ProtectedWaiting != 5 || p.IdleSeats != 0 {
+				t.Fatalf("pool %+v, want 5 protected requests waiting at the peers and no idle seat", p)
+			}
+			// b acknowledges a's summary telling of the place taken, and offers one on b-ep1 to a this time.
+			own := a.Next(Summary{}, t0)
+			a.Heard(Summary{From: "b", Seq: 8, Spare: []EndpointCount{{"b-ep1", 1}}, Acks: []Ack{{"a", own.Seq}, {"c", 0}}}, t0)
+			if got, ok := a.TakeSpare("again", t0, false); !ok || got != "b-ep1" {
+				t.Fatalf("took %q (%v) once b counted the first, want b-ep1", got, ok)
+			}
+		})
+	}
 }
 
 // TestExchangeCounts: requests sent to peers' endpoints count by how they went there, each once.

@@ -12,18 +12,22 @@ import (
 // replica owning 12 endpoints with every seat busy is about 30 bytes plus the names of its peers. Version 2 adds the
 // prefix inserts after the acknowledgements, version 3 the pool's slot limit after them, version 4 the demand after
 // it (a flags byte, demand present and drain settled; with demand, the drain rate and the tenants, each a band byte,
-// its name, three rates and the span they average over), version 5 the most the sender's endpoints have run after it.
+// its name, three rates and the span they average over), version 5 the most the sender's endpoints have run after it,
+// version 6 the spare places after that (a list as Idle's: one byte while the sender has none to offer), a flags byte
+// (the places are for requests of tenants under their share only) and the sender's waiting requests of such tenants.
 // Every version is read; a replica sends each peer the newest
 // version that peer has sent (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases
 // still exchange what both read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
 // beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand),
 // those from before the most run anything beyond 4 (they are sent version 4 and report none: Pool.PoolRunning counts
-// the peers that do).
+// the peers that do), those from before the spare places anything beyond 5 (they are sent version 5, offer none and
+// take none).
 
 const (
 	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
-	WireVersion        = 5
-	wireVersionRunning = 5 // with the most the sender's endpoints have run
+	WireVersion        = 6
+	wireVersionSpare   = 6 // with the spare places
+	wireVersionRunning = 5 // with the most the sender's endpoints have run, without the spare places
 	wireVersionDemand  = 4 // with the demand, without the most run
 	wireVersionSlots   = 3 // with the pool's slot limit, without the demand
 	wireVersionPrefix  = 2 // with prefix inserts, without the pool's slot limit
@@ -46,6 +50,9 @@ const (
 	demandPresent = 1 << iota
 	demandSettled
 )
+
+// Flags of the spare places (version 6).
+const spareProtected = 1
 
 // maxWireEntries bounds each list a received summary may hold: a corrupt or hostile length cannot allocate much.
 const maxWireEntries = 1 << 16
@@ -74,11 +81,7 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(max(0, s.Seats)))
 	b = binary.AppendUvarint(b, uint64(max(0, s.CriticalWaiting)))
 	for _, list := range [][]EndpointCount{s.Idle, s.Sent} {
-		b = binary.AppendUvarint(b, uint64(len(list)))
-		for _, e := range list {
-			b = appendString(b, e.Endpoint)
-			b = binary.AppendUvarint(b, uint64(max(0, e.N)))
-		}
+		b = appendCounts(b, list)
 	}
 	b = binary.AppendUvarint(b, uint64(len(s.Acks)))
 	for _, a := range s.Acks {
@@ -107,7 +110,27 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 	if v < wireVersionRunning {
 		return b, nil
 	}
-	return binary.AppendUvarint(b, uint64(max(0, s.PoolRunning))), nil
+	b = binary.AppendUvarint(b, uint64(max(0, s.PoolRunning)))
+	if v < wireVersionSpare {
+		return b, nil
+	}
+	b = appendCounts(b, s.Spare)
+	flags := byte(0)
+	if s.SpareProtected {
+		flags |= spareProtected
+	}
+	b = append(b, flags)
+	return binary.AppendUvarint(b, uint64(max(0, s.ProtectedWaiting))), nil
+}
+
+// appendCounts appends a list of endpoint counts: its length, then each endpoint's name and count.
+func appendCounts(b []byte, list []EndpointCount) []byte {
+	b = binary.AppendUvarint(b, uint64(len(list)))
+	for _, e := range list {
+		b = appendString(b, e.Endpoint)
+		b = binary.AppendUvarint(b, uint64(max(0, e.N)))
+	}
+	return b
 }
 
 // appendDemand appends version 4's demand: a flags byte, and with demand its drain rate and tenants.
@@ -155,13 +178,7 @@ func ParseSummary(b []byte) (Summary, error) {
 	s.Seats = r.seats(s.Seats)
 	s.CriticalWaiting = r.seats(s.CriticalWaiting)
 	for _, list := range []*[]EndpointCount{&s.Idle, &s.Sent} {
-		total := 0
-		for range r.entries() {
-			e := EndpointCount{Endpoint: r.string(), N: r.count()}
-			total += e.N
-			r.seats(total)
-			*list = append(*list, e)
-		}
+		*list = r.counts()
 	}
 	for range r.entries() {
 		s.Acks = append(s.Acks, Ack{Peer: r.string(), Seq: r.uvarint()})
@@ -189,6 +206,15 @@ func ParseSummary(b []byte) (Summary, error) {
 	if v >= wireVersionRunning {
 		s.PoolRunning = r.seats(r.count())
 	}
+	if v >= wireVersionSpare {
+		s.Spare = r.counts()
+		if flags := r.byte(); flags&^spareProtected != 0 {
+			r.err = cmpErr(r.err, fmt.Errorf("unknown spare flags %#x", flags))
+		} else {
+			s.SpareProtected = flags&spareProtected != 0
+		}
+		s.ProtectedWaiting = r.seats(r.count())
+	}
 	switch {
 	case r.err != nil:
 		return Summary{}, r.err
@@ -201,6 +227,19 @@ func ParseSummary(b []byte) (Summary, error) {
 }
 
 var errTruncated = errors.New("summary is truncated")
+
+// counts reads a list of endpoint counts, whose counts sum to at most maxWireSeats.
+func (r *reader) counts() []EndpointCount {
+	var list []EndpointCount
+	total := 0
+	for range r.entries() {
+		e := EndpointCount{Endpoint: r.string(), N: r.count()}
+		total += e.N
+		r.seats(total)
+		list = append(list, e)
+	}
+	return list
+}
 
 // demand reads version 4's demand: nil when the summary carries none.
 func (r *reader) demand() *Demand {
