@@ -2,6 +2,7 @@ package replication
 
 import (
 	"cmp"
+	"iter"
 	"slices"
 	"sync"
 	"time"
@@ -355,8 +356,9 @@ func (p Pool) ReserveShare(self string, pool, seats int) int {
 // replica has taken since the peer last counted (the one with most such seats; names break ties), records the
 // request there and returns the endpoint. ok is false when no live peer offers one.
 //
-// A peer's idle seats are offered in turn: seat i of its summary (counting its Idle list seat by seat) to the
-// (i+Seq) mod n-th of the n peers it acknowledges, in name order. So two replicas never take the same idle seat
+// A peer's idle seats are offered in turn: seat i of its summary (counting its Idle list seat by seat; a spare place
+// on an endpoint Idle lists is one of those seats, seatNumbers) to the (i+Seq) mod n-th of the n peers it
+// acknowledges, in name order. So two replicas never take the same idle seat
 // from one summary, and each summary (every exchange interval) offers the seats to the next replica.
 func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 	x.mu.Lock()
@@ -404,14 +406,13 @@ func (x *Exchange) takeLocked(id string, now time.Time, offered func(heardSummar
 		if rank < 0 {
 			continue // the owner has not heard this replica: it would not count the request
 		}
-		seat := 0
+		number := seatNumbers(h.Idle)
 		for _, e := range offered(h) {
 			mine := 0
-			for range e.N {
+			for seat := range number(e) {
 				if (uint64(seat)+h.Seq)%uint64(len(h.Acks)) == uint64(rank) {
 					mine++
 				}
-				seat++
 			}
 			free := mine - unseen[e.Endpoint]
 			if free > bestFree || (free == bestFree && free > 0 && e.Endpoint < best) {
@@ -424,6 +425,39 @@ func (x *Exchange) takeLocked(id string, now time.Time, offered func(heardSummar
 	}
 	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now}
 	return best, true
+}
+
+// seatNumbers numbers the seats a summary offers so that a seat has one number whichever of its lists offers it: the
+// seats of idle, seat by seat in order, then any other place, in the order they are asked for. The function it
+// returns yields the numbers of an entry's seats: on an endpoint idle lists, the last e.N of its idle seats (a spare
+// place there is one of its idle seats), so Take and TakeSpare offer one seat to one peer.
+func seatNumbers(idle []EndpointCount) func(e EndpointCount) iter.Seq[int] {
+	type seats struct{ first, n int }
+	listed := make(map[string]seats, len(idle))
+	next := 0
+	for _, e := range idle {
+		listed[e.Endpoint] = seats{next, e.N}
+		next += e.N
+	}
+	return func(e EndpointCount) iter.Seq[int] {
+		l := listed[e.Endpoint]
+		shared := min(e.N, l.n)
+		start, more := l.first+l.n-shared, e.N-shared
+		extra := next
+		next += more
+		return func(yield func(int) bool) {
+			for seat := start; seat < start+shared; seat++ {
+				if !yield(seat) {
+					return
+				}
+			}
+			for seat := extra; seat < extra+more; seat++ {
+				if !yield(seat) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // SentTo records request id, which this replica routed to endpoint, a peer's, without taking an offered seat (prefix

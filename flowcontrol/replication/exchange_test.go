@@ -478,6 +478,47 @@ func TestExchangeTakeSpare(t *testing.T) {
 	}
 }
 
+// TestExchangeOneSeatOnePeerAcrossLists: a free seat a summary lists both as idle (for a peer's Critical request)
+// and as a spare place (for a peer's waiting request) goes to one peer whichever list it is taken from, whatever the
+// summary's turn.
+func TestExchangeOneSeatOnePeerAcrossLists(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	free := map[string]int{"b-ep0": 1, "b-ep1": 1, "b-ep2": 1}
+	for seq := uint64(1); seq <= 4; seq++ {
+		summary := Summary{From: "b", Seq: seq, Idle: []EndpointCount{{"b-ep0", 1}, {"b-ep1", 1}},
+			Spare: []EndpointCount{{"b-ep1", 1}, {"b-ep2", 1}}, Acks: []Ack{{"a", 0}, {"c", 0}}}
+		takers := map[string]map[string]bool{} // endpoint: the replicas that took a seat there
+		for _, self := range []string{"a", "c"} {
+			for _, spare := range []bool{false, true} {
+				x := NewExchange(self, time.Second)
+				x.Heard(summary, t0)
+				for i := range 3 {
+					id := fmt.Sprint("r", i)
+					var endpoint string
+					var ok bool
+					if spare {
+						endpoint, ok = x.TakeSpare(id, t0, true)
+					} else {
+						endpoint, ok = x.Take(id, t0)
+					}
+					if !ok {
+						break
+					}
+					if takers[endpoint] == nil {
+						takers[endpoint] = map[string]bool{}
+					}
+					takers[endpoint][self] = true
+				}
+			}
+		}
+		for endpoint, by := range takers {
+			if len(by) > free[endpoint] {
+				t.Errorf("Seq %d: %s has %d free seat(s), taken by %v", seq, endpoint, free[endpoint], by)
+			}
+		}
+	}
+}
+
 // TestExchangeCounts: requests sent to peers' endpoints count by how they went there, each once.
 func TestExchangeCounts(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
