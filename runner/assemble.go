@@ -363,6 +363,7 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		codec = newExtProcCodec()
 		serverOpts = append(serverOpts, grpc.ForceServerCodecV2(codec))
 	}
+	serverOpts = append(serverOpts, grpc.MaxRecvMsgSize(maxExtProcMessageBytes(opts.ModelSelectionMaxBodyBytes)))
 	srv := grpc.NewServer(serverOpts...)
 	handler := &shapingServer{
 		upstream:     handlers.NewStreamingServer(ds, req.director, req.parser),

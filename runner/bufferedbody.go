@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"math"
 	"strconv"
 	"strings"
 
@@ -20,9 +21,9 @@ import (
 //     envoyproxy/envoy#15935), where upstream's handler answers the headers only once it has the body. The stream
 //     answers the headers itself, with an empty HeadersResponse (nothing changed), and then hands upstream's handler
 //     the headers as before.
-//   - The body then arrives whole, in one message with end_of_stream. Upstream's handler answers it as ever (its
-//     header answer, then the streamed body); the stream holds those answers back and sends one BodyResponse in their
-//     place: its CommonResponse carries the header mutation and route-cache flag of upstream's header answer
+//   - The body then arrives whole, in one message (with end_of_stream, unless trailers follow: recvFromProxy).
+//     Upstream's handler answers it as ever (its header answer, then the streamed body); the stream holds those
+//     answers back and sends one BodyResponse in their place: its CommonResponse carries the header mutation and route-cache flag of upstream's header answer
 //     (header mutations in an answer to a body message "only take effect if the current processing mode for the
 //     body is BUFFERED", CommonResponse.header_mutation), the ProcessingResponse the dynamic metadata.
 //   - No body goes back when the EPP forwards the client's body: then Envoy forwards the body it buffered, with its
@@ -39,6 +40,15 @@ import (
 // changes nothing in the body but its model (its re-encoding aside, which changes no member), and when it keeps the
 // model the hot Director skips the re-encoding, which would not be sent. Off the hot path, or when the model selector
 // replaced the body, the body always goes back.
+
+// maxExtProcMessageBytes is the largest ext_proc message the EPP's server accepts: a proxy that buffers the request
+// body sends it in one message, which gRPC's 4 MiB default would refuse (the proxy then answers 500). The bound is
+// the most model selection holds (maxBodyBytes, --model-selection-max-body-bytes), which answers a larger body 413,
+// plus room for the message's headers and metadata; never below gRPC's default.
+func maxExtProcMessageBytes(maxBodyBytes int64) int {
+	const defaultMax, room = 4 << 20, 1 << 20
+	return int(min(max(maxBodyBytes+room, defaultMax), math.MaxInt32))
+}
 
 // bufferedBody is the state of one request whose proxy sends the body BUFFERED: the stream has answered the request
 // headers itself, and turns upstream's answers to the body into one BodyResponse.
@@ -70,6 +80,25 @@ func (s *shapingStream) answerHeadersForBufferedBody() error {
 	return s.ExternalProcessor_ProcessServer.Send(&extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
 	})
+}
+
+// recvFromProxy receives the proxy's next message. When the proxy buffers the request body, the one body message is
+// the whole body, though its end_of_stream is false when trailers follow (Envoy sends them after the body's answer):
+// it is marked the end, so that the model selection and upstream's handler answer it; and the request trailers,
+// which upstream's handler leaves unanswered while the proxy waits for an answer, are answered here, changing nothing.
+func (s *shapingStream) recvFromProxy() (*extprocv3.ProcessingRequest, error) {
+	req, err := s.ExternalProcessor_ProcessServer.Recv()
+	if err != nil || s.buffered == nil {
+		return req, err
+	}
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		r.RequestBody.EndOfStream = true
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		err = s.ExternalProcessor_ProcessServer.Send(&extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+	}
+	return req, err
 }
 
 // bufferedAnswer turns upstream's answers in the request phase of a BUFFERED body into the one answer the proxy

@@ -122,6 +122,9 @@ func bodyAnswer(body []byte) *extprocv3.ProcessingResponse {
 	return want
 }
 
+var trailersAnswer = &extprocv3.ProcessingResponse{
+	Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+
 var emptyHeadersAnswer = &extprocv3.ProcessingResponse{
 	Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
 
@@ -199,6 +202,21 @@ func TestBufferedBodyAnswers(t *testing.T) {
 			in:       []*extprocv3.ProcessingRequest{bufferedHeaders(false), reqBody(client, true)},
 			upstream: &upstreamLikeHandler{forward: reencoded, forwardsClientModel: true},
 			want:     []*extprocv3.ProcessingResponse{emptyHeadersAnswer, bodyAnswer(reencoded)},
+		},
+		{
+			name:     "buffered, trailers follow: the body (end_of_stream false) is the whole body, the trailers answered",
+			in:       []*extprocv3.ProcessingRequest{bufferedHeaders(false), reqBody(client, false), reqTrailers()},
+			upstream: &upstreamLikeHandler{forward: reencoded, forwardsClientModel: true},
+			hot:      true,
+			want:     []*extprocv3.ProcessingResponse{emptyHeadersAnswer, bodyAnswer(nil), trailersAnswer},
+		},
+		{
+			name:     "buffered, trailers follow, model selector: the hold ends at the body",
+			in:       []*extprocv3.ProcessingRequest{bufferedHeaders(false), reqBody(client, false), reqTrailers()},
+			upstream: &upstreamLikeHandler{forward: reencoded, forwardsClientModel: true},
+			hot:      true,
+			selector: &fakeSelector{},
+			want:     []*extprocv3.ProcessingResponse{emptyHeadersAnswer, bodyAnswer(nil), trailersAnswer},
 		},
 		{
 			name:          "buffered, rejected: the immediate response follows the headers' answer, shaped",

@@ -178,7 +178,7 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	if ms != nil && ms.queueErr != nil {
 		return nil, ms.queueErr
 	}
-	req, err := s.ExternalProcessor_ProcessServer.Recv()
+	req, err := s.recvFromProxy()
 	if err != nil {
 		return req, err
 	}

@@ -143,7 +143,7 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 		size   int64
 	)
 	for {
-		msg, err := s.ExternalProcessor_ProcessServer.Recv()
+		msg, err := s.recvFromProxy()
 		if err != nil {
 			// Upstream sees what arrived, then the error, as it would have.
 			ms.queueErr = err
