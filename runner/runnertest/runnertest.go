@@ -216,29 +216,39 @@ func HealthStatus(p *Process, service string) (healthpb.HealthCheckResponse_Serv
 // kept (replicas name each other by it before they start).
 func StartBinary(t testing.TB, path string, env []string, waitFor string, args ...string) *Process {
 	t.Helper()
-	p := &Process{GRPCPort: FreePort(t), MetricsPort: FreePort(t), Output: &SyncBuffer{}}
+	healthPort := 0
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--grpc-health-port="); ok {
 			port, err := strconv.Atoi(v)
 			if err != nil {
 				t.Fatalf("%s: %v", a, err)
 			}
-			p.HealthPort = port
+			healthPort = port
 		}
 	}
-	if p.HealthPort == 0 {
-		p.HealthPort = FreePort(t)
+	for attempt := 1; ; attempt++ {
+		p := &Process{GRPCPort: FreePort(t), MetricsPort: FreePort(t), HealthPort: healthPort, Output: &SyncBuffer{}}
+		if p.HealthPort == 0 {
+			p.HealthPort = FreePort(t)
+		}
+		p.path, p.env = path, env
+		p.args = append(slices.Clip(args),
+			fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
+			fmt.Sprintf("--grpc-health-port=%d", p.HealthPort),
+			fmt.Sprintf("--metrics-port=%d", p.MetricsPort),
+			"--tracing=false",
+			"--refresh-metrics-interval=50ms",
+		)
+		if started := p.run(t, waitFor, attempt < startAttempts); started != nil {
+			return started
+		}
+		t.Logf("EPP exited: another process took a port FreePort handed out; starting it again on others (attempt %d)", attempt)
 	}
-	p.path, p.env = path, env
-	p.args = append(slices.Clip(args),
-		fmt.Sprintf("--grpc-port=%d", p.GRPCPort),
-		fmt.Sprintf("--grpc-health-port=%d", p.HealthPort),
-		fmt.Sprintf("--metrics-port=%d", p.MetricsPort),
-		"--tracing=false",
-		"--refresh-metrics-interval=50ms",
-	)
-	return p.run(t, waitFor)
 }
+
+// startAttempts bounds StartBinary's starts: a port FreePort hands out is free only until another process (another
+// package's test binary, run at the same time) binds it.
+const startAttempts = 3
 
 // Restart starts the EPP again with the same environment, flags and ports,
 // its output appended to the same Output, once this process has exited (it
@@ -252,11 +262,12 @@ func (p *Process) Restart(t testing.TB) *Process {
 		t.Fatal("Restart of an EPP that is still running")
 	}
 	q := &Process{path: p.path, env: p.env, args: p.args, GRPCPort: p.GRPCPort, HealthPort: p.HealthPort, MetricsPort: p.MetricsPort, Output: p.Output}
-	return q.run(t, "readiness")
+	return q.run(t, "readiness", false)
 }
 
-// run starts the process and waits for its waitFor health check.
-func (p *Process) run(t testing.TB, waitFor string) *Process {
+// run starts the process and waits for its waitFor health check. With portTakenAgain, a process that exits because a
+// port it was given is in use returns nil (the caller starts it again on other ports) instead of failing t.
+func (p *Process) run(t testing.TB, waitFor string, portTakenAgain bool) *Process {
 	t.Helper()
 	p.exited = make(chan struct{})
 	p.cmd = exec.Command(p.path, p.args...)
@@ -282,6 +293,9 @@ func (p *Process) run(t testing.TB, waitFor string) *Process {
 	for {
 		select {
 		case <-p.exited:
+			if portTakenAgain && strings.Contains(p.Output.String(), "address already in use") {
+				return nil
+			}
 			t.Fatalf("EPP exited early: %v\n%s", p.waitErr, p.Output.String())
 		default:
 		}
