@@ -454,12 +454,7 @@ func (c *Controller) DispatchSpareElsewhere(take func(id string, protected bool)
 				if !ok {
 					break bands
 				}
-				it := q.popTenant(tq)
-				c.tenantLeftLocked(tq, it.cost, now)
-				c.dequeuedLocked(it)
-				c.drain.add(it.cost)
-				c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: []string{endpoint},
-					Waited: now.Sub(it.enqueuedAt)}, nil)
+				c.dispatchHeadToPeerLocked(q, tq, b, endpoint, now)
 				n++
 			}
 		}
@@ -580,17 +575,22 @@ func (c *Controller) DispatchWaitingElsewhere(take func(id string) (endpoint str
 		if !ok {
 			break
 		}
-		tq := q.active[0]
-		it := q.popTenant(tq)
-		c.tenantLeftLocked(tq, it.cost, now)
-		c.dequeuedLocked(it)
-		c.drain.add(it.cost)
-		c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: Critical, Capped: it.capped, Endpoints: []string{endpoint},
-			Waited: now.Sub(it.enqueuedAt)}, nil)
+		c.dispatchHeadToPeerLocked(q, q.active[0], Critical, endpoint, now)
 		n++
 	}
 	c.unlockAfterDispatch(now, n)
 	return n
+}
+
+// dispatchHeadToPeerLocked dispatches the head of tenant queue tq, of band b's queue q, to endpoint, a peer's seat or
+// place this replica took for it.
+func (c *Controller) dispatchHeadToPeerLocked(q *bandQueue, tq *tenantQueue, b Band, endpoint string, now time.Time) {
+	it := q.popTenant(tq)
+	c.tenantLeftLocked(tq, it.cost, now)
+	c.dequeuedLocked(it)
+	c.drain.add(it.cost)
+	c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: []string{endpoint},
+		Waited: now.Sub(it.enqueuedAt)}, nil)
 }
 
 // poolSlotsLocked is the pool's slot limit (poolSlotsCapLocked): the smallest learned on this replica's endpoints or

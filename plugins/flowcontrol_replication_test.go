@@ -159,6 +159,44 @@ func TestFlowControlOwnedShareEjected(t *testing.T) {
 	}
 }
 
+// twoPeerReplicas is replicas epp-a and epp-b of admission over two endpoints of one slot each (peerReplica).
+func twoPeerReplicas(t *testing.T, steer bool) (clk *clocktesting.FakeClock, pool *fakePool, a, b *FlowControl) {
+	t.Helper()
+	clk = clocktesting.NewFakeClock(fcT0)
+	pool = &fakePool{}
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
+	peers := []string{"epp-a:9003", "epp-b:9003"}
+	cfg := flowcontrol.DefaultConfig()
+	cfg.Endpoint.Concurrency = 1
+	return clk, pool, peerReplica(t, clk, pool, cfg, peers, peers[0], steer), peerReplica(t, clk, pool, cfg, peers, peers[1], steer)
+}
+
+// peerReplica is admission cfg over pool for replica self among peers, all live, exchanging summaries; steer attaches
+// the headroom filter (without it, and without candidate narrowing, nothing would schedule a request sent to a peer's
+// endpoint there).
+func peerReplica(t *testing.T, clk *clocktesting.FakeClock, pool *fakePool, cfg *flowcontrol.Config, peers []string, self string, steer bool) *FlowControl {
+	t.Helper()
+	view, err := replication.NewView(self, peers, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range peers {
+		view.Heard(p, clk.Now())
+	}
+	fc, err := NewFlowControl(cfg, FlowControlOptions{}, FlowControlDeps{Endpoints: pool, Clock: clk,
+		Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steer {
+		fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+	}
+	if err := fc.SyncEndpoints(); err != nil {
+		t.Fatal(err)
+	}
+	return fc
+}
+
 // TestFlowControlPeerExchange runs two replicas that exchange summaries (in their wire form): a Critical request that
 // would wait on a's one endpoint goes at once to b's idle seat; b, told of it, holds that seat for it and gives it to
 // its own waiting request only once a says it ended. Without a live peer, a decides alone and its Critical waits.
@@ -167,34 +205,7 @@ func TestFlowControlPeerExchange(t *testing.T) {
 	// request sent to a peer's endpoint there, so none is sent.
 	for _, steer := range []bool{true, false} {
 		t.Run(fmt.Sprintf("steer=%v", steer), func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(fcT0)
-			pool := &fakePool{}
-			pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
-			peers := []string{"epp-a:9003", "epp-b:9003"}
-			cfg := flowcontrol.DefaultConfig()
-			cfg.Endpoint.Concurrency = 1
-			replica := func(self string) *FlowControl {
-				view, err := replication.NewView(self, peers, time.Hour)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, p := range peers {
-					view.Heard(p, clk.Now())
-				}
-				fc, err := NewFlowControl(cfg, FlowControlOptions{}, FlowControlDeps{Endpoints: pool, Clock: clk,
-					Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Second)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if steer {
-					fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
-				}
-				if err := fc.SyncEndpoints(); err != nil {
-					t.Fatal(err)
-				}
-				return fc
-			}
-			a, b := replica("epp-a:9003"), replica("epp-b:9003")
+			clk, pool, a, b := twoPeerReplicas(t, steer)
 			send := func(from, to *FlowControl) { sendSummary(t, from, to) }
 			type outcome struct {
 				done      bool
@@ -467,34 +478,7 @@ func TestFlowControlPeerPoolRunning(t *testing.T) {
 func TestFlowControlPeerSparePlaces(t *testing.T) {
 	for _, steer := range []bool{true, false} {
 		t.Run(fmt.Sprintf("steer=%v", steer), func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(fcT0)
-			pool := &fakePool{}
-			pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
-			peers := []string{"epp-a:9003", "epp-b:9003"}
-			cfg := flowcontrol.DefaultConfig()
-			cfg.Endpoint.Concurrency = 1
-			replica := func(self string) *FlowControl {
-				view, err := replication.NewView(self, peers, time.Hour)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, p := range peers {
-					view.Heard(p, clk.Now())
-				}
-				fc, err := NewFlowControl(cfg, FlowControlOptions{}, FlowControlDeps{Endpoints: pool, Clock: clk,
-					Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Second)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if steer {
-					fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
-				}
-				if err := fc.SyncEndpoints(); err != nil {
-					t.Fatal(err)
-				}
-				return fc
-			}
-			a, b := replica("epp-a:9003"), replica("epp-b:9003")
+			clk, pool, a, b := twoPeerReplicas(t, steer)
 			type outcome struct {
 				done      bool
 				err       error
