@@ -103,8 +103,9 @@ func (c *Controller) poolSlotsForLocked(e *endpointState) int {
 
 // seatsFullLocked reports whether the seat-bound endpoints are down to the idle seats a request of tenant in band must
 // leave: Critical's reserve (reserve: it is on) for a band below Critical, and the seats kept for the band's other
-// tenants under their share, here and waiting at the peers (tenantSeatsLocked). Then the request may take none of their seats (it may still go
-// beyond the seats of an endpoint whose capacity allows more: that takes no seat kept for another).
+// tenants under their share, here and waiting at the peers (tenantSeatsLocked). Then the request may take none of their
+// seats (it may still go beyond the seats of an endpoint whose capacity allows more: that takes no seat kept for
+// another).
 func (c *Controller) seatsFullLocked(band Band, tenant string, reserve bool, now time.Time) bool {
 	critical := reserve && band != Critical
 	tenants := len(c.underShareLocked(now)) > 0 || c.peers.ProtectedWaiting > 0 && c.mayGoToPeerLocked(band, now)

@@ -312,8 +312,8 @@ func (c *Controller) SeatSummary() SeatSummary {
 			s.Idle = append(s.Idle, EndpointSeats{Endpoint: e.Name, Seats: n})
 		}
 	}
-	s.Spare, s.SpareProtected = c.spareLocked(now)
 	s.ProtectedWaiting = c.protectedWaitingLocked(now)
+	s.Spare, s.SpareProtected = c.spareLocked(now, s.ProtectedWaiting)
 	return s
 }
 
@@ -328,12 +328,15 @@ func (c *Controller) mayGoToPeerLocked(band Band, now time.Time) bool {
 // (mayGoToPeerLocked), of tenants under their share.
 func (c *Controller) protectedWaitingLocked(now time.Time) int {
 	n := 0
+	var under map[tenantKey]float64
 	for _, b := range allBands {
 		q := c.bands[b]
 		if q.count == 0 || !c.mayGoToPeerLocked(b, now) {
 			continue
 		}
-		under := c.underShareLocked(now)
+		if under == nil {
+			under = c.underShareLocked(now)
+		}
 		for _, tq := range q.active {
 			if _, ok := under[tenantKey{b, tq.name}]; ok {
 				n += tq.n
@@ -344,22 +347,24 @@ func (c *Controller) protectedWaitingLocked(now time.Time) int {
 }
 
 // spareLocked lists the places on this replica's endpoints a peer's waiting request may take (SeatSummary.Spare), while
-// the Critical reserve is off and no Critical request nor one of a tenant under its share waits here. While nothing
+// the Critical reserve is off and no Critical request nor one of a tenant under its share (protectedWaiting, from
+// protectedWaitingLocked) waits here. While nothing
 // waits here: the free seats of an endpoint with a seat count beyond those kept for this replica's own arrivals of
 // tenants under their share, and one place on an endpoint without one (a large-batch server that has never queued)
 // where a Standard request would go now (below Standard's ceiling, with a slot); for the peers' requests of tenants
 // under their share only while some wait (protected). While requests of tenants over their share wait here: the seats
-// they leave idle for the peers' waiting requests of tenants under their share (tenantSeatsLocked), to those only. One place an exchange interval on such an endpoint, taken in turn by the peers, is
-// what its owner learns of within one summary (Peers.Load) and its next scrape shows: enough to move a peer's backlog
-// (hundreds of requests a second in the pool at the default interval), not enough to overfill it before either tells.
+// they leave idle for the peers' waiting requests of tenants under their share (tenantSeatsLocked), to those only. One
+// place an exchange interval on such an endpoint, taken in turn by the peers, is what its owner learns of within one
+// summary (Peers.Load) and its next scrape shows: enough to move a peer's backlog (hundreds of requests a second in the
+// pool at the default interval), not enough to overfill it before either tells.
 //
 // Ownership gives each replica an even share of the endpoints, not of their capacity, while the balancer gives it an
 // even share of the requests: with servers of unequal speeds (or a number of them that the replicas do not divide) a
 // replica owning the slow ones queues, and rejects, what the pool has room for at a peer owning fast ones, whose
-// servers idle. One replica owning the pool would have sent those requests there: here the peer offers the places,
-// and the replica whose queue holds requests sends them (DispatchSpareElsewhere).
-func (c *Controller) spareLocked(now time.Time) (spare []EndpointSeats, protected bool) {
-	if c.criticalReserveLocked(now) || c.bands[Critical].count > 0 || c.protectedWaitingLocked(now) > 0 {
+// servers idle. One replica owning the pool would have sent those requests there: here the peer offers the places, and
+// the replica whose queue holds requests sends them (DispatchSpareElsewhere).
+func (c *Controller) spareLocked(now time.Time, protectedWaiting int) (spare []EndpointSeats, protected bool) {
+	if c.criticalReserveLocked(now) || c.bands[Critical].count > 0 || protectedWaiting > 0 {
 		return nil, false // what waits here takes the next place first
 	}
 	seats, _, frees := c.seatFiguresLocked(now)
@@ -417,11 +422,11 @@ func (c *Controller) offerSeatsLocked(now time.Time, skip, limit int, unseated b
 // its servers differ: the pool's slot limit (poolSlotsForLocked) or, before one is learned, the most the pool has run
 // (unqueuedSeatsLocked), while some server of the pool has run more than the slot limit learned (none: than 0). Such an
 // endpoint is offered no place (offerSeatsLocked): its owner learns that it runs more than the guess only by sending
-// it more, and a peer's request in one of the guessed seats holds the owner's count at the guess. In the mixed shape's
-// warm-up at four replicas a peer's light request took one of the 24-slot server's four guessed seats at 1 s; its
-// owner, whose light tenant was under its share (yieldedFullLocked), kept it at four running until 4 s while its
-// queue answered heavy requests 429: all-class throughput 0.967x of one replica's, 0.983x without these places. Where
-// every server runs what the pool has run (slot-limited: all 4-slot) the guess is the seat count and stays offered.
+// it more, and a peer's request in one of the guessed seats holds the owner's count at the guess: in a mixed fleet's
+// warm-up a large server, held at the small servers' slot limit while its owner's tenant was under its share
+// (yieldedFullLocked), ran a few requests for seconds while its owner's queue shed (testbed/bench/scenarios/README.md,
+// "No place on a guessed seat"). Where every server runs what the pool has run the guess is the seat count and stays
+// offered.
 func (c *Controller) seatsGuessedLocked(e *endpointState) bool {
 	guessed := c.poolSlotsForLocked(e) > 0 || e.seats == 0 && c.unqueuedSeatsLocked(e) > 0
 	return guessed && c.poolRunningLocked() > c.poolSlotsLocked()
@@ -430,9 +435,9 @@ func (c *Controller) seatsGuessedLocked(e *endpointState) bool {
 // DispatchSpareElsewhere dispatches waiting requests of the bands below Critical that may go to a peer's endpoint
 // (mayGoToPeerLocked), in the order this replica dispatches them (bands by priority, a tenant under its share first),
 // while take finds a peer's spare place for the next (take gets the request's ID and whether its tenant is under its
-// share, which may take the places kept for such requests too, and returns the endpoint; it runs under the
-// controller's lock and must not call the controller). It returns how many went. A request waits here only when no endpoint here has room
-// for it, so this sends to a peer's idle place only what would otherwise wait.
+// share, which may take the places kept for such requests too, and returns the endpoint; it runs under the controller's
+// lock and must not call the controller). It returns how many went. A request waits here only when no endpoint here has
+// room for it, so this sends to a peer's idle place only what would otherwise wait.
 func (c *Controller) DispatchSpareElsewhere(take func(id string, protected bool) (endpoint string, ok bool)) int {
 	c.mu.Lock()
 	now := c.clock.Now()
@@ -466,10 +471,10 @@ func (c *Controller) DispatchSpareElsewhere(take func(id string, protected bool)
 // SpareMinWait is how long a request of a tenant that is not under its share waits here before it may take a peer's
 // spare place (DispatchSpareElsewhere). A short wait is usually a seat here about to free, on an endpoint this
 // replica's scheduler chose for it (its prefix cached there, say); sent to a peer's idle server instead, it pays a cold
-// prefill there and delays what that server's owner sends it. Measured on shared-prefix at two replicas (virtual
-// time), TTFT P99 against no spare places: +26% going at once, +20% after 200 ms, unchanged after 500 ms; the
-// tenant-fairness shapes keep most of the gain (testbed/bench/scenarios/README.md). A request of a tenant under its
-// share goes at once: one replica owning the pool would have dispatched it first.
+// prefill there and delays what that server's owner sends it; a wait this long left shared-prefix's TTFT P99 where it
+// was without spare places, and shorter ones did not (testbed/bench/scenarios/README.md, "The light tenant across
+// replicas: spare places"). A request of a tenant under its share goes at once: one replica owning the pool would have
+// dispatched it first.
 const SpareMinWait = 500 * time.Millisecond
 
 // CriticalWouldWait reports whether req is a valid Critical request that would wait here: no endpoint has headroom

@@ -36,13 +36,8 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 	s := f.ctrl.SeatSummary()
 	own := replication.Summary{CriticalRate: s.CriticalRate, SeatFrees: s.SeatFrees, Seats: s.Seats,
 		CriticalWaiting: s.CriticalWaiting, PoolSlots: s.PoolSlots, PoolRunning: s.PoolRunning,
-		SpareProtected: s.SpareProtected, ProtectedWaiting: s.ProtectedWaiting}
-	for _, e := range s.Idle {
-		own.Idle = append(own.Idle, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
-	}
-	for _, e := range s.Spare {
-		own.Spare = append(own.Spare, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
-	}
+		SpareProtected: s.SpareProtected, ProtectedWaiting: s.ProtectedWaiting,
+		Idle: endpointCounts(s.Idle), Spare: endpointCounts(s.Spare)}
 	if f.summaries.Add(1)%DemandEvery == 1 {
 		own.Demand = wireDemand(f.ctrl.Demand())
 	}
@@ -92,6 +87,15 @@ func (f *FlowControl) sharePrefix(prefix []*PrefixCache) {
 	}
 	prefix[0].index.ShareInserts(DefaultSharedPrefixBlocks)
 	f.sharedPrefix.Store(prefix[0])
+}
+
+// endpointCounts is seats in the summary's wire terms (nil for none).
+func endpointCounts(seats []flowcontrol.EndpointSeats) []replication.EndpointCount {
+	var out []replication.EndpointCount
+	for _, e := range seats {
+		out = append(out, replication.EndpointCount{Endpoint: e.Endpoint, N: e.Seats})
+	}
+	return out
 }
 
 // HearPeer takes in a peer's summary and puts it in force at once: its prefix inserts go into the prefix index,

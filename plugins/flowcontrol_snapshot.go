@@ -56,7 +56,8 @@ func (f *FlowControl) nameOf(md *fwkdl.EndpointMetadata) string {
 }
 
 // markEjected sets Ejected on the endpoints of eps (named names) that an attached outlier filter leaves out of a pick
-// among them all, once it has seen their scrapes (the requests others sent there explain a stall: outlier.Pace.Scraped).
+// among them all, once it has seen their scrapes (the requests others sent there explain a stall:
+// outlier.Pace.Scraped).
 func (f *FlowControl) markEjected(eps []flowcontrol.Endpoint, names []string) {
 	outliers := f.outliers.Load()
 	if outliers == nil || len(*outliers) == 0 {

@@ -143,11 +143,11 @@ func (s *metricsSource) ValidateExtractor(ext fwkdl.Extractor) error {
 }
 
 // parseMetricsPage parses a Prometheus text page as upstream's metrics-data-source does, less the families read does
-// not name (nil: none left out), and less the samples of each histogram and summary other than its _count: each of their series keeps its family, labels and timestamp, which is
-// all an extractor reading sample values finds there. A page whose only defects are in the samples left out parses.
-// The pages model servers write go through parseMetricsFast; any other page through expfmt, which panics on some
-// malformed pages (a line "{}" after a comment): that is an error here, not the end of the process, as the page comes
-// from a model server.
+// not name (nil: none left out), and less the samples of each histogram and summary other than its _count: each of
+// their series keeps its family, labels and timestamp, which is all an extractor reading sample values finds there. A
+// page whose only defects are in the samples left out parses. The pages model servers write go through
+// parseMetricsFast; any other page through expfmt, which panics on some malformed pages (a line "{}" after a comment):
+// that is an error here, not the end of the process, as the page comes from a model server.
 func parseMetricsPage(r io.Reader, read *familySet) (families any, err error) {
 	buf := pageBuffers.Get().(*bytes.Buffer)
 	defer func() {

@@ -23,9 +23,10 @@ import (
 //     the headers as before.
 //   - The body then arrives whole, in one message (with end_of_stream, unless trailers follow: recvFromProxy).
 //     Upstream's handler answers it as ever (its header answer, then the streamed body); the stream holds those
-//     answers back and sends one BodyResponse in their place: its CommonResponse carries the header mutation and route-cache flag of upstream's header answer
-//     (header mutations in an answer to a body message "only take effect if the current processing mode for the
-//     body is BUFFERED", CommonResponse.header_mutation), the ProcessingResponse the dynamic metadata.
+//     answers back and sends one BodyResponse in their place: its CommonResponse carries the header mutation and
+//     route-cache flag of upstream's header answer (header mutations in an answer to a body message "only take effect
+//     if the current processing mode for the body is BUFFERED", CommonResponse.header_mutation), the
+//     ProcessingResponse the dynamic metadata.
 //   - No body goes back when the EPP forwards the client's body: then Envoy forwards the body it buffered, with its
 //     content-length. When the EPP changed the body (a model rewrite), the BodyResponse replaces it (body_mutation)
 //     and sets content-length to the new length: in BUFFERED mode with request headers SEND, Envoy keeps the

@@ -13,10 +13,11 @@
 // request routed to a peer's endpoint for prefix affinity is counted there like one sent to an idle seat (SentTo),
 // and the smallest slot limit the sender learned on its endpoints (PoolSlots), which every replica takes for the
 // pool's, and the most any of its endpoints was seen running at once (PoolRunning, wire version 5), which until a slot
-// limit is learned stands for the seats of an endpoint that has not queued yet, and (wire version 6) the places it would
-// leave idle that a peer's waiting request of any band may take (Spare, TakeSpare; only a request of a tenant under
-// its share when SpareProtected) and how many requests of tenants under their share wait at it (ProtectedWaiting). Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per band, and
-// its drain rate), kept until the next one; Pool sums the live peers' (Pool.Demand), so each replica judges a tenant
+// limit is learned stands for the seats of an endpoint that has not queued yet, and (wire version 6) the places it
+// would leave idle that a peer's waiting request of any band may take (Spare, TakeSpare; only a request of a tenant
+// under its share when SpareProtected) and how many requests of tenants under their share wait at it
+// (ProtectedWaiting). Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per
+// band, and its drain rate), kept until the next one; Pool sums the live peers' (Pool.Demand), so each replica judges a tenant
 // under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary;
 // each peer is sent the newest version it sent, WireVersion); nothing on the request path waits for one.
 //
@@ -31,9 +32,10 @@
 //   - Owner: removing a member moves only the keys it owned; adding one moves only keys to it. Partition trades a
 //     little of that for balance: no member owns more than its even share rounded up.
 //   - A replica always counts itself live: with every peer gone it owns every endpoint and decides alone.
-//   - A peer's idle seats (and its spare places) in one summary are offered in turn to the peers it acknowledges, each seat to one of them,
-//     and a replica does not take again a seat it took until the owner acknowledges the summary that told of it; so
-//     two replicas never send a request to the same idle seat from the same summary.
+//   - A peer's idle seats (and its spare places, numbered as the idle seats they are) in one summary are offered in
+//     turn to the peers it acknowledges, each seat to one of them, and a replica does not take again a seat it took
+//     until the owner acknowledges the summary that told of it; so two replicas never send a request to the same idle
+//     seat from the same summary.
 //   - ReserveShare's parts, over replicas that agree on the figures, add up to the pool's reserve.
 //   - A peer silent for the timeout drops out of Pool and offers nothing: with no live peer a replica decides alone.
 //   - Pool.Demand counts only the peers that sent one (DemandPeers): a replica of a release from before wire version 4
