@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/sluice-gw/sluice/testbed/dataplane"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
@@ -245,12 +246,6 @@ type TargetFile struct {
 	AtLeast *float64 `json:"at_least,omitempty"`
 	Within  *float64 `json:"within,omitempty"`
 }
-
-// The data plane's request body modes (its --request-body-mode).
-const (
-	requestBodyFullDuplexStreamed = "full-duplex-streamed"
-	requestBodyBuffered           = "buffered"
-)
 
 // Router is how a contender routes requests.
 type Router string
@@ -769,10 +764,10 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 		reserved[x.Name] = true
 		c := Contender{Name: x.Name, Router: x.Router, SluiceAdmission: x.SluiceAdmission, Extra: true,
 			RequestBodyMode: x.RequestBodyMode}
-		switch x.RequestBodyMode {
-		case "", requestBodyFullDuplexStreamed, requestBodyBuffered:
+		switch dataplane.BodyMode(x.RequestBodyMode) {
+		case "", dataplane.BodyFullDuplexStreamed, dataplane.BodyBuffered:
 		default:
-			errs.addf(field+".request_body_mode", "%q is not %s or %s", x.RequestBodyMode, requestBodyFullDuplexStreamed, requestBodyBuffered)
+			errs.addf(field+".request_body_mode", "%q is not %s or %s", x.RequestBodyMode, dataplane.BodyFullDuplexStreamed, dataplane.BodyBuffered)
 		}
 		switch x.Router {
 		case RouterEPP:
