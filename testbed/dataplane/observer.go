@@ -146,4 +146,3 @@ func (o *observerStream) close() {
 		}
 	}()
 }
-
