@@ -50,6 +50,10 @@ import (
 // answer itself (answerChunk, less the answer) and hands over the others (msgs), which returns the turn. So a plain
 // chunk costs a decode and the hot path's bookkeeping, with no answer and no goroutine hand-off.
 //
+// What the proxy no longer gets: any change to the response. Upstream's handler writes the client's model name back
+// into each chunk when the request went out with another model (an InferenceModelRewrite) and sets response headers;
+// its answers are dropped here, so the client sees the served model's name and the model server's headers.
+//
 // Limits: both streams of a request must reach the same EPP replica, so the setting is for one replica (or an
 // active-passive pair), not for --peers; observer streams Envoy cannot hand the EPP (its flow control in this mode is
 // not built, envoyproxy/envoy#33319) are not seen. Upstream's own EPP cannot take it: its handler ends a request when
