@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // chanStream is the proxy's side of one ext_proc stream, fed by the test: Recv hands out what arrives on in, and once
@@ -501,4 +502,82 @@ func TestObservedChatThroughTheEPP(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestObservedChatCountsAsStreamed: upstream's per-request metrics (response size, output tokens, input tokens, the
+// request count, the running requests back to where they were) move by the same amounts for chats whose response an
+// observer shows as for chats streamed through the routing stream: the observer's messages end each request as the
+// routing stream's would. Both EPPs share the process's registry, so each is measured by the difference it makes.
+func TestObservedChatCountsAsStreamed(t *testing.T) {
+	quietLogs(t)
+	streamed, err := startBenchEPP(t, "sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	observed, err := startBenchEPP(t, "sluice-observed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const chats, chunks = 5, 24
+	moved := func(h benchEPP, observe bool, name string) map[string]float64 {
+		before := objectiveFigures(t)
+		ex := newStreamedChat(2<<10, chunks)
+		ex.observed = observe
+		for i := range chats {
+			if err := ex.run(h, fmt.Sprintf("%s-%d", name, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := objectiveFigures(t)
+		diff := map[string]float64{}
+		for k, v := range after {
+			diff[k] = v - before[k]
+		}
+		for k, v := range before {
+			if _, ok := after[k]; !ok {
+				diff[k] = -v
+			}
+		}
+		return diff
+	}
+	want := moved(streamed, false, "counts-streamed")
+	got := moved(observed, true, "counts-observed")
+	if want["inference_objective_output_tokens_sum"] != chats*chunks || want["inference_objective_request_total"] != chats {
+		t.Fatalf("the streamed chats moved %v: not the figures this test compares", want)
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("observed chats moved %v\nstreamed chats moved %v", got, want)
+	}
+}
+
+// objectiveFigures sums upstream's per-request metrics on the process's registry, by family (histograms as _sum and
+// _count).
+func objectiveFigures(t *testing.T) map[string]float64 {
+	t.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		name := f.GetName()
+		switch name {
+		case "inference_objective_request_total", "inference_objective_running_requests", "inference_objective_response_sizes",
+			"inference_objective_output_tokens", "inference_objective_input_tokens", "inference_objective_request_error_total":
+		default:
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.GetHistogram() != nil:
+				out[name+"_sum"] += m.GetHistogram().GetSampleSum()
+				out[name+"_count"] += float64(m.GetHistogram().GetSampleCount())
+			case m.GetCounter() != nil:
+				out[name] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[name] += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out
 }
