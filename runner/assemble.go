@@ -376,6 +376,13 @@ func (r *Runner) extProcServer(ctx context.Context, opts *Options, ds datastore.
 		hot:          req.hot,
 		wireChunks:   req.hot, // the server's codec is extProcCodec
 	}
+	if opts.ResponseObserverWait > 0 {
+		recorder, err := responseObserverCounter()
+		if err != nil {
+			return nil, err
+		}
+		handler.observers = newObserverJoin(opts.ResponseObserverWait, recorder)
+	}
 	if r.extProcHandler != nil {
 		r.extProcHandler(handler, codec)
 	}

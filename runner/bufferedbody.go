@@ -88,7 +88,13 @@ func (s *shapingStream) answerHeadersForBufferedBody() error {
 // it is marked the end, so that the model selection and upstream's handler answer it; and the request trailers,
 // which upstream's handler leaves unanswered while the proxy waits for an answer, are answered here, changing nothing.
 func (s *shapingStream) recvFromProxy() (*extprocv3.ProcessingRequest, error) {
-	req, err := s.ExternalProcessor_ProcessServer.Recv()
+	var req *extprocv3.ProcessingRequest
+	var err error
+	if s.first != nil { // read already, to tell a routing stream from an observer (responseobserver.go)
+		req, s.first = s.first, nil
+	} else {
+		req, err = s.ExternalProcessor_ProcessServer.Recv()
+	}
 	if err != nil || s.buffered == nil {
 		return req, err
 	}

@@ -41,6 +41,12 @@
 //     request headers at once and answers the body with one BodyResponse
 //     carrying upstream's routing headers and metadata, and the body only
 //     when it changed. With GIE's FULL_DUPLEX_STREAMED nothing changes.
+//   - The response observer (--response-observer-wait, an opt-in of the
+//     proxy; responseobserver.go): a routing stream whose protocol_config
+//     says the response body is NONE takes its response from a second
+//     stream in Envoy's observability mode, joined by request.id, which the
+//     EPP never answers; the routing stream's end at the response headers
+//     is not the request's. Off by default; one replica only.
 //   - WithManagerSetup: in Kubernetes mode only, extends the controller
 //     manager's options before it is created (scheme, cache ByObject) and the
 //     manager after (extra controllers, e.g. the FlowControlPolicy reconciler).

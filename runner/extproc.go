@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/uuid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/sluice-gw/sluice/plugins"
@@ -64,11 +68,36 @@ type shapingServer struct {
 	// wireChunks: the server's codec is extProcCodec, which encodes the streamedChunk answers the hot path's streams
 	// send (answerChunk).
 	wireChunks bool
+	// observers (nil without --response-observer-wait) joins routing streams whose response the proxy shows an
+	// observer stream instead (responseobserver.go).
+	observers *observerJoin
 }
 
 func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ss := &shapingStream{ExternalProcessor_ProcessServer: stream, shapers: s.shapers, ctx: stream.Context(), hot: s.hot,
 		wireChunks: s.wireChunks}
+	if s.observers != nil {
+		// An observer stream says so on every message; the first tells which kind of stream this is.
+		first, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil // upstream's handler's answer to a stream that ends before its first message
+			}
+			return status.Errorf(codes.Unknown, "cannot receive stream request: %v", err) // upstream's words
+		}
+		if first.GetObservabilityMode() {
+			return s.observers.serveObserver(stream, first, s.prepareObserved)
+		}
+		ss.first, ss.join = first, s.observers
+		var stop func()
+		ss.ctx, stop = observedContext(stream.Context(), ss.awaitObserver.Load)
+		defer stop()
+		defer func() {
+			if ss.observed != nil {
+				ss.observed.release()
+			}
+		}()
+	}
 	if s.hot {
 		ss.ctx, ss.chunks = withChunkCount(ss.ctx)
 	}
@@ -142,6 +171,16 @@ type shapingStream struct {
 	// trace (nil without --decision-trace) is the request's decision trace; traceHeader its opt-in header, or "".
 	trace       *decisiontrace.Trace
 	traceHeader string
+
+	// The response observer (responseobserver.go); all zero without --response-observer-wait. first is the proxy's
+	// first message, read to tell a routing stream from an observer one; join pairs them; observed is this request's
+	// side of the join when the proxy skips the response on this stream; awaitObserver is set once the request was
+	// routed (read by the context's watcher); observing once upstream's handler reads the observer's messages.
+	first         *extprocv3.ProcessingRequest
+	join          *observerJoin
+	observed      *observedResponse
+	awaitObserver atomic.Bool
+	observing     bool
 }
 
 // Context is the stream's context, with the shed-quiet logger when a shaper
@@ -151,8 +190,15 @@ func (s *shapingStream) Context() context.Context { return s.ctx }
 // Recv hands upstream's handler the next message, but for the response chunks the stream answers itself on the hot
 // path (answerChunk).
 func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if s.observing {
+		return s.observed.next()
+	}
 	for {
 		req, err := s.recv()
+		if err != nil && s.observed.awaits(err, s.awaitObserver.Load()) {
+			s.observing = true
+			return s.observed.next()
+		}
 		if err != nil || s.chunks == nil {
 			return req, err
 		}
@@ -189,6 +235,9 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	h := req.GetRequestHeaders()
 	if h != nil {
 		s.requestID = ensureRequestID(h)
+		if s.join != nil && expectsObserver(req) {
+			s.observed = s.join.expect(s.requestID, s.observeChunk)
+		}
 		s.trace.Begin(s.requestID, s.traceHeader != "" && carries(h, s.traceHeader))
 		// Before the model-selection hold reads the body: a proxy that buffers the body sends it only once the
 		// headers are answered.
@@ -222,8 +271,21 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 // Send shapes resp and commits the trace before the answer leaves, so a client that reads the trace once it has its
 // answer finds the record (which holds the immediate response as the client gets it).
 func (s *shapingStream) Send(resp *extprocv3.ProcessingResponse) error {
+	if s.observing {
+		// Upstream's answer to an observer's message: the proxy takes none. The chunk shortcut still arms on it.
+		if s.chunks != nil {
+			s.armShortcut(resp)
+		}
+		return nil
+	}
 	if resp = s.bufferedAnswer(resp); resp == nil {
 		return nil
+	}
+	if s.observed != nil {
+		switch resp.Response.(type) {
+		case *extprocv3.ProcessingResponse_RequestHeaders, *extprocv3.ProcessingResponse_RequestBody:
+			s.awaitObserver.Store(true) // routed: from now on the routing stream's end is not the request's
+		}
 	}
 	s.shape(resp)
 	if s.trace.Active() {
@@ -246,6 +308,14 @@ func (s *shapingStream) shape(resp *extprocv3.ProcessingResponse) {
 	}
 	if s.chunks != nil {
 		s.armShortcut(resp)
+	}
+}
+
+// prepareObserved readies an observer's message for upstream's handler as recv readies the routing stream's.
+func (s *shapingServer) prepareObserved(req *extprocv3.ProcessingRequest) {
+	validHeaderValues(req)
+	if s.hot {
+		dropResponseBodyMetadata(req)
 	}
 }
 

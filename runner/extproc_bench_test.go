@@ -38,6 +38,8 @@ import (
 // which a shared machine's load disturbs far less than ns/op). With -benchmem, allocs/op against chunks is the cost
 // per response chunk, cpu-ns/op and B/op against prompt the cost of a long prompt. epp=sluice-buffered is Sluice's
 // EPP with the proxy sending the request body BUFFERED (bufferedbody.go): one body message, no body sent back.
+// epp=sluice-observed is Sluice's EPP with the response observer (responseobserver.go): the routing stream carries the
+// request phase and ends, an observer stream carries the response (observability_mode), and no chunk is answered.
 //
 //	go test -run '^$' -bench ExtProcStream -benchmem -count 6 ./runner/
 func BenchmarkExtProcStream(b *testing.B) {
@@ -46,8 +48,9 @@ func BenchmarkExtProcStream(b *testing.B) {
 		{2 << 10, 16}, {2 << 10, 128}, {2 << 10, 1024}, // a 512-token chat, answers of 16 to 1024 tokens
 		{1 << 10, 16}, {8 << 10, 16}, {16 << 10, 16}, {64 << 10, 16}, {220 << 10, 16}, {256 << 10, 16}, // prompts of 256 to 64k tokens
 	}
-	for _, profile := range []string{"upstream-default", "sluice", "sluice-buffered"} {
+	for _, profile := range []string{"upstream-default", "sluice", "sluice-buffered", "sluice-observed"} {
 		buffered := profile == "sluice-buffered" // the proxy sends the request body BUFFERED (bufferedbody.go)
+		observed := profile == "sluice-observed" // the proxy shows the response to an observer (responseobserver.go)
 		h, err := startBenchEPP(b, strings.TrimSuffix(profile, "-buffered"))
 		if err != nil {
 			b.Fatal(err)
@@ -55,7 +58,7 @@ func BenchmarkExtProcStream(b *testing.B) {
 		for _, shape := range shapes {
 			b.Run(fmt.Sprintf("prompt=%dKB/chunks=%d/epp=%s", shape.promptBytes>>10, shape.chunks, profile), func(b *testing.B) {
 				ex := newStreamedChat(shape.promptBytes, shape.chunks)
-				ex.buffered = buffered
+				ex.buffered, ex.observed = buffered, observed
 				b.ReportAllocs()
 				b.ResetTimer()
 				stop := runnertest.CPUPerOp(b)
@@ -112,6 +115,10 @@ func startBenchEPPWith(b testing.TB, profile string, selector ModelSelector, ser
 		fmt.Sprintf("--metrics-port=%d", runnertest.FreePort(b)),
 		"--secure-serving=false", "--tracing=false", "--refresh-metrics-interval=" + benchRefresh().String(),
 	}
+	if observed := strings.TrimSuffix(profile, "-observed"); observed != profile {
+		profile = observed
+		args = append(args, "--response-observer-wait=10s")
+	}
 	if strings.HasPrefix(profile, "sluice") {
 		// Sluice admission dispatches only onto endpoints scraped within the staleness threshold; a loaded machine
 		// can delay the scrapes of idle endpoints past the default 200ms, and this benchmark measures the request
@@ -149,6 +156,7 @@ func startBenchEPPWith(b testing.TB, profile string, selector ModelSelector, ser
 	}
 	// Wait for the first scrapes: Sluice admission answers 503 until an endpoint has fresh metrics.
 	ex := newStreamedChat(1<<10, 1)
+	ex.observed = strings.Contains(strings.Join(args, " "), "--response-observer-wait")
 	deadline := time.Now().Add(30 * time.Second)
 	for i := 0; ; i++ {
 		err := ex.run(h, fmt.Sprintf("warmup-%s-%d", profile, i))
@@ -200,6 +208,11 @@ type streamedChat struct {
 	// buffered plays the proxy with request_body_mode BUFFERED (bufferedbody.go): the request headers announce it, the
 	// body goes in one message, and only once the headers are answered.
 	buffered bool
+	// observed plays the proxy with the response observer (responseobserver.go): the routing stream's response body
+	// mode is NONE and it ends once routed; a second stream in observability mode carries the response.
+	observed     bool
+	observer     benchStream
+	observerWire [][]byte // the response headers (without the request ID's attribute) and chunks, as the observer sends them
 }
 
 // requestChunkBytes is the largest request body message the proxy sends: Envoy hands ext_proc the body as its
@@ -252,6 +265,9 @@ func (x *streamedChat) run(h benchEPP, id string) error {
 
 // runRecording is run, handing record (when not nil) every answer the handler sends.
 func (x *streamedChat) runRecording(h benchEPP, id string, record func(*extprocv3.ProcessingResponse)) error {
+	if x.observed {
+		return x.runObserved(h, id)
+	}
 	if x.wire == nil {
 		body := x.body.GetRequestBody().GetBody()
 		chunk := requestChunkBytes
@@ -287,6 +303,73 @@ func (x *streamedChat) runRecording(h benchEPP, id string, record func(*extprocv
 	return s.check(x)
 }
 
+// runObserved plays the exchange with the response observer: the routing stream (request headers and body) on its
+// own goroutine, as gRPC runs each stream, and the observer stream here, which starts once the request was routed (the
+// response comes after it). Nothing may answer the observer, and the routing stream answers only the request phase.
+func (x *streamedChat) runObserved(h benchEPP, id string) error {
+	if x.observerWire == nil {
+		body := x.body.GetRequestBody().GetBody()
+		for off := 0; off == 0 || off < len(body); off += requestChunkBytes {
+			end := min(off+requestChunkBytes, len(body))
+			x.wire = append(x.wire, mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}}))
+		}
+		for _, m := range x.chunks {
+			o := proto.Clone(m).(*extprocv3.ProcessingRequest)
+			o.ObservabilityMode = true
+			x.observerWire = append(x.observerWire, mustMarshal(o))
+		}
+	}
+	s := &x.stream
+	s.reset()
+	s.codec, s.responsePhase = h.codec, -1
+	s.in = append(s.in, mustMarshal(&extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headerList(
+			":method", "POST", ":path", "/v1/chat/completions", ":authority", "gateway", "content-type", "application/json",
+			"x-request-id", id)}},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseBodyMode: filterv3.ProcessingMode_NONE}}))
+	s.in = append(s.in, x.wire...)
+	routed := make(chan struct{})
+	s.routedSignal = routed
+	routingDone := make(chan error, 1)
+	go func() { routingDone <- h.Process(s) }()
+	select {
+	case <-routed:
+	case err := <-routingDone: // answered without routing (s.failure says how)
+		if s.failure != "" {
+			return fmt.Errorf("%s", s.failure)
+		}
+		return fmt.Errorf("the routing stream ended unrouted: %v", err)
+	}
+
+	o := &x.observer
+	o.reset()
+	o.codec, o.responsePhase = h.codec, -1
+	headers := proto.Clone(x.respHeaders).(*extprocv3.ProcessingRequest)
+	headers.ObservabilityMode = true
+	headers.Attributes = map[string]*structpb.Struct{extProcAttributesKey: {Fields: map[string]*structpb.Value{
+		requestIDAttribute: structpb.NewStringValue(id)}}}
+	o.in = append(o.in, mustMarshal(headers))
+	o.in = append(o.in, x.observerWire...)
+	err := h.Process(o)
+	if rerr := <-routingDone; err == nil {
+		err = rerr
+	}
+	switch {
+	case err != nil:
+		return err
+	case s.failure != "" || o.failure != "":
+		return fmt.Errorf("%s%s", s.failure, o.failure)
+	case !s.routed || s.headers != 0 || s.chunks != 0:
+		return fmt.Errorf("routing stream: routed %v, %d response-header and %d chunk answers, want routed and none", s.routed, s.headers, s.chunks)
+	case o.routed || o.headersAnswered || o.headers != 0 || o.chunks != 0 || o.next != len(o.in):
+		return fmt.Errorf("observer stream: %d response-header and %d chunk answers, %d of %d messages read; want no answer, all read",
+			o.headers, o.chunks, o.next, len(o.in))
+	}
+	return nil
+}
+
 func mustMarshal(m proto.Message) []byte {
 	b, err := proto.Marshal(m)
 	if err != nil {
@@ -316,6 +399,8 @@ type benchStream struct {
 	done            bool
 	failure         string
 	record          func(*extprocv3.ProcessingResponse) // nil: answers are only checked
+	// routedSignal (when not nil) is closed once the request is routed: the response observer's stream starts then.
+	routedSignal chan struct{}
 }
 
 func (s *benchStream) reset() {
@@ -382,8 +467,11 @@ func (s *benchStream) sent(r *extprocv3.ProcessingResponse) error {
 	case *extprocv3.ProcessingResponse_RequestHeaders:
 		s.headersAnswered = true
 	case *extprocv3.ProcessingResponse_RequestBody:
-		if sr := v.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse(); sr == nil || sr.EndOfStream {
+		if sr := v.RequestBody.GetResponse().GetBodyMutation().GetStreamedResponse(); (sr == nil || sr.EndOfStream) && !s.routed {
 			s.routed = true
+			if s.routedSignal != nil {
+				close(s.routedSignal)
+			}
 		}
 	case *extprocv3.ProcessingResponse_ResponseHeaders:
 		s.headers++

@@ -107,6 +107,7 @@ const (
 	processingRequestResponseBody    protowire.Number = 5
 	processingRequestMetadataContext protowire.Number = 8
 	processingRequestAttributes      protowire.Number = 9
+	processingRequestObservability   protowire.Number = 10
 	httpBodyBody                     protowire.Number = 1
 	httpBodyEndOfStream              protowire.Number = 2
 )
@@ -114,47 +115,63 @@ const (
 // unmarshalProcessingRequest is proto.Unmarshal of b into req, except that a response body message as proxies send
 // it (one response_body with its body and end of stream, the filter metadata and attributes) is decoded here, without
 // its metadata_context and attributes: their bytes are skipped, not decoded, so not validated either (a response body
-// message whose metadata protobuf would refuse, such as a string that is not UTF-8, is accepted). Any other message,
-// or a response body with any other field, takes proto.Unmarshal.
+// message whose metadata protobuf would refuse, such as a string that is not UTF-8, is accepted). Its
+// observability_mode (a response observer's chunk, responseobserver.go) is decoded. Any other message, or a response
+// body with any other field, takes proto.Unmarshal.
 func unmarshalProcessingRequest(b []byte, req *extprocv3.ProcessingRequest) error {
-	if body, ok := decodeResponseBody(b); ok {
+	if body, observed, ok := decodeResponseBody(b); ok {
 		req.Reset()
 		req.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
+		req.ObservabilityMode = observed
 		return nil
 	}
 	return proto.Unmarshal(b, req)
 }
 
 // decodeResponseBody decodes b when it is a well-formed ProcessingRequest of one response_body field whose HttpBody
-// has only a body and an end of stream, and besides it only metadata_context and attributes fields.
-func decodeResponseBody(b []byte) (*extprocv3.HttpBody, bool) {
+// has only a body and an end of stream, and besides it only metadata_context, attributes and observability_mode
+// fields.
+func decodeResponseBody(b []byte) (_ *extprocv3.HttpBody, observed, ok bool) {
 	var body []byte
 	seen := false
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.BytesType {
-			return nil, false
+		if n < 0 {
+			return nil, false, false
+		}
+		if num == processingRequestObservability && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(b[n:])
+			if m < 0 {
+				return nil, false, false
+			}
+			observed = protowire.DecodeBool(v)
+			b = b[n+m:]
+			continue
+		}
+		if typ != protowire.BytesType {
+			return nil, false, false
 		}
 		v, m := protowire.ConsumeBytes(b[n:])
 		if m < 0 {
-			return nil, false
+			return nil, false, false
 		}
 		switch num {
 		case processingRequestResponseBody:
 			if seen { // a second one would be merged into the first
-				return nil, false
+				return nil, false, false
 			}
 			body, seen = v, true
 		case processingRequestMetadataContext, processingRequestAttributes:
 		default:
-			return nil, false
+			return nil, false, false
 		}
 		b = b[n+m:]
 	}
 	if !seen {
-		return nil, false
+		return nil, false, false
 	}
-	return decodeHTTPBody(body)
+	out, ok := decodeHTTPBody(body)
+	return out, observed, ok
 }
 
 // decodeHTTPBody decodes an HttpBody that has only a body and an end of stream (as protobuf does, the last of a

@@ -39,8 +39,14 @@ func codecTestMessages(t testing.TB) map[string][]byte {
 	unknown = protowire.AppendBytes(unknown, []byte("future"))
 	metadataAsVarint := protowire.AppendTag(nil, processingRequestMetadataContext, protowire.VarintType)
 	metadataAsVarint = protowire.AppendVarint(metadataAsVarint, 7)
+	observabilityAsBytes := protowire.AppendBytes(protowire.AppendTag(nil, processingRequestObservability, protowire.BytesType), []byte{1})
 	return map[string][]byte{
 		"response body with metadata, attributes and a later field": chunkWithMetadata,
+		"an observer's response body, observability_mode first": append(marshal(&extprocv3.ProcessingRequest{ObservabilityMode: true}),
+			marshal(&extprocv3.ProcessingRequest{Request: chunk, MetadataContext: served})...),
+		"observability_mode set, then cleared": append(bytes.Clone(chunkWithMetadata), protowire.AppendVarint(
+			protowire.AppendTag(nil, processingRequestObservability, protowire.VarintType), 0)...),
+		"observability_mode as bytes": append(bytes.Clone(chunkWithMetadata), observabilityAsBytes...),
 		"response body, metadata first": append(marshal(&extprocv3.ProcessingRequest{MetadataContext: served}),
 			marshal(&extprocv3.ProcessingRequest{Request: chunk})...),
 		"two response bodies merge": append(marshal(&extprocv3.ProcessingRequest{Request: chunk, MetadataContext: served}), marshal(&extprocv3.ProcessingRequest{
@@ -59,6 +65,17 @@ func codecTestMessages(t testing.TB) map[string][]byte {
 		"malformed body":   append(bytes.Clone(chunkWithMetadata), 0x2a, 0x05, 0x0a),
 		"bad tag":          append(bytes.Clone(chunkWithMetadata), 0x00),
 		"body as a varint": protowire.AppendVarint(protowire.AppendTag(bytes.Clone(chunkWithMetadata), processingRequestResponseBody, protowire.VarintType), 1),
+	}
+}
+
+// TestExtProcCodecTakesObserverChunks: a response observer's chunk (observability_mode set, responseobserver.go)
+// takes the fast path, with its observability_mode.
+func TestExtProcCodecTakesObserverChunks(t *testing.T) {
+	b := mustMarshal(&extprocv3.ProcessingRequest{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseBody{
+		ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {}\n\n")}}})
+	body, observed, ok := decodeResponseBody(b)
+	if !ok || !observed || string(body.GetBody()) != "data: {}\n\n" {
+		t.Errorf("decodeResponseBody: %v, observed %v, fast path %v; want the chunk, observed, on the fast path", body, observed, ok)
 	}
 }
 

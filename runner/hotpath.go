@@ -260,19 +260,11 @@ func dropResponseBodyMetadata(req *extprocv3.ProcessingRequest) {
 // the end of the stream, no bytes) takes upstream's handler. The request context is upstream's, touched only from
 // the stream's goroutine, between two of the handler's Recv calls, as the handler itself does.
 func (s *shapingStream) answerChunk(req *extprocv3.ProcessingRequest) (bool, error) {
-	c := s.chunks
-	if c == nil || !c.armed {
+	b := s.takeChunk(req)
+	if b == nil {
 		return false, nil
 	}
-	b := req.GetResponseBody()
-	r := c.req
-	if b == nil || b.EndOfStream || r.ResponseComplete || r.RequestState != handlers.HeaderResponseResponseComplete ||
-		!c.eventStream || !c.dir.screen.NamesNoUsage(b.Body) || c.ctx.Err() != nil {
-		return false, nil
-	}
-	r.ResponseSize += len(b.Body)
-	c.n++
-	c.dir.skip(c.ctx, c, r)
+	r := s.chunks.req
 	chunk := rewriteModelName(b.Body, r.TargetModelName, r.IncomingModelName)
 	for off := 0; off < len(chunk); off += envoy.BodyByteLimit { // upstream's envoy.BuildChunkedBodyResponses
 		part := chunk[off:min(off+envoy.BodyByteLimit, len(chunk))]
@@ -287,6 +279,31 @@ func (s *shapingStream) answerChunk(req *extprocv3.ProcessingRequest) (bool, err
 		}
 	}
 	return true, nil
+}
+
+// takeChunk does upstream's handler's work for a chunk the stream answers itself (answerChunk), but the answer, and
+// returns the chunk; nil when the chunk is upstream's handler's to answer.
+func (s *shapingStream) takeChunk(req *extprocv3.ProcessingRequest) *extprocv3.HttpBody {
+	c := s.chunks
+	if c == nil || !c.armed {
+		return nil
+	}
+	b := req.GetResponseBody()
+	r := c.req
+	if b == nil || b.EndOfStream || r.ResponseComplete || r.RequestState != handlers.HeaderResponseResponseComplete ||
+		!c.eventStream || !c.dir.screen.NamesNoUsage(b.Body) || c.ctx.Err() != nil {
+		return nil
+	}
+	r.ResponseSize += len(b.Body)
+	c.n++
+	c.dir.skip(c.ctx, c, r)
+	return b
+}
+
+// observeChunk is takeChunk for a chunk the response observer shows (responseobserver.go), which nobody answers:
+// it reports whether upstream's handler need not see it.
+func (s *shapingStream) observeChunk(req *extprocv3.ProcessingRequest) bool {
+	return s.takeChunk(req) != nil
 }
 
 // chunkAnswer is the answer to a response chunk upstream's handler sends (a streamed body mutation that does not end

@@ -59,6 +59,9 @@ type Options struct {
 	// PeerExchangeInterval is how often each replica sends its peers its summary (runner/peerexchange.go); 0: never,
 	// the replicas share by endpoint ownership alone.
 	PeerExchangeInterval time.Duration
+	// ResponseObserverWait turns the response observer on (responseobserver.go): how long a routed request whose
+	// routing stream skips the response waits for its observer stream once the proxy ended the routing stream. 0: off.
+	ResponseObserverWait time.Duration
 	// ShowVersion prints the version and exits.
 	ShowVersion bool
 
@@ -129,6 +132,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How often each replica sends its peers a summary of its seats (Sluice admission), so that the replicas size "+
 			"the Critical reserve for the whole pool and send a Critical request that would wait to a peer's idle seat; "+
 			"0 shares by endpoint ownership alone.")
+	fs.DurationVar(&o.ResponseObserverWait, "response-observer-wait", o.ResponseObserverWait,
+		"Response observer (an opt-in of the proxy; examples/envoy/envoy-response-observer.yaml): take each response from a "+
+			"second ext_proc filter in observability mode, joined by request.id, for requests whose routing filter skips the "+
+			"response (response_body_mode NONE). A routed request waits at most this long for its observer once the proxy "+
+			"ended its routing stream; then it ends (sluice_response_observer_total{outcome=\"missing\"}). 0 (the default) "+
+			"turns it off. One EPP replica only: both streams of a request must reach it.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 
@@ -160,6 +169,12 @@ func (o *Options) Validate() error {
 	}
 	if err := o.validatePeers(); err != nil {
 		return err
+	}
+	if o.ResponseObserverWait < 0 {
+		return fmt.Errorf("--response-observer-wait must not be negative, got %s", o.ResponseObserverWait)
+	}
+	if o.ResponseObserverWait > 0 && (o.Peers != "" || o.PeersFile != "" || o.PeersService != "") {
+		return errors.New("--response-observer-wait needs both ext_proc streams of a request on one replica: it does not go with --peers, --peers-file or --peers-service")
 	}
 	if !o.StaticMode() {
 		if o.ObjectivesFile != "" {

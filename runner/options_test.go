@@ -121,6 +121,7 @@ func TestFlagsReachOptions(t *testing.T) {
 		{[]string{"--peers=a:1,b:1"}, func(o *Options) bool { return o.Peers == "a:1,b:1" }},
 		{[]string{"--peers-file=/p"}, func(o *Options) bool { return o.PeersFile == "/p" }},
 		{[]string{"--peers-service=epp"}, func(o *Options) bool { return o.PeersService == "epp" }},
+		{[]string{"--response-observer-wait=2s"}, func(o *Options) bool { return o.ResponseObserverWait == 2*time.Second }},
 		{[]string{"--replica-id=a:1"}, func(o *Options) bool { return o.ReplicaID == "a:1" }},
 		{[]string{"--peer-probe-interval=1s"}, func(o *Options) bool { return o.PeerProbeInterval == time.Second }},
 		{[]string{"--peer-timeout=3s"}, func(o *Options) bool { return o.PeerTimeout == 3*time.Second }},
@@ -177,6 +178,9 @@ func TestValidate(t *testing.T) {
 		{"peers and leader election", []string{"--pool-name=p", "--peers-service=epp", "--ha-enable-leader-election"}, "choose one"},
 		{"peer timeout within interval", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=100ms"}, "at least twice --peer-probe-interval"},
 		{"peer timeout under two intervals", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=150ms"}, "at least twice --peer-probe-interval"},
+		{"response observer", []string{"--static-endpoints=10.0.0.1:8000", "--response-observer-wait=2s"}, ""},
+		{"response observer wait negative", []string{"--static-endpoints=10.0.0.1:8000", "--response-observer-wait=-1s"}, "must not be negative"},
+		{"response observer with peers", []string{"--static-endpoints=10.0.0.1:8000", "--peers=a:1,b:1", "--replica-id=a:1", "--response-observer-wait=2s"}, "does not go with --peers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -225,6 +225,9 @@ func (r *realRun) start(ctx context.Context) error {
 		if r.c.RequestBodyMode != "" {
 			dpArgs = append(dpArgs, "--request-body-mode="+r.c.RequestBodyMode)
 		}
+		if r.c.ResponseObserver {
+			dpArgs = append(dpArgs, "--response-observer")
+		}
 		if r.c.Balance != "" {
 			dpArgs = append(dpArgs, "--epp-balance="+r.c.Balance)
 		}
@@ -243,6 +246,11 @@ func (r *realRun) start(ctx context.Context) error {
 	}
 	return loadgen.Sleep(ctx, settle)
 }
+
+// responseObserverWait is the EPP's --response-observer-wait for a contender with ResponseObserver: the data plane
+// opens the observer stream right after it closes the routing stream, so any wait will do; this one is the EPP
+// flag's own example.
+const responseObserverWait = 2 * time.Second
 
 // eppArgs writes the contender's files into the run folder and returns the
 // EPP's flags.
@@ -275,6 +283,9 @@ func (r *realRun) eppArgs(endpoints []string, grpc, health, metrics int) ([]stri
 	}
 	if r.c.SluiceAdmission {
 		args = append(args, "--sluice-admission")
+	}
+	if r.c.ResponseObserver {
+		args = append(args, "--response-observer-wait="+responseObserverWait.String())
 	}
 	return args, nil
 }

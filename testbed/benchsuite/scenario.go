@@ -230,6 +230,9 @@ type ExtraContenderFile struct {
 	// (GIE's, the default) or buffered. Real time only: the virtual engine
 	// has no data plane.
 	RequestBodyMode string `json:"request_body_mode,omitempty"`
+	// ResponseObserver shows the EPP each response on an observer stream instead of the routing stream (the data
+	// plane's --response-observer, the EPP's --response-observer-wait). Real time only, as RequestBodyMode.
+	ResponseObserver bool `json:"response_observer,omitempty"`
 }
 
 // TargetFile is one target: exactly one of AtMost, AtLeast and Within.
@@ -362,6 +365,9 @@ type Contender struct {
 	// RequestBodyMode is the data plane's --request-body-mode; "" is its
 	// default, GIE's FULL_DUPLEX_STREAMED (see ExtraContenderFile).
 	RequestBodyMode string `json:"request_body_mode,omitempty"`
+	// ResponseObserver: the data plane's --response-observer and the EPP's --response-observer-wait (see
+	// ExtraContenderFile).
+	ResponseObserver bool `json:"response_observer,omitempty"`
 }
 
 // Describe says in a few words what the contender runs.
@@ -392,6 +398,11 @@ func (c Contender) Describe() string {
 		plain := c
 		plain.RequestBodyMode = ""
 		return plain.Describe() + "; request body " + c.RequestBodyMode
+	}
+	if c.ResponseObserver {
+		plain := c
+		plain.ResponseObserver = false
+		return plain.Describe() + "; responses through an observer stream"
 	}
 	profile := "upstream v1.5.0 default profile"
 	if c.SluiceAdmission {
@@ -763,7 +774,7 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 		}
 		reserved[x.Name] = true
 		c := Contender{Name: x.Name, Router: x.Router, SluiceAdmission: x.SluiceAdmission, Extra: true,
-			RequestBodyMode: x.RequestBodyMode}
+			RequestBodyMode: x.RequestBodyMode, ResponseObserver: x.ResponseObserver}
 		switch dataplane.BodyMode(x.RequestBodyMode) {
 		case "", dataplane.BodyFullDuplexStreamed, dataplane.BodyBuffered:
 		default:
@@ -773,8 +784,8 @@ func (f *ScenarioFile) buildContenders(sc *Scenario, dir string, errs *fieldErro
 		case RouterEPP:
 			loadEPPFiles(&c, dir, x.EPPConfig, x.FlowControlPolicy, field, errs)
 		case RouterRoundRobin:
-			if x.EPPConfig != "" || x.FlowControlPolicy != "" || x.SluiceAdmission || x.RequestBodyMode != "" {
-				errs.add(field, errors.New("a round-robin contender has no EPP: drop epp_config, flow_control_policy, sluice_admission and request_body_mode"))
+			if x.EPPConfig != "" || x.FlowControlPolicy != "" || x.SluiceAdmission || x.RequestBodyMode != "" || x.ResponseObserver {
+				errs.add(field, errors.New("a round-robin contender has no EPP: drop epp_config, flow_control_policy, sluice_admission, request_body_mode and response_observer"))
 			}
 		default:
 			errs.addf(field+".router", "%q is not epp or round-robin", x.Router)

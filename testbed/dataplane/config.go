@@ -64,6 +64,9 @@ type Config struct {
 	// BodyFullDuplexStreamed (the default, GIE's reference configuration) or
 	// BodyBuffered (doc.go, "BUFFERED request bodies").
 	RequestBodyMode BodyMode
+	// ResponseObserver plays Envoy with the routing filter's response phase skipped and a second ext_proc filter in
+	// observability mode showing the EPP the response (observer.go); the EPP needs --response-observer-wait.
+	ResponseObserver bool
 	// EPPTLS dials the EPP over TLS without verifying its certificate: the
 	// upstream EPP serves a self-signed certificate by default, and GIE's
 	// reference Envoy configuration accepts it the same way (an empty

@@ -33,6 +33,84 @@ func TestEnvoyExampleBufferedRequestBody(t *testing.T) {
 	checkEnvoyExample(t, "../../examples/envoy/envoy-buffered-request-body.yaml", BodyBuffered)
 }
 
+// TestEnvoyExampleResponseObserver validates the opt-in variant examples/envoy/envoy-response-observer.yaml as
+// ResponseObserver emulates it: envoy.yaml's request phase, the routing filter's response skipped (so its
+// protocol_config says response_body_mode NONE), and a second ext_proc filter on the same cluster in observability
+// mode that sends the response headers (with the request.id attribute), the body STREAMED and the trailers.
+func TestEnvoyExampleResponseObserver(t *testing.T) {
+	_, hcm := loadEnvoyExample(t, "../../examples/envoy/envoy-response-observer.yaml")
+	filters := hcm.GetHttpFilters()
+	names := []string{}
+	for _, f := range filters {
+		names = append(names, f.GetName())
+	}
+	if !slices.Equal(names, []string{"envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.ext_proc",
+		"envoy.filters.http.router"}) {
+		t.Fatalf("http filters %v, want header_mutation, the routing ext_proc, the observer ext_proc, router", names)
+	}
+	var routing, observer extprocfilterv3.ExternalProcessor
+	if err := filters[1].GetTypedConfig().UnmarshalTo(&routing); err != nil {
+		t.Fatal(err)
+	}
+	if err := filters[2].GetTypedConfig().UnmarshalTo(&observer); err != nil {
+		t.Fatal(err)
+	}
+	pm := routing.GetProcessingMode()
+	if routing.GetObservabilityMode() || pm.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SEND ||
+		pm.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED ||
+		pm.GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SKIP || pm.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_NONE ||
+		pm.GetResponseTrailerMode() != extprocfilterv3.ProcessingMode_SKIP {
+		t.Errorf("routing filter: processing mode %v, want the request as GIE's and the response skipped", pm)
+	}
+	om := observer.GetProcessingMode()
+	if !observer.GetObservabilityMode() || om.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SKIP ||
+		om.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_NONE ||
+		om.GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SEND || om.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_STREAMED ||
+		om.GetResponseTrailerMode() != extprocfilterv3.ProcessingMode_SEND {
+		t.Errorf("observer filter: observability %v, processing mode %v; want observability mode, the response only, its body STREAMED",
+			observer.GetObservabilityMode(), om)
+	}
+	if !slices.Contains(observer.GetResponseAttributes(), "request.id") {
+		t.Errorf("observer filter: response attributes %v lack request.id, which joins it to the routed request", observer.GetResponseAttributes())
+	}
+	if a, b := routing.GetGrpcService().GetEnvoyGrpc().GetClusterName(), observer.GetGrpcService().GetEnvoyGrpc().GetClusterName(); a != b {
+		t.Errorf("the filters' clusters %q and %q differ: both streams of a request must reach the same EPP", a, b)
+	}
+	if !slices.Contains(observer.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(), metadata.DestinationEndpointNamespace) {
+		t.Errorf("observer filter does not forward %s (the served endpoint)", metadata.DestinationEndpointNamespace)
+	}
+}
+
+// loadEnvoyExample decodes the bootstrap at path into Envoy's proto, with every typed_config resolved, checks it
+// with go-control-plane's generated validation, and returns it with its listener's HTTP connection manager.
+func loadEnvoyExample(t *testing.T, path string) (*bootstrapv3.Bootstrap, *hcmv3.HttpConnectionManager) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		t.Fatalf("not a valid Envoy bootstrap: %v", err)
+	}
+	if err := bs.ValidateAll(); err != nil {
+		t.Fatalf("bootstrap fails Envoy's proto validation: %v", err)
+	}
+	listeners := bs.GetStaticResources().GetListeners()
+	if len(listeners) != 1 {
+		t.Fatalf("%d listeners, want 1", len(listeners))
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	return &bs, &hcm
+}
+
 func checkEnvoyExample(t *testing.T, path string, requestBody BodyMode) {
 	raw, err := os.ReadFile(path)
 	if err != nil {

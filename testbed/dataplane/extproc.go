@@ -139,7 +139,7 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 	if p.cfg.RequestBodyMode == BodyBuffered {
 		phase = requestPhaseBuffered
 	}
-	dec, err := phase(stream, head, body, hint)
+	dec, err := phase(stream, head, body, hint, p.protocolConfig)
 	ex.eppTime = time.Since(opened)
 	if timer.stop() {
 		err = errMessageTimeout
@@ -166,6 +166,13 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 		return outcome
 	}
 	defer func() { _ = resp.Body.Close() }()
+	if p.cfg.ResponseObserver {
+		closeRouting := func() {
+			_ = stream.CloseSend()
+			cancelStream()
+		}
+		return ex.responseObserved(closeRouting, resp, served, hint, head.method, head.header.Get("X-Request-Id"))
+	}
 	return ex.responsePhase(stream, cancelStream, upCancel, resp, served, hint, head.method)
 }
 
@@ -174,7 +181,8 @@ func (ex *exchange) viaEPP(head *requestHead, body []byte, hint subsetHint) Outc
 // for an answer, end_of_stream on the last) and collects the EPP's answers:
 // a headers response, then streamed body chunks up to end_of_stream, or an
 // ImmediateResponse at any point. head is mutated in place.
-func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, head *requestHead, body []byte, hint subsetHint) (*requestDecision, error) {
+func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, head *requestHead, body []byte, hint subsetHint,
+	protocol func(filterv3.ProcessingMode_BodySendMode) *extprocv3.ProtocolConfiguration) (*requestDecision, error) {
 	md := metadataContext(hint, "")
 	first := &extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
@@ -182,10 +190,7 @@ func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, head *reques
 			EndOfStream: len(body) == 0,
 		}},
 		MetadataContext: md,
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{
-			RequestBodyMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		},
+		ProtocolConfig:  protocol(filterv3.ProcessingMode_FULL_DUPLEX_STREAMED),
 	}
 	err := stream.Send(first)
 	for off := 0; err == nil && off < len(body); off += requestChunkSize {
@@ -254,7 +259,8 @@ func requestPhase(stream extprocv3.ExternalProcessor_ProcessClient, head *reques
 // content-length that does not match the body forwarded fails the request
 // (Envoy rejects such a body mutation with a local reply). An
 // ImmediateResponse may answer either message. head is mutated in place.
-func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head *requestHead, body []byte, hint subsetHint) (*requestDecision, error) {
+func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head *requestHead, body []byte, hint subsetHint,
+	protocol func(filterv3.ProcessingMode_BodySendMode) *extprocv3.ProtocolConfiguration) (*requestDecision, error) {
 	md := metadataContext(hint, "")
 	err := stream.Send(&extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
@@ -262,10 +268,7 @@ func requestPhaseBuffered(stream extprocv3.ExternalProcessor_ProcessClient, head
 			EndOfStream: len(body) == 0,
 		}},
 		MetadataContext: md,
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{
-			RequestBodyMode:  filterv3.ProcessingMode_BUFFERED,
-			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		},
+		ProtocolConfig:  protocol(filterv3.ProcessingMode_BUFFERED),
 	})
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("sending request headers to EPP: %w", err)

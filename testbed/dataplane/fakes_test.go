@@ -36,6 +36,11 @@ type seenExchange struct {
 	responseHeaders  map[string]string
 	responseMetadata map[string]any // metadata_context of the response headers message
 	responseChunks   [][]byte
+	// observed: every message of the stream said observability_mode; observedID is the request.id attribute of its
+	// response headers; responseEnd: a response message ended the response.
+	observed, notObserved bool
+	observedID            string
+	responseEnd           bool
 }
 
 // eppBehaviour scripts the fake EPP. Zero fields mean: route to nothing,
@@ -147,6 +152,13 @@ func (f *fakeEPP) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		if err != nil {
 			return err
 		}
+		f.mu.Lock()
+		if req.GetObservabilityMode() {
+			s.observed = true
+		} else {
+			s.notObserved = true
+		}
+		f.mu.Unlock()
 		switch v := req.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			f.mu.Lock()
@@ -184,6 +196,8 @@ func (f *fakeEPP) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			f.mu.Lock()
 			s.responseHeaders = headerMap(v.ResponseHeaders.GetHeaders())
 			s.responseMetadata = metadataMap(req.GetMetadataContext())
+			s.observedID = req.GetAttributes()["envoy.filters.http.ext_proc"].GetFields()["request.id"].GetStringValue()
+			s.responseEnd = s.responseEnd || v.ResponseHeaders.GetEndOfStream()
 			f.mu.Unlock()
 			if f.b.failResponseHeaders != nil {
 				return f.b.failResponseHeaders
@@ -203,6 +217,7 @@ func (f *fakeEPP) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			if len(chunk) > 0 {
 				s.responseChunks = append(s.responseChunks, bytes.Clone(chunk))
 			}
+			s.responseEnd = s.responseEnd || eos
 			f.mu.Unlock()
 			if f.b.bufferResponse {
 				buffered = append(buffered, chunk...)

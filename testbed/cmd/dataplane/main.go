@@ -56,6 +56,7 @@ func run(args []string) error {
 		epp           = fs.String("epp", "", "EPP ext_proc address host:port (EPP mode), or a comma-separated list of the EPP's replicas")
 		eppBalance    = fs.String("epp-balance", dataplane.BalanceRoundRobin, "how ext_proc streams are spread over the EPP's replicas, one per request: round-robin or random")
 		bodyMode      = fs.String("request-body-mode", string(dataplane.BodyFullDuplexStreamed), "how request bodies go to the EPP, as Envoy's ext_proc request_body_mode: full-duplex-streamed (GIE's) or buffered")
+		observer      = fs.Bool("response-observer", false, "skip the response on the routing ext_proc stream and show it to the EPP on a second stream in observability mode, as Envoy with examples/envoy/envoy-response-observer.yaml (the EPP needs --response-observer-wait)")
 		eppTLS        = fs.Bool("epp-tls", false, "dial the EPP over TLS without verifying its (self-signed) certificate")
 		roundRobin    = fs.Bool("round-robin", false, "no EPP: rotate over --endpoints (benchmark baseline)")
 		endpoints     = fs.String("endpoints", "", "comma-separated model server addresses host:port (round-robin targets; fail-open targets in EPP mode)")
@@ -98,6 +99,7 @@ func run(args []string) error {
 		EPPBalance:                *eppBalance,
 		EPPTLS:                    *eppTLS,
 		RequestBodyMode:           dataplane.BodyMode(*bodyMode),
+		ResponseObserver:          *observer,
 		RoundRobin:                *roundRobin,
 		Endpoints:                 dataplane.SplitEndpointList(*endpoints),
 		FailureModeAllow:          *failOpen,
