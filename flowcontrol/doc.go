@@ -70,7 +70,9 @@
 // has ended on a seat-bound endpoint yet, so nothing frees) and once the pool has a slot limit, a lower band under the
 // reserve also goes beyond no endpoint's tentative seats while the reserve's idle seats are short: only Critical grows
 // an endpoint then, so the places beyond the seats are left for the Critical arrivals of the warm-up (headroom.go,
-// warmUpGrowthLocked). Schedulers rank a KV-bound
+// warmUpGrowthLocked). Under the reserve in such a pool a lower band also sends an endpoint of unknown limit that has
+// run more than the pool's limit and has no tentative seats no further than the most it has run (beyondMostRunLocked):
+// Critical alone grows it. Schedulers rank a KV-bound
 // endpoint by the seats its KV cache has room for, so requests go where they start at once. A tenant under its share
 // (tenantseats.go; its share is of what the band drains, from the rate the seats of every seat-bound endpoint not down
 // free, whether or not its latest scrape is fresh) is served as Critical is under its reserve: first in its band,

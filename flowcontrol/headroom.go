@@ -52,14 +52,15 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 // it, where it would wait inside the server), and it takes a free seat of a seat-bound endpoint only if the seats are
 // not down to those kept for others (seatsFull). A request beyond the seats, where the capacity allows it, takes no
 // seat kept for another. Under the Critical reserve a lower band also keeps to the pool's slot limit where the
-// endpoint's own is not known (poolSlotsCapLocked). With live peers a Critical request may have to start at once
+// endpoint's own is not known (poolSlotsCapLocked) and, on an endpoint seen running more than that without tentative
+// seats, to the most it has run (beyondMostRunLocked). With live peers a Critical request may have to start at once
 // (atOnceOnlyLocked). While a tenant of the band is under its share (yields), no request of the band goes where it
 // would wait inside the server (yieldedFullLocked).
 func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, yields, seatsFull, atOnceOnly bool, now time.Time) bool {
 	if !e.hasSlot(strict) || yields && c.yieldedFullLocked(e) {
 		return false
 	}
-	if reserve && band != Critical && c.poolSlotsCapLocked(e) || atOnceOnly && !c.startsAtOnceLocked(e) {
+	if reserve && band != Critical && (c.poolSlotsCapLocked(e) || c.beyondMostRunLocked(e)) || atOnceOnly && !c.startsAtOnceLocked(e) {
 		return false
 	}
 	if c.freeSeatsLocked(e) == 0 {
@@ -89,6 +90,19 @@ func (c *Controller) warmUpGrowthLocked(e *endpointState, now time.Time) bool {
 func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
 	n := c.poolSlotsForLocked(e)
 	return n > 0 && e.occupancy() >= n
+}
+
+// beyondMostRunLocked reports whether one more request would take e beyond the most it has been seen running, in a
+// pool where a slot limit has been learned, while e's own limit is not known and it has no tentative seats (it has run
+// more than the pool's limit, and 16 or more, so concurrencyLearner gives it none): under the Critical reserve a lower
+// band sends it no more. Such an endpoint may be a slot-limited server larger than the pool's limit (the mixed fleet's
+// 24-slot server, whose limit no scrape shows before a request waits there): in the warm-up lower bands sent it
+// requests beyond its 24 slots, and those, not the Critical requests waiting in the EPP, took its first freed seats
+// (testbed/bench/scenarios/README.md). Critical may still go beyond, as beyond the pool's slot limit
+// (poolSlotsCapLocked); a request that starts at once there raises the most it has run, and the lower bands follow.
+func (c *Controller) beyondMostRunLocked(e *endpointState) bool {
+	pool := c.poolSlotsLocked()
+	return pool > 0 && e.known == 0 && e.seats == 0 && e.learner.maxRunning > pool && e.occupancy() >= e.learner.maxRunning
 }
 
 // poolSlotsForLocked is the pool's slot limit (poolSlotsLocked) where it stands for e's own: e's limit is not known
