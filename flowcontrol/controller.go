@@ -96,7 +96,7 @@ type Controller struct {
 	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates.
 	demand        map[tenantKey]*tenantDemand
 	demandSweepAt int
-	underShare    map[tenantKey]float64
+	underShare    map[tenantKey]tenantArrivals
 	underShareAt  time.Time
 	rates         map[tenantKey]tenantRates // underShareLocked's scratch (tenantRatesLocked)
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.

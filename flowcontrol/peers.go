@@ -328,7 +328,7 @@ func (c *Controller) mayGoToPeerLocked(band Band, now time.Time) bool {
 // (mayGoToPeerLocked), of tenants under their share.
 func (c *Controller) protectedWaitingLocked(now time.Time) int {
 	n := 0
-	var under map[tenantKey]float64
+	var under map[tenantKey]tenantArrivals
 	for _, b := range allBands {
 		q := c.bands[b]
 		if q.count == 0 || !c.mayGoToPeerLocked(b, now) {
@@ -368,17 +368,23 @@ func (c *Controller) spareLocked(now time.Time, protectedWaiting int) (spare []E
 		return nil, false // what waits here takes the next place first
 	}
 	seats, _, frees := c.seatFiguresLocked(now)
-	own := c.underShareSeatsLocked(Standard, "", seats, frees, now) // kept for this replica's own arrivals
+	own := c.underShareSeatsLocked(Standard, "", seats, frees, now) // kept for the arrivals of tenants under their share
 	waiting := c.peerKeptLocked(Standard, seats, now)
+	// Kept as this replica's part of the pool's (pooledTenantSeatsLocked), the seats for arrivals of tenants under
+	// their share are the pool's: one that waits at a peer may take them as it would take any idle seat of the pool
+	// it owned. Kept for this replica's own arrivals (no peer reports demand), they stay for those.
+	if c.pooledTenantSeatsLocked() && c.peers.ProtectedWaiting > 0 && c.mayGoToPeerLocked(Standard, now) {
+		own, waiting = 0, min(seats/2, waiting+own)
+	}
 	switch {
 	case c.totalCount == 0:
 		// Nothing waits here: every place beyond those kept for this replica's own arrivals, to the peers' requests
 		// of tenants under their share only while some wait.
-		return c.offerSeatsLocked(now, own, -1, true), waiting > 0
+		return c.offerSeatsLocked(now, own, -1, true, waiting > 0), waiting > 0
 	case waiting > 0:
 		// Requests of tenants over their share wait here: the seats they left idle for the peers' waiting requests
 		// of tenants under their share (tenantSeatsLocked), to those only.
-		return c.offerSeatsLocked(now, own, min(waiting, max(0, seats/2-own)), false), true
+		return c.offerSeatsLocked(now, own, min(waiting, max(0, seats/2-own)), false, true), true
 	}
 	return nil, false
 }
@@ -386,7 +392,13 @@ func (c *Controller) spareLocked(now time.Time, protectedWaiting int) (spare []E
 // offerSeatsLocked lists up to limit (-1: no limit) places on this replica's fresh endpoints below Standard's ceiling
 // with a slot, in snapshot order, after leaving the first skip free seats unlisted: an endpoint's free seats, and, when
 // unseated, one place on an endpoint without a seat count.
-func (c *Controller) offerSeatsLocked(now time.Time, skip, limit int, unseated bool) []EndpointSeats {
+//
+// Places offered to requests of tenants under their share only (protected) are judged as those requests are
+// (headroomLocked's strict): by seats, not by the KV cache's use, against the endpoint's capacity. Judged as any
+// Standard request, a KV-bound endpoint whose tenants over their share left seats idle for them (its KV use near the
+// ceiling that leaves room above it for whatever has priority) offered none of them, and the peers' protected requests
+// waited for a seat of their own replica's to free (kv-bound x4: up to 2.2 s, measured).
+func (c *Controller) offerSeatsLocked(now time.Time, skip, limit int, unseated, protected bool) []EndpointSeats {
 	ceiling := c.cfg.Bands[Standard].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	var spare []EndpointSeats
@@ -395,7 +407,7 @@ func (c *Controller) offerSeatsLocked(now time.Time, skip, limit int, unseated b
 			break
 		}
 		e := &c.endpoints[i]
-		if !e.usable(cutoff) || !e.hasSlot(false) || e.saturationFor(false) >= ceiling || c.seatsGuessedLocked(e) {
+		if !e.usable(cutoff) || !e.hasSlot(protected) || e.saturationFor(protected) >= ceiling || c.seatsGuessedLocked(e) {
 			continue
 		}
 		n := 0

@@ -498,7 +498,7 @@ func TestTenantUnderShareOverThePool(t *testing.T) {
 			if _, got := under[tenantKey{Standard, "light"}]; got != tt.under {
 				t.Errorf("light under its share: %v, want %v", got, tt.under)
 			}
-			if arrivals := under[tenantKey{Standard, "light"}]; tt.under && math.Abs(arrivals-tt.light) > 0.5 {
+			if arrivals := under[tenantKey{Standard, "light"}]; tt.under && math.Abs(arrivals.here-tt.light) > 0.5 {
 				t.Errorf("light's arrivals for the seats kept here %.2f/s, want its own %.0f/s", arrivals, tt.light)
 			}
 			if _, got := under[tenantKey{Standard, "heavy"}]; got {
@@ -626,7 +626,8 @@ func TestSeatsKeptForPeersProtected(t *testing.T) {
 // seat and one place on an endpoint without a seat count, to any request of a peer (or only to its requests of tenants
 // under their share while some wait at the peers); nothing while the Critical reserve is on, or while requests wait
 // here with none protected waiting at the peers; none on an endpoint whose seats are the pool's guess while a server
-// of the pool ran more than the pool's slot limit (seatsGuessedLocked).
+// of the pool ran more than the pool's slot limit (seatsGuessedLocked); none on an endpoint whose KV use is over
+// Standard's ceiling, but to protected requests, which are judged by seats.
 func TestSpareOffered(t *testing.T) {
 	live := func(pool, _ int) int { return pool }
 	for _, tc := range []struct {
@@ -635,12 +636,17 @@ func TestSpareOffered(t *testing.T) {
 		critical  bool // a Critical request arrived: the reserve is on
 		extra     int  // more Standard requests than the first
 		protected int
-		poolSlots int // the smallest slot limit the peers learned
-		poolRan   int // the most the peers' endpoints ran at once
+		poolSlots int     // the smallest slot limit the peers learned
+		poolRan   int     // the most the peers' endpoints ran at once
+		kv        float64 // the endpoints' KV cache use
 		spare     []EndpointSeats
 		onlyTo    bool
 	}{
 		{name: "free seats", known: true, spare: []EndpointSeats{{"a", 1}, {"b", 2}}},
+		// Protected requests are judged by seats, not by the KV cache's use, and so are the places kept for them.
+		{name: "KV use over Standard's ceiling: none", known: true, kv: 0.85},
+		{name: "KV use over Standard's ceiling, protected requests at a peer: offered to them", known: true, kv: 0.85,
+			protected: 2, onlyTo: true, spare: []EndpointSeats{{"a", 1}, {"b", 2}}},
 		{name: "free seats, protected requests at a peer", known: true, protected: 2, onlyTo: true,
 			spare: []EndpointSeats{{"a", 1}, {"b", 2}}},
 		{name: "no seat count: one place each", spare: []EndpointSeats{{"a", 1}, {"b", 1}}},
@@ -668,6 +674,9 @@ func TestSpareOffered(t *testing.T) {
 				h.admit(priority, "t", 1).wantOutcome(t, Dispatched, ReasonNone) // on a
 				for range tc.extra {
 					h.admit(0, "t", 1)
+				}
+				if tc.kv > 0 {
+					h.scrape(Endpoint{Name: "a", Running: 1, KVCacheUsage: tc.kv}, Endpoint{Name: "b", KVCacheUsage: tc.kv})
 				}
 				s := h.c.SeatSummary()
 				if !slices.Equal(s.Spare, tc.spare) || s.SpareProtected != tc.onlyTo {
@@ -735,6 +744,89 @@ func TestSpareElsewhere(t *testing.T) {
 				waiting[1].wantWaiting(t)
 				if s := h.c.Stats(); s.InFlight != 1 {
 					t.Fatalf("%d in flight here, want 1: requests sent to peers hold nothing here", s.InFlight)
+				}
+			})
+		})
+	}
+}
+
+// TestPooledTenantSeats: with live peers that report their demand, the seats a tenant over its share leaves idle for
+// the band's tenants under theirs are this replica's part of the pool's, sized from the pool's figures as one replica
+// owning the pool would size them; sized from each replica's own figures, every replica kept the whole reserve (the
+// ratio of the rates is the same at each), N times over in the pool. Alone, or with peers of a release that sends no
+// demand, they are sized from the arrivals here.
+func TestPooledTenantSeats(t *testing.T) {
+	quarter := func(pool, _ int) int { return pool / 4 }
+	light := map[tenantKey]tenantArrivals{{Standard, "light"}: {here: 1.3, pool: 5.2}}
+	for _, tc := range []struct {
+		name   string
+		peers  Peers
+		tenant string
+		want   int
+	}{
+		// One replica of four, ten seats freeing at 2.7/s, the light tenant at 1.3/s here: r = 2.1 keeps 6 seats,
+		// held to half the seats.
+		{name: "alone", tenant: "heavy", want: 5},
+		{name: "peers of a release without demand", tenant: "heavy", want: 5,
+			peers: Peers{Seats: 30, SeatFrees: 8.1, ReserveShare: quarter}},
+		// The pool: 40 seats freeing at 10.8/s, light at 5.2/s: the same r keeps 6 of 40, a quarter of them here.
+		{name: "a quarter of the pool's", tenant: "heavy", want: 1,
+			peers: Peers{Seats: 30, SeatFrees: 8.1, ReserveShare: quarter, Demand: PeerDemand{Peers: 3}}},
+		{name: "at most half its seats", tenant: "heavy", want: 5,
+			peers: Peers{Seats: 30, SeatFrees: 8.1, ReserveShare: func(pool, _ int) int { return pool }, Demand: PeerDemand{Peers: 3}}},
+		{name: "the tenant under its share keeps none", tenant: "light", want: 0,
+			peers: Peers{Seats: 30, SeatFrees: 8.1, ReserveShare: quarter, Demand: PeerDemand{Peers: 3}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Controller{peers: tc.peers, underShare: light, underShareAt: t0}
+			if got := c.tenantSeatsLocked(Standard, tc.tenant, 10, 2.7, t0); got != tc.want {
+				t.Fatalf("seats kept %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPooledTenantSeatsOfferedToPeersProtected: seats kept idle as this replica's part of the pool's seats for tenants
+// under their share are the pool's: while requests of such tenants wait at a peer, the summary offers them to those
+// requests, even while requests of a tenant over its share wait here; kept for this replica's own arrivals (the peers
+// send no demand), they stay for those.
+func TestPooledTenantSeatsOfferedToPeersProtected(t *testing.T) {
+	live := func(pool, _ int) int { return pool }
+	for _, tc := range []struct {
+		name      string
+		demand    PeerDemand
+		protected int
+		spare     []EndpointSeats
+	}{
+		{name: "pooled, a protected request waits at a peer", demand: PeerDemand{Peers: 1}, protected: 1,
+			spare: []EndpointSeats{{"a", 1}}},
+		{name: "pooled, none waits at the peers", demand: PeerDemand{Peers: 1}},
+		{name: "kept for arrivals here", protected: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newSeatHarness(t)
+				h.scrape(ep("a", 0), ep("b", 0))
+				var sent []*call
+				for range 4 { // a, b, a, b: both full, so both seat-bound
+					cl := h.admit(0, "heavy", 1)
+					cl.wantOutcome(t, Dispatched, ReasonNone)
+					sent = append(sent, cl)
+				}
+				h.step(time.Second)
+				next := h.admit(0, "heavy", 1)
+				next.wantWaiting(t)
+				h.c.SetPeers(Peers{ReserveShare: live, ProtectedWaiting: tc.protected, Demand: tc.demand})
+				h.c.mu.Lock()
+				h.c.underShare = map[tenantKey]tenantArrivals{{Standard, "light"}: {here: 1, pool: 2}}
+				h.c.underShareAt = h.clk.Now()
+				h.c.mu.Unlock()
+				h.c.Release(sent[0].req.ID) // a seat of a frees: kept for the light tenant
+				synctest.Wait()
+				next.wantWaiting(t)
+				s := h.c.SeatSummary()
+				if !slices.Equal(s.Spare, tc.spare) || tc.spare != nil && !s.SpareProtected {
+					t.Fatalf("spare %v (protected %v), want %v offered to protected requests only", s.Spare, s.SpareProtected, tc.spare)
 				}
 			})
 		})

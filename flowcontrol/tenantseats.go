@@ -77,15 +77,21 @@ func (c *Controller) activeLocked(d *tenantDemand, now time.Time) bool {
 	return now.Sub(d.last) < c.cfg.DrainRateWindow
 }
 
+// tenantArrivals is how many requests per second a tenant of a band sends: here, and over the pool (here plus the
+// peers that reported their demand; the same as here without them).
+type tenantArrivals struct {
+	here, pool float64
+}
+
 // underShareLocked returns the tenants under their share at now (see the file comment), with their arrival rates in
 // requests per second. It is computed once per instant: dispatch asks it for every request it sends.
-func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
+func (c *Controller) underShareLocked(now time.Time) map[tenantKey]tenantArrivals {
 	if c.underShare != nil && c.underShareAt.Equal(now) {
 		return c.underShare
 	}
 	clear(c.underShare)
 	if c.underShare == nil {
-		c.underShare = make(map[tenantKey]float64)
+		c.underShare = make(map[tenantKey]tenantArrivals)
 	}
 	c.underShareAt = now
 	// What each tenant asks: over the pool when peers report their demand (peers.go), else here.
@@ -129,7 +135,7 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]float64 {
 		}
 		for k, t := range rates {
 			if k.band == b && t.here && t.cost < t.weight/weight[b]*capacity {
-				c.underShare[k] = t.arrivals
+				c.underShare[k] = tenantArrivals{here: t.arrivals, pool: t.requests}
 			}
 		}
 	}
@@ -182,16 +188,46 @@ func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, free
 	return min(c.underShareSeatsLocked(band, tenant, seats, frees, now)+c.peerKeptLocked(band, seats, now), seats/2)
 }
 
-// underShareSeatsLocked is the part of tenantSeatsLocked kept for this replica's own arrivals of the band's other
-// tenants under their share, at most half the seats.
+// underShareSeatsLocked is the part of tenantSeatsLocked kept for the arrivals of the band's other tenants under their
+// share, at most half the seats: alone, sized from their arrivals here; with live peers that report their demand,
+// this replica's part of the pool's (pooledTenantSeatsLocked).
 func (c *Controller) underShareSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
+	if c.pooledTenantSeatsLocked() {
+		return c.poolTenantSeatsPartLocked(band, tenant, seats, frees, now)
+	}
 	kept := 0
 	for k, arrivals := range c.underShareLocked(now) {
 		if k.band == band && k.tenant != tenant {
-			kept += reserveSeats(arrivals, frees, seats/2)
+			kept += reserveSeats(arrivals.here, frees, seats/2)
 		}
 	}
 	return min(kept, seats/2)
+}
+
+// pooledTenantSeatsLocked reports whether the seats kept for tenants under their share are this replica's part of the
+// pool's (poolTenantSeatsPartLocked): some live peer reports its demand.
+func (c *Controller) pooledTenantSeatsLocked() bool {
+	return c.peers.ReserveShare != nil && c.peers.Demand.Peers > 0
+}
+
+// poolTenantSeatsPartLocked is this replica's part (Peers.ReserveShare) of the seats the pool keeps idle for the band's
+// other tenants under their share, sized as one replica owning the pool would size them: from each one's arrivals
+// over the pool and the pool's seats and the rate they free (its own and the peers'). The reserve's size depends on
+// the ratio of the rate seats free to the arrival rate, which is the same at every replica with an even share of both,
+// not on how many replicas there are; sized from each replica's own figures, the pool kept it once per replica (N
+// times one replica's seats idle: at kv-bound x4, where each replica owns one ten-seat server, five of the ten
+// idle, and throughput fell to 0.885x of one replica's). A protected request that finds no seat here waits first
+// in its band, and the peers keep seats for it and offer them (peerKeptLocked, spareLocked).
+func (c *Controller) poolTenantSeatsPartLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
+	p := c.peers
+	poolSeats, poolFrees := seats+p.Seats, frees+p.SeatFrees
+	kept := 0
+	for k, arrivals := range c.underShareLocked(now) {
+		if k.band == band && k.tenant != tenant {
+			kept += reserveSeats(max(arrivals.pool, arrivals.here), poolFrees, poolSeats/2)
+		}
+	}
+	return min(p.ReserveShare(min(kept, poolSeats/2), seats), seats/2)
 }
 
 // peerKeptLocked is the part of tenantSeatsLocked kept, of seats seat-bound seats here, for the peers' waiting
