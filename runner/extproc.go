@@ -191,13 +191,13 @@ func (s *shapingStream) Context() context.Context { return s.ctx }
 // path (answerChunk).
 func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	if s.observing {
-		return s.observed.next()
+		return s.nextObserved()
 	}
 	for {
 		req, err := s.recv()
 		if err != nil && s.observed.awaits(err, s.awaitObserver.Load()) {
 			s.observing = true
-			return s.observed.next()
+			return s.nextObserved()
 		}
 		if err != nil || s.chunks == nil {
 			return req, err
@@ -210,6 +210,16 @@ func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
 			return req, nil
 		}
 	}
+}
+
+// nextObserved is the observer's next message for upstream's handler; the model selection sees it as recv shows it
+// the routing stream's, so that a rewritten request's outcome (status, first byte, end) reaches its selector.
+func (s *shapingStream) nextObserved() (*extprocv3.ProcessingRequest, error) {
+	m, err := s.observed.next()
+	if err == nil && s.selection != nil {
+		s.selection.observe(m)
+	}
+	return m, err
 }
 
 func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {

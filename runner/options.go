@@ -137,7 +137,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"second ext_proc filter in observability mode, joined by request.id, for requests whose routing filter skips the "+
 			"response (response_body_mode NONE). A routed request waits at most this long for its observer once the proxy "+
 			"ended its routing stream; then it ends (sluice_response_observer_total{outcome=\"missing\"}). 0 (the default) "+
-			"turns it off. One EPP replica only: both streams of a request must reach it.")
+			"turns it off. One EPP replica only: both streams of a request must reach it. A client that leaves after "+
+			"routing, before the response begins, also ends only after this wait (counted missing): keep it short.")
 	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Print the Sluice version, the GIE version it is built on, and the commit, then exit.")
 }
 

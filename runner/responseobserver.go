@@ -69,8 +69,9 @@ const (
 	observerOrphan observerOutcome = "orphan"
 	// observerMissing: a routed request's observer did not come within the wait; the request ended then.
 	observerMissing observerOutcome = "missing"
-	// observerDuplicateID: a routing stream whose request ID another routing stream already expects an observer for;
-	// it ends with its routing stream, as without the observer.
+	// observerDuplicateID: a routing stream whose request ID another routing stream already expects an observer for.
+	// Neither takes an observer then (which response is whose cannot be told): both end with their routing streams,
+	// as without the observer.
 	observerDuplicateID observerOutcome = "duplicate_id"
 )
 
@@ -111,6 +112,9 @@ type observedResponse struct {
 	joined    chan struct{}
 	claimed   bool
 	abandoned bool
+	// dropped is closed when a second routing stream came with the same request ID before an observer claimed this
+	// one: no observer will, and the request ends with its routing stream.
+	dropped chan struct{}
 	// turn carries the right to touch the request's state from the routing goroutine (waiting in Recv) to the
 	// observer's; msgs carries a message back, and with it the turn. msgs is closed when the observer is done.
 	turn chan struct{}
@@ -132,17 +136,23 @@ func expectsObserver(req *extprocv3.ProcessingRequest) bool {
 	return req.GetRequestHeaders() != nil && pc != nil && pc.GetResponseBodyMode() == filterv3.ProcessingMode_NONE
 }
 
-// expect registers a routing stream for id. It returns nil when another routing stream already expects id (which
-// then ends with its routing stream, as without an observer).
+// expect registers a routing stream for id. It returns nil when another routing stream already expects id; that one
+// is then dropped too unless an observer already claimed it, so that no observer joins the wrong request (which would
+// end it early, with another request's usage): both end with their routing streams, as without an observer.
 func (j *observerJoin) expect(id string, take func(*extprocv3.ProcessingRequest) bool) *observedResponse {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if _, dup := j.waiting[id]; dup {
+	if prev, dup := j.waiting[id]; dup {
 		j.recorder.observed(observerDuplicateID)
+		if !prev.claimed && !prev.abandoned {
+			prev.abandoned = true
+			close(prev.dropped)
+		}
 		return nil
 	}
-	o := &observedResponse{join: j, id: id, joined: make(chan struct{}), turn: make(chan struct{}, 1),
-		msgs: make(chan *extprocv3.ProcessingRequest), routingDone: make(chan struct{}), take: take}
+	o := &observedResponse{join: j, id: id, joined: make(chan struct{}), dropped: make(chan struct{}),
+		turn: make(chan struct{}, 1), msgs: make(chan *extprocv3.ProcessingRequest), routingDone: make(chan struct{}),
+		take: take}
 	j.waiting[id] = o
 	return o
 }
@@ -169,8 +179,10 @@ func (j *observerJoin) abandon(o *observedResponse) bool {
 	if o.claimed {
 		return false
 	}
-	o.abandoned = true
-	j.recorder.observed(observerMissing)
+	if !o.abandoned { // dropped as a duplicate, counted then
+		o.abandoned = true
+		j.recorder.observed(observerMissing)
+	}
 	return true
 }
 
@@ -204,6 +216,9 @@ func (o *observedResponse) next() (*extprocv3.ProcessingRequest, error) {
 		default:
 			select {
 			case <-o.joined:
+			case <-o.dropped:
+				o.ended = true
+				return nil, io.EOF
 			case <-o.join.after(o.join.wait):
 				if o.join.abandon(o) {
 					o.ended = true

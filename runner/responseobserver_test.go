@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/utils/clock"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -372,6 +373,7 @@ func TestResponseObserverJoins(t *testing.T) {
 					}
 				}
 				if tc.cancelRouting {
+					synctest.Wait() // queued: upstream's handler waits on the body
 					routing.cancel()
 				} else if tc.routingOpen {
 					close(routing.in)
@@ -447,21 +449,79 @@ func TestResponseObserverOrphanAlone(t *testing.T) {
 }
 
 // TestResponseObserverDuplicateID: a second routing stream with a request ID already expected takes no part in the
-// join (its own routing stream's end ends it), and the first keeps its place.
+// join. Before an observer claimed the first, the first is dropped too (which response is whose cannot be told, and
+// the wrong one would end it early): an observer of that ID is then an orphan, and the first ends at once with its
+// routing stream rather than after the wait. Once claimed, the first keeps its observer.
 func TestResponseObserverDuplicateID(t *testing.T) {
-	recorder := newCountingRecorder()
-	join := newObserverJoin(time.Hour, recorder)
-	take := func(*extprocv3.ProcessingRequest) bool { return false }
-	first := join.expect("r1", take)
-	if second := join.expect("r1", take); first == nil || second != nil {
-		t.Fatalf("expect: first %v, second %v; want the first only", first, second)
+	for _, tc := range []struct {
+		name          string
+		claimFirst    bool
+		wantJoined    bool
+		wantCounts    map[observerOutcome]int
+		wantFirstEnds bool // the first's routing stream reads its end without waiting for an observer
+	}{
+		{name: "before an observer came: both dropped", wantFirstEnds: true,
+			wantCounts: map[observerOutcome]int{observerDuplicateID: 1, observerOrphan: 1}},
+		{name: "after the first was claimed: it keeps its observer", claimFirst: true, wantJoined: true,
+			wantCounts: map[observerOutcome]int{observerDuplicateID: 1, observerJoined: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recorder := newCountingRecorder()
+			join := newObserverJoin(time.Hour, recorder)
+			take := func(*extprocv3.ProcessingRequest) bool { return false }
+			first := join.expect("r1", take)
+			var claimed *observedResponse
+			if tc.claimFirst {
+				claimed = join.claim("r1")
+			}
+			if second := join.expect("r1", take); first == nil || second != nil {
+				t.Fatalf("expect: first %v, second %v; want the first only", first, second)
+			}
+			if !tc.claimFirst {
+				claimed = join.claim("r1")
+			}
+			if (claimed == first) != tc.wantJoined {
+				t.Errorf("an observer joined the first: %v, want %v", claimed == first, tc.wantJoined)
+			}
+			if tc.wantFirstEnds {
+				if _, err := first.next(); err != io.EOF {
+					t.Errorf("the first's next: %v, want io.EOF at once", err)
+				}
+			}
+			if got := recorder.snapshot(); !maps.Equal(got, tc.wantCounts) {
+				t.Errorf("outcomes %v, want %v", got, tc.wantCounts)
+			}
+		})
 	}
-	if got := join.claim("r1"); got != first {
-		t.Errorf("the observer joined %v, want the first", got)
-	}
-	if got := recorder.snapshot(); got[observerDuplicateID] != 1 || got[observerJoined] != 1 {
-		t.Errorf("outcomes %v", got)
-	}
+}
+
+// TestObservedOutcomeReachesTheModelSelection: a rewritten request whose response the observer carries reports its
+// status, first byte and end to the selector that chose its model, as a streamed one does (a guardrail counting
+// outcomes would otherwise see every observed request fail).
+func TestObservedOutcomeReachesTheModelSelection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		selector := &fakeSelector{model: "canary"}
+		join := newObserverJoin(time.Hour, newCountingRecorder())
+		srv := &shapingServer{upstream: &routingUpstream{}, observers: join, selector: selector, maxBodyBytes: 1 << 20,
+			clock: clock.RealClock{}}
+		routing := newChanStream(routingHeaders("r1", filterv3.ProcessingMode_NONE), requestBody())
+		close(routing.in)
+		done := make(chan error, 1)
+		go func() { done <- srv.Process(routing) }()
+		synctest.Wait() // routed; waiting for its observer
+		observer := newChanStream(observedHeaders("r1"), observedChunk(false), observedChunk(true))
+		close(observer.in)
+		if err := srv.Process(observer); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		got := selector.outcomes // the routing stream's handler returned: its selection finished
+		if len(got) != 1 || got[0].Status != 200 || !got[0].Complete || got[0].Immediate {
+			t.Errorf("outcomes %+v, want one: status 200, complete", got)
+		}
+	})
 }
 
 // TestObservedRequestID reads the request ID from the request.id attribute, else from x-request-id.
