@@ -102,7 +102,8 @@ func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
 // (poolSlotsCapLocked); a request that starts at once there raises the most it has run, and the lower bands follow.
 func (c *Controller) beyondMostRunLocked(e *endpointState) bool {
 	pool := c.poolSlotsLocked()
-	return pool > 0 && e.known == 0 && e.seats == 0 && e.learner.maxRunning > pool && e.occupancy() >= e.learner.maxRunning
+	return pool > 0 && e.known == 0 && e.seats == 0 && e.learner.maxRunning > pool && e.learner.maxRunning >= largeBatchRunning &&
+		e.occupancy() >= e.learner.maxRunning
 }
 
 // poolSlotsForLocked is the pool's slot limit (poolSlotsLocked) where it stands for e's own: e's limit is not known

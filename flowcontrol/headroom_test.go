@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"cmp"
 	"testing"
 	"testing/synctest"
 )
@@ -15,7 +16,9 @@ func TestBeyondMostRun(t *testing.T) {
 		band                    Band
 		reserve                 bool
 		occupancy, known, slots int
-		want                    bool
+		// mostRun is the most the endpoint has run (24 when 0).
+		mostRun int
+		want    bool
 	}{
 		{name: "lower band at the most run", band: Standard, reserve: true, occupancy: 24, slots: 4},
 		{name: "Sheddable at the most run", band: Sheddable, reserve: true, occupancy: 24, slots: 4},
@@ -24,6 +27,9 @@ func TestBeyondMostRun(t *testing.T) {
 		{name: "below the most run", band: Standard, reserve: true, occupancy: 23, slots: 4, want: true},
 		{name: "own limit known", band: Standard, reserve: true, occupancy: 24, slots: 4, known: 30, want: true},
 		{name: "no slot limit in the pool", band: Standard, reserve: true, occupancy: 24, want: true},
+		// Ran more than the pool's limit but never a large batch, and never queued (so no tentative seats): nothing
+		// suggests a limit there.
+		{name: "a small batch never queued", band: Standard, reserve: true, occupancy: 8, mostRun: 8, slots: 4, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -33,7 +39,7 @@ func TestBeyondMostRun(t *testing.T) {
 				h.c.mu.Lock()
 				defer h.c.mu.Unlock()
 				e := &h.c.endpoints[h.c.endpointIndex["a"]]
-				e.learner.maxRunning, e.foreign, e.known = 24, tc.occupancy, tc.known
+				e.learner.maxRunning, e.foreign, e.known = cmp.Or(tc.mostRun, 24), tc.occupancy, tc.known
 				h.c.poolSlots = tc.slots
 				got := h.c.mayTakeLocked(e, tc.band, tc.reserve, tc.reserve, false, false, false, h.clk.Now())
 				if got != tc.want {
