@@ -79,6 +79,10 @@ type fakeEPP struct {
 
 	mu   sync.Mutex
 	seen []*seenExchange
+	// ended counts the streams whose Process returned; endedChange (made when first waited on) is closed and
+	// dropped at each.
+	ended       int
+	endedChange chan struct{}
 }
 
 // startFakeEPP serves the fake on 127.0.0.1:0 until the test ends.
@@ -95,6 +99,30 @@ func startFakeEPP(t *testing.T, b eppBehaviour) *fakeEPP {
 	go func() { defer close(done); _ = srv.Serve(l) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
 	return f
+}
+
+// endedExchanges waits until n streams have ended (the proxy closed them, or the fake returned) and returns every
+// exchange seen; a stream the proxy opens without waiting for it (an observer's) may end after the client has its
+// answer.
+func (f *fakeEPP) endedExchanges(t *testing.T, n int) []*seenExchange {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		f.mu.Lock()
+		if f.endedChange == nil {
+			f.endedChange = make(chan struct{})
+		}
+		ended, change := f.ended, f.endedChange
+		f.mu.Unlock()
+		if ended >= n {
+			return f.exchanges()
+		}
+		select {
+		case <-change:
+		case <-timeout:
+			t.Fatalf("%d of %d ext_proc streams ended", ended, n)
+		}
+	}
 }
 
 func (f *fakeEPP) exchanges() []*seenExchange {
@@ -124,6 +152,15 @@ func (f *fakeEPP) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	f.mu.Lock()
 	f.seen = append(f.seen, s)
 	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.ended++
+		if f.endedChange != nil {
+			close(f.endedChange)
+			f.endedChange = nil
+		}
+		f.mu.Unlock()
+	}()
 	answerRequest := func() error {
 		if f.b.failRequest != nil {
 			return f.b.failRequest
