@@ -594,12 +594,7 @@ func TestSeatsKeptForPeersProtected(t *testing.T) {
 				h := newHarness(t, testConfig(t, func(c *Config) { c.Endpoint.Concurrency = 2 }))
 				h.scrape(ep("a", 0), ep("b", 0))
 				h.c.SetPeers(Peers{ReserveShare: live, ProtectedWaiting: tc.protected})
-				var sent []*call
-				for range 4 { // a, b, a, b: both full, so both seat-bound
-					cl := h.admit(0, "heavy", 1)
-					cl.wantOutcome(t, Dispatched, ReasonNone)
-					sent = append(sent, cl)
-				}
+				sent := fillTwoSeatEndpoints(t, h)
 				h.step(time.Second)
 				h.c.Release(sent[0].req.ID) // a seat of a frees
 				next := h.admit(0, "heavy", 1)
@@ -807,12 +802,7 @@ func TestPooledTenantSeatsOfferedToPeersProtected(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				h := newSeatHarness(t)
 				h.scrape(ep("a", 0), ep("b", 0))
-				var sent []*call
-				for range 4 { // a, b, a, b: both full, so both seat-bound
-					cl := h.admit(0, "heavy", 1)
-					cl.wantOutcome(t, Dispatched, ReasonNone)
-					sent = append(sent, cl)
-				}
+				sent := fillTwoSeatEndpoints(t, h)
 				h.step(time.Second)
 				next := h.admit(0, "heavy", 1)
 				next.wantWaiting(t)
@@ -831,4 +821,17 @@ func TestPooledTenantSeatsOfferedToPeersProtected(t *testing.T) {
 			})
 		})
 	}
+}
+
+// fillTwoSeatEndpoints dispatches four of the heavy tenant's Standard requests onto two endpoints of two seats each
+// (a, b, a, b): both full, so both seat-bound.
+func fillTwoSeatEndpoints(t *testing.T, h *harness) []*call {
+	t.Helper()
+	var sent []*call
+	for range 4 {
+		cl := h.admit(0, "heavy", 1)
+		cl.wantOutcome(t, Dispatched, ReasonNone)
+		sent = append(sent, cl)
+	}
+	return sent
 }

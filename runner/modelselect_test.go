@@ -129,24 +129,29 @@ func (u *answeringUpstream) Process(s extprocv3.ExternalProcessor_ProcessServer)
 		if err != nil {
 			return nil
 		}
-		resp := &extprocv3.ProcessingResponse{}
-		switch req.Request.(type) {
-		case *extprocv3.ProcessingRequest_RequestHeaders:
-			resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
-		case *extprocv3.ProcessingRequest_RequestBody:
-			if u.answer != nil {
-				return s.Send(u.answer)
-			}
-			resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
-		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
-		case *extprocv3.ProcessingRequest_ResponseBody:
-			resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+		if req.GetRequestBody() != nil && u.answer != nil {
+			return s.Send(u.answer)
 		}
-		if err := s.Send(resp); err != nil {
+		if err := s.Send(emptyAnswer(req)); err != nil {
 			return err
 		}
 	}
+}
+
+// emptyAnswer is the answer to req that changes nothing: a response of req's kind, empty.
+func emptyAnswer(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	resp := &extprocv3.ProcessingResponse{}
+	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}
+	case *extprocv3.ProcessingRequest_RequestBody:
+		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
+	}
+	return resp
 }
 
 // recordingUpstream stands in for upstream's streaming server: it reads the

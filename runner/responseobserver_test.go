@@ -121,7 +121,6 @@ func (u *routingUpstream) Process(s extprocv3.ExternalProcessor_ProcessServer) e
 		if ctx.Err() != nil {
 			u.ctxEnded = append(u.ctxEnded, kind)
 		}
-		resp := &extprocv3.ProcessingResponse{}
 		switch req.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			continue // upstream answers the headers once the body is complete
@@ -134,20 +133,15 @@ func (u *routingUpstream) Process(s extprocv3.ExternalProcessor_ProcessServer) e
 			}
 			if u.reject {
 				u.ends++
-				resp.Response = &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{}}
-				return s.Send(resp)
+				return s.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+					ImmediateResponse: &extprocv3.ImmediateResponse{}}})
 			}
-			if err := s.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-				RequestHeaders: &extprocv3.HeadersResponse{}}}); err != nil {
+			headers := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{}}
+			if err := s.Send(emptyAnswer(headers)); err != nil { // the headers' answer, then the body's
 				return err
 			}
-			resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}
-		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			resp.Response = &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}
-		case *extprocv3.ProcessingRequest_ResponseBody:
-			resp.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}
 		}
-		if err := s.Send(resp); err != nil {
+		if err := s.Send(emptyAnswer(req)); err != nil {
 			return err
 		}
 	}

@@ -112,30 +112,7 @@ func loadEnvoyExample(t *testing.T, path string) (*bootstrapv3.Bootstrap, *hcmv3
 }
 
 func checkEnvoyExample(t *testing.T, path string, requestBody BodyMode) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yaml.YAMLToJSON(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bs bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(js, &bs); err != nil {
-		t.Fatalf("not a valid Envoy bootstrap: %v", err)
-	}
-	if err := bs.ValidateAll(); err != nil {
-		t.Fatalf("bootstrap fails Envoy's proto validation: %v", err)
-	}
-
-	listeners := bs.GetStaticResources().GetListeners()
-	if len(listeners) != 1 {
-		t.Fatalf("%d listeners, want 1", len(listeners))
-	}
-	var hcm hcmv3.HttpConnectionManager
-	if err := listeners[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
-		t.Fatal(err)
-	}
+	bs, hcm := loadEnvoyExample(t, path)
 	filters := hcm.GetHttpFilters()
 	if len(filters) != 3 || filters[0].GetName() != "envoy.filters.http.header_mutation" ||
 		filters[1].GetName() != "envoy.filters.http.ext_proc" || filters[2].GetName() != "envoy.filters.http.router" {
