@@ -86,7 +86,7 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 			return status.Errorf(codes.Unknown, "cannot receive stream request: %v", err) // upstream's words
 		}
 		if first.GetObservabilityMode() {
-			return s.observers.serveObserver(stream, first, s.prepareObserved)
+			return s.observers.serveObserver(stream, first, s.hot)
 		}
 		ss.first, ss.join = first, s.observers
 		var stop func()
@@ -238,10 +238,7 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 	if err != nil {
 		return req, err
 	}
-	validHeaderValues(req)
-	if s.hot {
-		dropResponseBodyMetadata(req)
-	}
+	prepareFromProxy(req, s.hot)
 	h := req.GetRequestHeaders()
 	if h != nil {
 		s.requestID = ensureRequestID(h)
@@ -321,10 +318,11 @@ func (s *shapingStream) shape(resp *extprocv3.ProcessingResponse) {
 	}
 }
 
-// prepareObserved readies an observer's message for upstream's handler as recv readies the routing stream's.
-func (s *shapingServer) prepareObserved(req *extprocv3.ProcessingRequest) {
+// prepareFromProxy readies a proxy's message, on the routing stream or an observer's, for upstream's handler: header
+// values made valid UTF-8, and on the hot path a response body's metadata dropped.
+func prepareFromProxy(req *extprocv3.ProcessingRequest, hot bool) {
 	validHeaderValues(req)
-	if s.hot {
+	if hot {
 		dropResponseBodyMetadata(req)
 	}
 }

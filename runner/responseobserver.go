@@ -238,9 +238,9 @@ func (o *observedResponse) next() (*extprocv3.ProcessingRequest, error) {
 
 // serveObserver serves one observer stream whose first message is first: it joins the routed request of the
 // request ID first carries, and hands that request's routing stream every message until the response ends or the
-// stream does. It never answers.
+// stream does, each readied as the routing stream's (prepareFromProxy; hot: the EPP's hot path). It never answers.
 func (j *observerJoin) serveObserver(stream extprocv3.ExternalProcessor_ProcessServer, first *extprocv3.ProcessingRequest,
-	prepare func(*extprocv3.ProcessingRequest)) error {
+	hot bool) error {
 	o := j.claim(observedRequestID(first))
 	if o == nil {
 		return nil // ending the stream tells the proxy it need send no more
@@ -249,7 +249,7 @@ func (j *observerJoin) serveObserver(stream extprocv3.ExternalProcessor_ProcessS
 	defer close(o.msgs)
 	turn := false
 	for m := first; ; {
-		prepare(m)
+		prepareFromProxy(m, hot)
 		if !turn && !o.waitTurn() {
 			return nil
 		}

@@ -21,7 +21,7 @@ var responseObserverCounter = sync.OnceValues(func() (observerRecorder, error) {
 		Help: "Response observer streams and routed requests, by outcome: joined (an observer stream found its routed " +
 			"request), orphan (an observer stream no routed request expected), missing (a routed request's observer did " +
 			"not come within --response-observer-wait; the request ended then), duplicate_id (a request ID already " +
-			"expected; that request ends with its routing stream).",
+			"expected; the requests sharing it end with their routing streams, but one an observer already joined).",
 	}, []string{"outcome"})
 	for _, o := range []observerOutcome{observerJoined, observerOrphan, observerMissing, observerDuplicateID} {
 		vec.WithLabelValues(string(o))
