@@ -42,7 +42,7 @@
 // (Controller.Demand, every few summaries), and with the peers' (Peers.Demand) judges a tenant under its share over
 // the pool (tenantRatesLocked, poolDrainLocked): tenant seats, the dispatch order and the yield rule then follow the
 // pool's figures, not this replica's share of the traffic. The seats kept for tenants under their share are then sized
-// for the pool, as the seat reserve is, and each replica keeps its part of them (poolTenantSeatsPartLocked) and offers
+// for the pool, as the seat reserve is, and each replica keeps its part of them (underShareSeatsLocked) and offers
 // it to such a tenant's requests waiting at a peer. With no peer's demand it judges on its own, as before.
 //
 // Seats: a server that runs only a few requests at once (vLLM's --max-num-seqs) queues what it is sent behind the

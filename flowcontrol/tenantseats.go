@@ -189,45 +189,42 @@ func (c *Controller) tenantSeatsLocked(band Band, tenant string, seats int, free
 }
 
 // underShareSeatsLocked is the part of tenantSeatsLocked kept for the arrivals of the band's other tenants under their
-// share, at most half the seats: alone, sized from their arrivals here; with live peers that report their demand,
-// this replica's part of the pool's (pooledTenantSeatsLocked).
+// share, at most half the seats. Alone, it is sized from their arrivals here and this replica's seats. With live peers
+// that report their demand (pooledTenantSeatsLocked) it is this replica's part (Peers.ReserveShare) of the pool's,
+// sized as one replica owning the pool would size it: from each one's arrivals over the pool and the pool's seats and
+// the rate they free (its own and the peers'). The reserve's size depends on the ratio of the rate seats free to the
+// arrival rate, which is the same at every replica with an even share of both, not on how many replicas there are;
+// sized from each replica's own figures, the pool kept it once per replica (N times one replica's seats idle: at
+// kv-bound x4, where each replica owns one ten-seat server, five of the ten idle, and throughput fell to 0.885x of one
+// replica's). A protected request that finds no seat here waits first in its band, and the peers keep seats for it
+// and offer them (peerKeptLocked, spareLocked).
 func (c *Controller) underShareSeatsLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
-	if c.pooledTenantSeatsLocked() {
-		return c.poolTenantSeatsPartLocked(band, tenant, seats, frees, now)
+	pooled := c.pooledTenantSeatsLocked()
+	sizeSeats, sizeFrees := seats, frees
+	if pooled {
+		sizeSeats, sizeFrees = seats+c.peers.Seats, frees+c.peers.SeatFrees
 	}
 	kept := 0
 	for k, arrivals := range c.underShareLocked(now) {
 		if k.band == band && k.tenant != tenant {
-			kept += reserveSeats(arrivals.here, frees, seats/2)
+			rate := arrivals.here
+			if pooled {
+				rate = max(arrivals.pool, arrivals.here)
+			}
+			kept += reserveSeats(rate, sizeFrees, sizeSeats/2)
 		}
+	}
+	kept = min(kept, sizeSeats/2)
+	if pooled {
+		kept = c.peers.ReserveShare(kept, seats)
 	}
 	return min(kept, seats/2)
 }
 
 // pooledTenantSeatsLocked reports whether the seats kept for tenants under their share are this replica's part of the
-// pool's (poolTenantSeatsPartLocked): some live peer reports its demand.
+// pool's (underShareSeatsLocked): some live peer reports its demand.
 func (c *Controller) pooledTenantSeatsLocked() bool {
 	return c.peers.ReserveShare != nil && c.peers.Demand.Peers > 0
-}
-
-// poolTenantSeatsPartLocked is this replica's part (Peers.ReserveShare) of the seats the pool keeps idle for the band's
-// other tenants under their share, sized as one replica owning the pool would size them: from each one's arrivals
-// over the pool and the pool's seats and the rate they free (its own and the peers'). The reserve's size depends on
-// the ratio of the rate seats free to the arrival rate, which is the same at every replica with an even share of both,
-// not on how many replicas there are; sized from each replica's own figures, the pool kept it once per replica (N
-// times one replica's seats idle: at kv-bound x4, where each replica owns one ten-seat server, five of the ten
-// idle, and throughput fell to 0.885x of one replica's). A protected request that finds no seat here waits first
-// in its band, and the peers keep seats for it and offer them (peerKeptLocked, spareLocked).
-func (c *Controller) poolTenantSeatsPartLocked(band Band, tenant string, seats int, frees float64, now time.Time) int {
-	p := c.peers
-	poolSeats, poolFrees := seats+p.Seats, frees+p.SeatFrees
-	kept := 0
-	for k, arrivals := range c.underShareLocked(now) {
-		if k.band == band && k.tenant != tenant {
-			kept += reserveSeats(max(arrivals.pool, arrivals.here), poolFrees, poolSeats/2)
-		}
-	}
-	return min(p.ReserveShare(min(kept, poolSeats/2), seats), seats/2)
 }
 
 // peerKeptLocked is the part of tenantSeatsLocked kept, of seats seat-bound seats here, for the peers' waiting
