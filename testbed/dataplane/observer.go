@@ -1,9 +1,8 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
-	"errors"
-	"io"
 	"net/http"
 	"time"
 
@@ -69,34 +68,22 @@ func (ex *exchange) responseObserved(closeRouting func(), resp *http.Response, s
 		return OutcomeProxied
 	}
 
-	buf := make([]byte, copyBufferSize)
-	rc := http.NewResponseController(ex.w)
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := ex.w.Write(buf[:n]); werr != nil {
-				return OutcomeAborted // the observer stream ends without the response's end: the client went away
-			}
-			_ = rc.Flush()
-			obs.send(&extprocv3.ProcessingRequest{
-				Request:           &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: append([]byte(nil), buf[:n]...)}},
-				MetadataContext:   md,
-				ObservabilityMode: true,
-			})
-		}
-		if errors.Is(err, io.EOF) {
-			obs.send(&extprocv3.ProcessingRequest{
-				Request:           &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}},
-				MetadataContext:   md,
-				ObservabilityMode: true,
-			})
-			return OutcomeProxied
-		}
-		if err != nil {
-			ex.p.cfg.Logger.Warn("upstream response body failed", "endpoint", served, "error", err)
-			return OutcomeAborted
-		}
+	outcome := ex.copyBodyShowing(resp.Body, func(part []byte) {
+		obs.send(&extprocv3.ProcessingRequest{
+			Request:           &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: bytes.Clone(part)}},
+			MetadataContext:   md,
+			ObservabilityMode: true,
+		})
+	})
+	if outcome == OutcomeProxied {
+		obs.send(&extprocv3.ProcessingRequest{
+			Request:           &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}},
+			MetadataContext:   md,
+			ObservabilityMode: true,
+		})
 	}
+	// Aborted (the client went away, or the upstream failed): the observer stream ends without the response's end.
+	return outcome
 }
 
 // observerStream is one observer stream; a nil stream (the EPP could not be reached) sends nothing.

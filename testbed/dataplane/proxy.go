@@ -220,7 +220,11 @@ func (ex *exchange) passthrough(head *requestHead, body []byte, endpoints []stri
 }
 
 // copyBody streams r to the client, flushing after every read.
-func (ex *exchange) copyBody(r io.Reader) Outcome {
+func (ex *exchange) copyBody(r io.Reader) Outcome { return ex.copyBodyShowing(r, nil) }
+
+// copyBodyShowing is copyBody, handing shown (when not nil) each part once the client has it; shown must not keep
+// the slice.
+func (ex *exchange) copyBodyShowing(r io.Reader, shown func([]byte)) Outcome {
 	buf := make([]byte, copyBufferSize)
 	rc := http.NewResponseController(ex.w)
 	for {
@@ -230,6 +234,9 @@ func (ex *exchange) copyBody(r io.Reader) Outcome {
 				return OutcomeAborted
 			}
 			_ = rc.Flush()
+			if shown != nil {
+				shown(buf[:n])
+			}
 		}
 		if errors.Is(err, io.EOF) {
 			return OutcomeProxied
