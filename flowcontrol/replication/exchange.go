@@ -332,22 +332,17 @@ func (p *Pool) addDemand(d *Demand, frees float64) {
 // (the first replicas' parts round down, the later ones' up) and every replica computes the same parts from the same
 // figures.
 func (p Pool) ReserveShare(self string, pool, seats int) int {
-	names := []string{self}
-	total := seats
+	// The replicas before self in name order, summed without sorting: this runs under the controller's lock on every
+	// seat check, so it allocates nothing.
+	total, before := seats, 0
 	for n, s := range p.seats {
-		names = append(names, n)
 		total += s
+		if n < self {
+			before += s
+		}
 	}
 	if total <= 0 || pool <= 0 {
 		return 0
-	}
-	slices.Sort(names)
-	before := 0
-	for _, n := range names {
-		if n == self {
-			break
-		}
-		before += p.seats[n]
 	}
 	return pool*(before+seats)/total - pool*before/total
 }

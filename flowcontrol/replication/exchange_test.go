@@ -70,7 +70,7 @@ func TestExchangeHeardKeepsTheNewest(t *testing.T) {
 }
 
 // TestReserveShareAddsUp: seeded random pools: the replicas' parts of a reserve add up to it, each near its share of
-// the seats.
+// the seats; and a part is computed without allocating.
 func TestReserveShareAddsUp(t *testing.T) {
 	seed := uint64(22)
 	rng := rand.New(rand.NewPCG(seed, 0))
@@ -100,6 +100,11 @@ func TestReserveShareAddsUp(t *testing.T) {
 		if total > 0 && sum != pool {
 			t.Fatalf("seed %d round %d: parts add up to %d, want %d (seats %v)", seed, round, sum, pool, seats)
 		}
+	}
+	// Every tenant-seat check calls it under the controller's lock.
+	p := Pool{seats: map[string]int{"epp-0": 10, "epp-2": 12, "epp-3": 8}}
+	if allocs := testing.AllocsPerRun(100, func() { p.ReserveShare("epp-1", 6, 11) }); allocs != 0 {
+		t.Errorf("ReserveShare allocates %v times per call, want 0", allocs)
 	}
 }
 
