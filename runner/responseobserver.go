@@ -318,7 +318,9 @@ func endsResponse(req *extprocv3.ProcessingRequest) bool {
 
 // observedContext is the routing stream's context when observers are on: the stream's values, cancelled when the
 // proxy ends the stream before the request was routed (a client that went away while queued), but not after, when
-// the proxy ends it because the response goes to the observer. stop releases it.
+// the proxy ends it because the response goes to the observer. A deadline on the stream cancels it the same way
+// (before routing only), though ctx.Deadline no longer reports it: nothing on the request path reads it. stop
+// releases it.
 func observedContext(stream context.Context, routed func() bool) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(stream))
 	unwatch := context.AfterFunc(stream, func() {
