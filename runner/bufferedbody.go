@@ -93,7 +93,7 @@ func (s *shapingStream) recvFromProxy() (*extprocv3.ProcessingRequest, error) {
 	if s.first != nil { // read already, to tell a routing stream from an observer (responseobserver.go)
 		req, s.first = s.first, nil
 	} else {
-		req, err = s.ExternalProcessor_ProcessServer.Recv()
+		req, err = s.recvMessage()
 	}
 	if err != nil || s.buffered == nil {
 		return req, err

@@ -86,7 +86,7 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 			return status.Errorf(codes.Unknown, "cannot receive stream request: %v", err) // upstream's words
 		}
 		if first.GetObservabilityMode() {
-			return s.observers.serveObserver(stream, first, s.hot)
+			return s.observers.serveObserver(stream, first, s.hot, s.wireChunks)
 		}
 		ss.first, ss.join = first, s.observers
 		var stop func()
@@ -164,8 +164,12 @@ type shapingStream struct {
 	selection *modelSelection // nil without a ModelSelector
 	hot       bool            // Sluice's hot path (hotpath.go)
 	chunks    *chunkCount     // on the hot path, the stream's state the hot Director shares
-	// wireChunks: the stream's codec encodes a streamedChunk (extProcCodec), which answerChunk then sends.
+	// wireChunks: the stream is gRPC's with extProcCodec, which encodes a streamedChunk (answerChunk sends them) and
+	// decodes a chunk into the message given to RecvMsg reusing what it holds (recvMessage).
 	wireChunks bool
+	// spare (with wireChunks) is the message of the last chunk the stream answered itself (answerChunk), which nobody
+	// keeps: the next message is decoded into it (recvMessage). Nil once handed out.
+	spare *extprocv3.ProcessingRequest
 	// buffered is set when the proxy sends the request body BUFFERED (bufferedbody.go), else nil.
 	buffered *bufferedBody
 	// trace (nil without --decision-trace) is the request's decision trace; traceHeader its opt-in header, or "".
@@ -209,7 +213,17 @@ func (s *shapingStream) Recv() (*extprocv3.ProcessingRequest, error) {
 		if !answered {
 			return req, nil
 		}
+		if s.wireChunks {
+			s.spare = req // answered here: upstream's handler never saw it, and nothing kept it
+		}
 	}
+}
+
+// recvMessage receives the proxy's next message, decoded into the spare message when there is one (recvInto).
+func (s *shapingStream) recvMessage() (*extprocv3.ProcessingRequest, error) {
+	spare := s.spare
+	s.spare = nil
+	return recvInto(s.ExternalProcessor_ProcessServer, spare)
 }
 
 // nextObserved is the observer's next message for upstream's handler; the model selection sees it as recv shows it

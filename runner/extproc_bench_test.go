@@ -411,15 +411,24 @@ func (s *benchStream) reset() {
 func (s *benchStream) Context() context.Context { return context.Background() }
 
 func (s *benchStream) Recv() (*extprocv3.ProcessingRequest, error) {
-	if s.next == s.responsePhase && !s.routed || s.bodyPhase > 0 && s.next == s.bodyPhase && !s.headersAnswered || s.next >= len(s.in) {
-		return nil, io.EOF
-	}
 	m := &extprocv3.ProcessingRequest{}
-	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(s.in[s.next])}, m); err != nil {
+	if err := s.RecvMsg(m); err != nil {
 		return nil, err
 	}
-	s.next++
 	return m, nil
+}
+
+// RecvMsg decodes the next message into m with the codec, as gRPC's stream does (the generated Recv calls it with a
+// new message; the hot path's stream with the message of a chunk it answered itself).
+func (s *benchStream) RecvMsg(m any) error {
+	if s.next == s.responsePhase && !s.routed || s.bodyPhase > 0 && s.next == s.bodyPhase && !s.headersAnswered || s.next >= len(s.in) {
+		return io.EOF
+	}
+	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(s.in[s.next])}, m); err != nil {
+		return err
+	}
+	s.next++
+	return nil
 }
 
 // SendMsg encodes m with the codec as gRPC's SendMsg would; a streamedChunk (what the hot path sends for the chunks it

@@ -73,8 +73,8 @@ func codecTestMessages(t testing.TB) map[string][]byte {
 func TestExtProcCodecTakesObserverChunks(t *testing.T) {
 	b := mustMarshal(&extprocv3.ProcessingRequest{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseBody{
 		ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {}\n\n")}}})
-	body, observed, ok := decodeResponseBody(b)
-	if !ok || !observed || string(body.GetBody()) != "data: {}\n\n" {
+	body, end, observed, ok := decodeResponseBody(b)
+	if !ok || !observed || end || string(body) != "data: {}\n\n" {
 		t.Errorf("decodeResponseBody: %v, observed %v, fast path %v; want the chunk, observed, on the fast path", body, observed, ok)
 	}
 }
@@ -86,26 +86,38 @@ func TestExtProcCodecDecodesAsProtobuf(t *testing.T) {
 	}
 }
 
-// checkCodecDecode decodes b with codec and with proto.Unmarshal and compares what a hot-path stream reads of each.
+// checkCodecDecode decodes b with codec and with proto.Unmarshal and compares what a hot-path stream reads of each,
+// decoding into a new message and into one that holds a chunk decoded before (recvFromProxy's spare message).
 func checkCodecDecode(t *testing.T, codec extProcCodec, b []byte) {
 	t.Helper()
 	want := &extprocv3.ProcessingRequest{}
 	wantErr := proto.Unmarshal(b, want)
-	got := &extprocv3.ProcessingRequest{MetadataContext: &corev3.Metadata{}} // a reused message is reset
-	err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(bytes.Clone(b))}, got)
-	switch {
-	case wantErr == nil && err != nil:
-		t.Fatalf("codec: %v; protobuf decodes %v", err, want)
-	case wantErr != nil && err == nil && got.GetResponseBody() == nil:
-		// Only the skipped fields of a response body message go unvalidated.
-		t.Fatalf("codec decodes %v; protobuf: %v", got, wantErr)
-	case wantErr == nil && !proto.Equal(codecDecoded(got), codecDecoded(want)):
-		t.Fatalf("codec decodes\n%v\nwant\n%v", got, want)
+	used := &extprocv3.ProcessingRequest{}
+	previous := mustMarshal(&extprocv3.ProcessingRequest{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseBody{
+		ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {\"a chunk longer than most\":[]}\n\n")}}})
+	if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(previous)}, used); err != nil {
+		t.Fatal(err)
+	}
+	for _, got := range []*extprocv3.ProcessingRequest{
+		{MetadataContext: &corev3.Metadata{}}, // a message with fields set is reset
+		used,
+	} {
+		err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(bytes.Clone(b))}, got)
+		switch {
+		case wantErr == nil && err != nil:
+			t.Fatalf("codec: %v; protobuf decodes %v", err, want)
+		case wantErr != nil && err == nil && got.GetResponseBody() == nil:
+			// Only the skipped fields of a response body message go unvalidated.
+			t.Fatalf("codec decodes %v; protobuf: %v", got, wantErr)
+		case wantErr == nil && !proto.Equal(codecDecoded(got), codecDecoded(want)):
+			t.Fatalf("codec decodes\n%v\nwant\n%v", got, want)
+		}
 	}
 }
 
-// TestExtProcCodecSkipsChunkMetadata: a response chunk as the data plane sends it decodes without its metadata, in
-// three allocations (the oneof wrapper, the HttpBody and its body) besides the message gRPC allocates.
+// TestExtProcCodecSkipsChunkMetadata: a response chunk as the data plane sends it decodes without its metadata, into
+// a new message in four allocations (the message, as gRPC's generated Recv allocates it, the oneof wrapper, the
+// HttpBody and its body), and in none into a message that holds a chunk already (recvFromProxy's spare message).
 func TestExtProcCodecSkipsChunkMetadata(t *testing.T) {
 	chunk := newStreamedChat(1<<10, 2).chunks[0]
 	if chunk.MetadataContext == nil {
@@ -113,17 +125,31 @@ func TestExtProcCodecSkipsChunkMetadata(t *testing.T) {
 	}
 	data := mem.BufferSlice{mem.SliceBuffer(mustMarshal(chunk))}
 	codec := newExtProcCodec()
-	got := &extprocv3.ProcessingRequest{}
-	allocs := testing.AllocsPerRun(100, func() {
-		if err := codec.Unmarshal(data, got); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if got.MetadataContext != nil || !proto.Equal(got.GetResponseBody(), chunk.GetResponseBody()) {
-		t.Fatalf("decoded %v, want the chunk %v without metadata", got, chunk.GetResponseBody())
-	}
-	if allocs > 3 {
-		t.Fatalf("%v allocations per chunk decoded, want 3", allocs)
+	for _, tc := range []struct {
+		name      string
+		reuse     bool
+		maxAllocs float64
+	}{
+		{name: "into a new message", maxAllocs: 4},
+		{name: "into a message that holds a chunk", reuse: true, maxAllocs: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := &extprocv3.ProcessingRequest{}
+			allocs := testing.AllocsPerRun(100, func() {
+				if !tc.reuse {
+					got = &extprocv3.ProcessingRequest{}
+				}
+				if err := codec.Unmarshal(data, got); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if got.MetadataContext != nil || !proto.Equal(got.GetResponseBody(), chunk.GetResponseBody()) {
+				t.Fatalf("decoded %v, want the chunk %v without metadata", got, chunk.GetResponseBody())
+			}
+			if allocs > tc.maxAllocs {
+				t.Fatalf("%v allocations per chunk decoded, want at most %v", allocs, tc.maxAllocs)
+			}
+		})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common/envoy"
@@ -248,6 +249,106 @@ func sortSetHeaders(r *extprocv3.ProcessingResponse) {
 				return strings.Compare(a.GetHeader().GetKey(), b.GetHeader().GetKey())
 			})
 		}
+	}
+}
+
+// wireProxyStream is the proxy's side of one ext_proc stream as gRPC's server shows it with extProcCodec: RecvMsg
+// decodes the next message into the one it is given, SendMsg encodes the answer at once. It records every message it
+// decoded into.
+type wireProxyStream struct {
+	grpc.ServerStream
+	ctx      context.Context
+	codec    extProcCodec
+	in       [][]byte
+	into     []*extprocv3.ProcessingRequest
+	answered []string // the bodies of the streamed chunks answered
+}
+
+func (f *wireProxyStream) Context() context.Context { return f.ctx }
+
+func (f *wireProxyStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	m := &extprocv3.ProcessingRequest{}
+	return m, f.RecvMsg(m)
+}
+
+func (f *wireProxyStream) RecvMsg(m any) error {
+	if len(f.in) == 0 {
+		return io.EOF
+	}
+	req := m.(*extprocv3.ProcessingRequest)
+	f.into = append(f.into, req)
+	if err := f.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(bytes.Clone(f.in[0]))}, req); err != nil {
+		return err
+	}
+	f.in = f.in[1:]
+	return nil
+}
+
+func (f *wireProxyStream) Send(r *extprocv3.ProcessingResponse) error { return f.SendMsg(r) }
+
+func (f *wireProxyStream) SendMsg(m any) error {
+	data, err := f.codec.Marshal(m)
+	if err != nil {
+		return err
+	}
+	defer data.Free()
+	r := &extprocv3.ProcessingResponse{}
+	if err := proto.Unmarshal(data.Materialize(), r); err != nil {
+		return err
+	}
+	f.answered = append(f.answered, string(r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()))
+	return nil
+}
+
+// TestStreamDecodesIntoAnsweredChunks: on gRPC's stream (wireChunks) a chunk the stream answered itself is the message
+// the next one is decoded into, and a message handed to upstream's handler never is; the answers carry each chunk's
+// own bytes.
+func TestStreamDecodesIntoAnsweredChunks(t *testing.T) {
+	parser, err := plugins.OpenAIParserFactory("p", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := func(body string, end bool) []byte {
+		return mustMarshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+			ResponseBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: end}}})
+	}
+	plain := func(content string) string {
+		return `data: {"choices":[{"delta":{"content":"` + content + `"}}]}` + "\n\n"
+	}
+	usage := `data: {"choices":[],"usage":{"prompt_tokens":3}}` + "\n\n"
+	in := [][]byte{chunk(plain("a longer first chunk"), false), chunk(plain("b"), false), chunk(usage, false),
+		chunk(plain("c"), false), chunk(plain("d"), false), chunk("", true)}
+	d := &hotDirector{chunks: chunksFirst, screen: parser.(usageScreen)}
+	ctx := context.Background()
+	reqCtx := &handlers.RequestContext{RequestState: handlers.HeaderResponseResponseComplete,
+		Request:  &handlers.Request{Headers: map[string]string{"x-request-id": "r1"}},
+		Response: &handlers.Response{Headers: map[string]string{"content-type": "text/event-stream"}}}
+	proxy := &wireProxyStream{ctx: ctx, codec: newExtProcCodec(), in: in}
+	s := &shapingStream{ExternalProcessor_ProcessServer: proxy, ctx: ctx, hot: true, wireChunks: true}
+	ctx, s.chunks = withChunkCount(ctx)
+	d.prepareShortcut(ctx, s.chunks, reqCtx)
+	s.armShortcut(newChunkAnswer([]byte("first")))
+	var upstream []*extprocv3.ProcessingRequest // what upstream's handler got
+	for {
+		m, err := s.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		upstream = append(upstream, m)
+	}
+	if got := []string{string(upstream[0].GetResponseBody().GetBody()), fmt.Sprint(upstream[1].GetResponseBody().GetEndOfStream())}; len(upstream) != 2 || got[0] != usage || got[1] != "true" {
+		t.Fatalf("upstream's handler got %v, want the usage chunk and the end", upstream)
+	}
+	if want := []string{plain("a longer first chunk"), plain("b"), plain("c"), plain("d")}; !slices.Equal(proxy.answered, want) {
+		t.Errorf("the stream answered %q, want %q", proxy.answered, want)
+	}
+	// Decoded into: a new message (a), again (b, answered), again (the usage, handed to upstream's handler, whose
+	// message then stays as it got it: checked above, after every decode), a new one (c), again (d), again (the end).
+	if runs := len(slices.Compact(slices.Clone(proxy.into))); len(proxy.into) != len(in) || runs != 2 {
+		t.Errorf("%d messages decoded into %d runs of one message, want %d into 2", len(proxy.into), runs, len(in))
 	}
 }
 

@@ -239,8 +239,10 @@ func (o *observedResponse) next() (*extprocv3.ProcessingRequest, error) {
 // serveObserver serves one observer stream whose first message is first: it joins the routed request of the
 // request ID first carries, and hands that request's routing stream every message until the response ends or the
 // stream does, each readied as the routing stream's (prepareFromProxy; hot: the EPP's hot path). It never answers.
+// With wireChunks (gRPC's stream with extProcCodec) a chunk the routing stream took (observedResponse.take, which keeps
+// nothing of it) is decoded into again: the codec reuses its wrappers and body for the next chunk.
 func (j *observerJoin) serveObserver(stream extprocv3.ExternalProcessor_ProcessServer, first *extprocv3.ProcessingRequest,
-	hot bool) error {
+	hot, wireChunks bool) error {
 	o := j.claim(observedRequestID(first))
 	if o == nil {
 		return nil // ending the stream tells the proxy it need send no more
@@ -255,18 +257,33 @@ func (j *observerJoin) serveObserver(stream extprocv3.ExternalProcessor_ProcessS
 		}
 		turn = true
 		end := endsResponse(m)
+		var spare *extprocv3.ProcessingRequest
 		if end || !o.take(m) {
 			o.msgs <- m
 			turn = false
+		} else if wireChunks {
+			spare = m
 		}
 		if end {
 			return nil
 		}
 		var err error
-		if m, err = stream.Recv(); err != nil {
+		if m, err = recvInto(stream, spare); err != nil {
 			return nil // the proxy ended the stream before the response's end: the client went away
 		}
 	}
+}
+
+// recvInto receives stream's next message, decoded into spare when it is not nil (gRPC's RecvMsg; see
+// unmarshalProcessingRequest), else into a new message, as the stream's Recv does.
+func recvInto(stream extprocv3.ExternalProcessor_ProcessServer, spare *extprocv3.ProcessingRequest) (*extprocv3.ProcessingRequest, error) {
+	if spare == nil {
+		return stream.Recv()
+	}
+	if err := stream.RecvMsg(spare); err != nil {
+		return nil, err
+	}
+	return spare, nil
 }
 
 // waitTurn waits until upstream's handler waits for the next message; false when the routing stream is gone.
