@@ -93,10 +93,12 @@ type Controller struct {
 	// pool (seatsLocked).
 	poolRunning int
 	// demand is what each tenant of each band asks (tenantseats.go), swept when it reaches demandSweepAt entries;
-	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates.
+	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates, and
+	// shareInDoubt the tenants over it only by a seat free rate that leaves out part of the pool (underShareLocked).
 	demand        map[tenantKey]*tenantDemand
 	demandSweepAt int
 	underShare    map[tenantKey]tenantArrivals
+	shareInDoubt  map[tenantKey]bool
 	underShareAt  time.Time
 	rates         map[tenantKey]tenantRates // underShareLocked's scratch (tenantRatesLocked)
 	// droppedMissing counts the requests the EPP stopped counting because its scrapes said they were gone.

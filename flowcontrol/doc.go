@@ -39,8 +39,9 @@
 // peer, an endpoint whose own slot limit is not known counts the pool's slot limit as its seats (seatsLocked), and a
 // Critical request that finds no seat to start at once waits, first in line, rather than join a server's queue when
 // every candidate holds the pool's slot limit. A replica also tells its peers what its tenants ask and what it drains
-// (Controller.Demand, every few summaries), and with the peers' (Peers.Demand) judges a tenant under its share over
-// the pool (tenantRatesLocked, poolDrainLocked): tenant seats, the dispatch order and the yield rule then follow the
+// (Controller.Demand, every few summaries), including whether an endpoint of its own is not seat-bound (the rate its
+// seats free is then a floor of what the pool drains, not a figure of it), and with the peers' (Peers.Demand) judges a
+// tenant under its share over the pool (tenantRatesLocked, poolDrainLocked): tenant seats, the dispatch order and the yield rule then follow the
 // pool's figures, not this replica's share of the traffic. The seats kept for tenants under their share are then sized
 // for the pool, as the seat reserve is, and each replica keeps its part of them (underShareSeatsLocked) and offers
 // it to such a tenant's requests waiting at a peer. With no peer's demand it judges on its own, as before.

@@ -84,7 +84,9 @@ type PeerDemand struct {
 	// the rate their seat-bound seats free.
 	Drain, SeatFrees float64
 	Settled          bool
-	Tenants          []TenantDemand
+	// Unseated is whether some peer has an endpoint not down that is not seat-bound (Demand.Unseated).
+	Unseated bool
+	Tenants  []TenantDemand
 }
 
 // Demand is what a replica tells its peers of its tenants, every few summaries.
@@ -93,6 +95,9 @@ type Demand struct {
 	// (drainEstimator).
 	Drain   float64
 	Settled bool
+	// Unseated is whether some endpoint here that is not down is not seat-bound: the rate the seat-bound seats free
+	// is then not all this replica's endpoints drain (poolFreesLocked).
+	Unseated bool
 	// Tenants are the tenants active here within the drain-rate window, at most MaxSummaryTenants per band (those
 	// asking the most cost per second).
 	Tenants []TenantDemand
@@ -120,6 +125,8 @@ func (c *Controller) Demand() Demand {
 	var d Demand
 	d.Drain, _ = c.drain.rate()
 	d.Settled = c.drain.settled()
+	_, whole := c.poolFreesLocked(now)
+	d.Unseated = !whole
 	for k, t := range c.demand {
 		if !c.activeLocked(t, now) {
 			continue
@@ -196,16 +203,17 @@ func pooledRate(rate, span, peerRate, peerSpan float64) float64 {
 }
 
 // poolDrainLocked returns what underShareLocked takes the pool to drain, in cost per second: this replica's drain
-// rate and the rate its seat-bound seats free (poolFreesLocked), plus those of its peers that reported demand, and
-// whether the drain rates have a window of evidence.
-func (c *Controller) poolDrainLocked(now time.Time) (drain, frees float64, known bool) {
+// rate and the rate its seat-bound seats free (poolFreesLocked), plus those of its peers that reported demand, whether
+// the drain rates have a window of evidence, and whether every endpoint not down, here and at those peers, is
+// seat-bound (whole: the seats' free rate is then all the pool drains).
+func (c *Controller) poolDrainLocked(now time.Time) (drain, frees float64, known, whole bool) {
 	drain, _ = c.drain.rate()
 	known = c.drain.settled()
-	frees = c.poolFreesLocked(now)
+	frees, whole = c.poolFreesLocked(now)
 	if p := c.peers.Demand; p.Peers > 0 {
-		drain, frees, known = drain+p.Drain, frees+p.SeatFrees, known && p.Settled
+		drain, frees, known, whole = drain+p.Drain, frees+p.SeatFrees, known && p.Settled, whole && !p.Unseated
 	}
-	return drain, frees, known
+	return drain, frees, known, whole
 }
 
 // SetPeers puts what the live peers reported in force (Peers{} when none is live). A peer's load that ended frees

@@ -97,6 +97,18 @@ func (c *Controller) seatFiguresWithinLocked(now time.Time, staleness time.Durat
 	return seats, idle, frees
 }
 
+// allSeatBoundWithinLocked reports whether every endpoint usable within staleness is seat-bound (true with none): the
+// rate their seats free (seatFiguresWithinLocked) is then all they drain.
+func (c *Controller) allSeatBoundWithinLocked(now time.Time, staleness time.Duration) bool {
+	cutoff := freshCutoff(now, staleness)
+	for i := range c.endpoints {
+		if e := &c.endpoints[i]; e.usable(cutoff) && !c.seatBoundLocked(e, now) {
+			return false
+		}
+	}
+	return true
+}
+
 // holdTimeWeight is the weight of each release in the smoothed time a request holds a seat: about the last twenty
 // requests count.
 const holdTimeWeight = 0.05

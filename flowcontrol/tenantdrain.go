@@ -71,11 +71,12 @@ func (c *Controller) tenantWaitLocked(band Band, tenant string, cost float64, no
 }
 
 // sharesDrainLocked reports whether fair queuing gives tenant only a share of band's drain: it is not under its share
-// (such a tenant dispatches first, at the band's rate), and another tenant of the band has requests waiting or is
+// (such a tenant dispatches first, at the band's rate) nor is its share in doubt (shareInDoubtLocked: it is judged by
+// its band's drain and MaxQueueTime, not shed for asking more than a share the pool may well have), and another tenant of the band has requests waiting or is
 // under its share. A band's only tenant drains at the band's rate, which the pool's drain rate and the backlog above
 // it already predict (estimatedWaitLocked); its own meter would add nothing but its noise.
 func (c *Controller) sharesDrainLocked(band Band, tenant string, now time.Time) bool {
-	if c.isUnderShareLocked(band, tenant, now) {
+	if c.isUnderShareLocked(band, tenant, now) || c.shareInDoubtLocked(band, tenant, now) {
 		return false
 	}
 	for _, tq := range c.bands[band].active {

@@ -372,3 +372,97 @@ func noteTenantArrivals(c *Controller, t0 time.Time, window time.Duration, heavy
 	}
 	return now
 }
+
+// TestUnderShareSeatFreesCoverThePool: before the drain rate settles, the rate the seat-bound seats free is all the
+// pool drains only while every endpoint not down is seat-bound, here and at the peers that report demand. Where one is
+// not (a large batch, a server with room: it drains beyond that rate), a tenant over its share of that rate but under
+// its share of the demand has its share in doubt: it is not protected (not under its share), but not shed as a tenant
+// over its share either (it does not share its band's drain: its band's MaxQueueTime, not OverShareMaxQueueTime).
+// Measured on the mixed fleet (a 128-slot server beside 24- and 4-slot ones), the light tenant asking 80% of its share
+// was over the small servers' rate in the warm-up, and a replica owning two 4-slot servers answered its waiting
+// requests 429.
+func TestUnderShareSeatFreesCoverThePool(t *testing.T) {
+	const (
+		seatBound = 12
+		seats     = 4
+		hold      = 5 * time.Second // 48 seats free 9.6 times a second: a share of 4.8 requests a second each
+		light     = 5.5             // over that share, under half of the demand (15 + 5.5)
+	)
+	tests := []struct {
+		name          string
+		unseated      bool // one more endpoint, running 30 with no seat count (never queued)
+		down          bool // that endpoint is down
+		peers         *PeerDemand
+		settled       bool // the drain rate has a window of evidence: 9.6 cost/s
+		doubt         bool
+		reportsUnseat bool // Demand().Unseated
+	}{
+		{name: "every endpoint seat-bound: its seats' free rate is the drain"},
+		{name: "an endpoint not seat-bound: in doubt", unseated: true, doubt: true, reportsUnseat: true},
+		{name: "an endpoint not seat-bound and down counts for nothing", unseated: true, down: true},
+		{name: "a peer's endpoint not seat-bound: in doubt", peers: &PeerDemand{Peers: 1, Unseated: true}, doubt: true},
+		{name: "the peers' endpoints seat-bound", peers: &PeerDemand{Peers: 1}},
+		{name: "drain rate settled: measured, whatever is seat-bound", unseated: true, settled: true, reportsUnseat: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, testConfig(t, func(cfg *Config) { cfg.Endpoint.MetricsStaleness = 200 * time.Millisecond }))
+			c := h.c
+			if tt.peers != nil {
+				c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }, Demand: *tt.peers})
+			}
+			window := c.cfg.DrainRateWindow
+			now := t0.Add(window)
+			h.clk.SetTime(now) // Demand judges at the clock's now
+			c.mu.Lock()
+			for tenant, rate := range map[string]float64{"heavy": 15, "light": light} {
+				every := time.Duration(float64(time.Second) / rate)
+				for at := time.Duration(0); at < window; at += every {
+					c.noteArrivalLocked(Standard, tenant, 1, 1, t0.Add(at))
+				}
+			}
+			c.holdTime = hold
+			if tt.settled {
+				c.drain.meter = rateMeter{window: window.Seconds(), events: 9.6 * window.Seconds(), span: window.Seconds(), last: now}
+			}
+			c.endpoints = c.endpoints[:0]
+			for i := range seatBound {
+				e := newEndpointState(Endpoint{Name: fmt.Sprint("e", i), Running: seats, ScrapedAt: now.Add(-10 * time.Millisecond)})
+				e.seats, e.capacity, e.known, e.inflight = seats, seats, seats, seats
+				e.fullNs = now.Add(-time.Second).UnixNano()
+				c.endpoints = append(c.endpoints, e)
+			}
+			if tt.unseated {
+				age := 10 * time.Millisecond
+				if tt.down {
+					age = time.Minute
+				}
+				c.endpoints = append(c.endpoints, newEndpointState(Endpoint{Name: "large", Running: 30, ScrapedAt: now.Add(-age)}))
+			}
+			if c.isUnderShareLocked(Standard, "light", now) {
+				t.Errorf("light (%.1f/s against heavy's 15/s) under its share: over the seats' free rate it is not", light)
+			}
+			if got := c.shareInDoubtLocked(Standard, "light", now); got != tt.doubt {
+				t.Errorf("light's share in doubt: %v, want %v", got, tt.doubt)
+			}
+			if c.shareInDoubtLocked(Standard, "heavy", now) {
+				t.Errorf("heavy's share in doubt: it asks more than half the demand")
+			}
+			// With a heavy request waiting, a light one over its share may be predicted to wait OverShareMaxQueueTime
+			// at most; one whose share is in doubt its band's MaxQueueTime.
+			c.bands[Standard].push(&item{id: "h", tenant: "heavy", cost: 1}, 1)
+			want := c.cfg.Bands[Standard].overShareQueueTime()
+			if tt.doubt {
+				want = c.cfg.Bands[Standard].MaxQueueTime
+			}
+			if got := c.maxQueueTimeLocked(Standard, "light", now); got != want {
+				t.Errorf("light's longest predicted wait %v, want %v", got, want)
+			}
+			c.bands[Standard].pop()
+			c.mu.Unlock()
+			if un := c.Demand().Unseated; un != tt.reportsUnseat {
+				t.Errorf("Demand().Unseated %v, want %v", un, tt.reportsUnseat)
+			}
+		})
+	}
+}

@@ -59,7 +59,7 @@ func (f *FlowControl) PeerSummary() replication.Summary {
 const DemandEvery = 10
 
 func wireDemand(d flowcontrol.Demand) *replication.Demand {
-	w := &replication.Demand{Drain: d.Drain, Settled: d.Settled, Tenants: make([]replication.TenantDemand, 0, len(d.Tenants))}
+	w := &replication.Demand{Drain: d.Drain, Settled: d.Settled, Unseated: d.Unseated, Tenants: make([]replication.TenantDemand, 0, len(d.Tenants))}
 	for _, t := range d.Tenants {
 		w.Tenants = append(w.Tenants, replication.TenantDemand{Band: uint8(t.Band), Tenant: t.Tenant, Cost: t.Cost,
 			Requests: t.Requests, Weight: t.Weight, Span: t.Span})
@@ -141,7 +141,7 @@ func (f *FlowControl) applyPeers() {
 	}
 	self := f.peers.Self()
 	demand := flowcontrol.PeerDemand{Peers: pool.DemandPeers, Drain: pool.Demand.Drain, Settled: pool.Demand.Settled,
-		SeatFrees: pool.DemandSeatFrees}
+		Unseated: pool.Demand.Unseated, SeatFrees: pool.DemandSeatFrees}
 	for _, t := range pool.Demand.Tenants {
 		demand.Tenants = append(demand.Tenants, flowcontrol.TenantDemand{Band: flowcontrol.Band(t.Band), Tenant: t.Tenant,
 			Cost: t.Cost, Requests: t.Requests, Weight: t.Weight, Span: t.Span})

@@ -386,7 +386,8 @@ func sendSummary(t *testing.T, from, to *FlowControl) {
 }
 
 // TestFlowControlPeerDemand: every DemandEvery-th summary, the first included, carries what the replica's tenants ask
-// (flowcontrol.Controller.Demand), in the wire form; the others carry none, and the receiver keeps the last one heard.
+// (flowcontrol.Controller.Demand), in the wire form, and whether an endpoint of the replica is not seat-bound; the
+// others carry none, and the receiver keeps the last one heard.
 func TestFlowControlPeerDemand(t *testing.T) {
 	clk := clocktesting.NewFakeClock(fcT0)
 	pool := &fakePool{}
@@ -421,6 +422,9 @@ func TestFlowControlPeerDemand(t *testing.T) {
 		}
 		if s.Demand == nil {
 			continue
+		}
+		if !s.Demand.Unseated { // its one endpoint has room: it was never full, so it is not seat-bound
+			t.Fatalf("summary %d: demand not unseated with an endpoint that is not seat-bound", i+1)
 		}
 		var tenants []string
 		for _, td := range s.Demand.Tenants {

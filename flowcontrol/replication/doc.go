@@ -17,8 +17,8 @@
 // would leave idle that a peer's waiting request of any band may take (Spare, TakeSpare; only a request of a tenant
 // under its share when SpareProtected) and how many requests of tenants under their share wait at it
 // (ProtectedWaiting). Every few summaries carry the sender's Demand (its tenants' rates per band, at most a bound per
-// band, and its drain rate), kept until the next one; Pool sums the live peers' (Pool.Demand), so each replica judges a tenant
-// under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary;
+// band, its drain rate, and whether an endpoint of its own is not seat-bound), kept until the next one; Pool sums the
+// live peers' (Pool.Demand), so each replica judges a tenant under its share over the pool. Summaries travel in a compact, versioned wire form (AppendVersion, ParseSummary;
 // each peer is sent the newest version it sent, WireVersion); nothing on the request path waits for one.
 //
 // It is pure decision logic: plain inputs, time passed in as arguments, no I/O, no dependency on the Gateway API

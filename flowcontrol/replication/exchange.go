@@ -65,6 +65,9 @@ type Demand struct {
 	// window of evidence.
 	Drain   float64
 	Settled bool
+	// Unseated is whether some endpoint of the sender's that is not down is not seat-bound: the rate its seats free
+	// (Summary.SeatFrees) is then not all it drains.
+	Unseated bool
 	// Tenants are the sender's tenants active in the drain-rate window, at most a bound per band (the busiest).
 	Tenants []TenantDemand
 }
@@ -311,6 +314,7 @@ func (p *Pool) addDemand(d *Demand, frees float64) {
 	p.DemandSeatFrees += frees
 	p.Demand.Drain += d.Drain
 	p.Demand.Settled = p.Demand.Settled && d.Settled
+	p.Demand.Unseated = p.Demand.Unseated || d.Unseated
 	for _, t := range d.Tenants {
 		i := slices.IndexFunc(p.Demand.Tenants, func(u TenantDemand) bool { return u.Band == t.Band && u.Tenant == t.Tenant })
 		if i < 0 {

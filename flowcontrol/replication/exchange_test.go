@@ -191,8 +191,10 @@ func TestSummaryWireVersions(t *testing.T) {
 	s := Summary{From: "epp-0", Seq: 9, CriticalRate: 2, SeatFrees: 8, Seats: 12, CriticalWaiting: 1,
 		Idle: []EndpointCount{{"10.0.1.1:8000", 2}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}}, Acks: []Ack{{"epp-1", 3}},
 		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4, PoolRunning: 3,
-		Demand: &Demand{Drain: 6, Settled: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}},
+		Demand: &Demand{Drain: 6, Settled: true, Unseated: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}},
 		Spare:  []EndpointCount{{"10.0.1.2:8000", 1}}, SpareProtected: true, ProtectedWaiting: 2}
+	seated := *s.Demand
+	seated.Unseated = false
 	wire := map[byte][]byte{}
 	for v := byte(wireVersionSeats); v <= WireVersion; v++ {
 		b, err := s.AppendVersion(nil, v)
@@ -202,6 +204,9 @@ func TestSummaryWireVersions(t *testing.T) {
 		wire[v] = b
 		want := s
 		want.Version = v
+		if v < wireVersionUnseated {
+			want.Demand = &seated
+		}
 		if v < wireVersionSpare {
 			want.Spare, want.SpareProtected, want.ProtectedWaiting = nil, false, 0
 		}
@@ -230,6 +235,9 @@ func TestSummaryWireVersions(t *testing.T) {
 	noSpare := s
 	noSpare.Spare, noSpare.SpareProtected, noSpare.ProtectedWaiting = nil, false, 0
 	v6, _ := noSpare.AppendVersion(nil, wireVersionSpare)
+	noUnseated := s
+	noUnseated.Demand = &seated
+	v7, _ := noUnseated.AppendVersion(nil, wireVersionUnseated)
 	for _, tc := range []struct {
 		older, newer []byte
 		added        int
@@ -240,6 +248,7 @@ func TestSummaryWireVersions(t *testing.T) {
 		{wire[wireVersionDemand], wire[wireVersionRunning], 1}, // the most run: 3, one byte
 		{wire[wireVersionRunning], v6, 3},                      // no spare place, no flag, none waiting: 3 bytes
 		{wire[wireVersionRunning], wire[wireVersionSpare], len(wire[wireVersionSpare]) - len(wire[wireVersionRunning])},
+		{wire[wireVersionSpare], v7, 0}, // the same bytes: version 7 adds a demand flag, clear here
 	} {
 		if !reflect.DeepEqual(tc.older[1:], tc.newer[1:len(tc.newer)-tc.added]) {
 			t.Errorf("version %d is not version %d without its added fields:\n%x\n%x", tc.older[0], tc.newer[0], tc.older, tc.newer)
@@ -271,6 +280,7 @@ func TestSummaryWireDemand(t *testing.T) {
 	}{
 		{"none", nil, true},
 		{"no tenant, unsettled", &Demand{Drain: 0.5}, true},
+		{"unseated", &Demand{Drain: 0.5, Unseated: true}, true},
 		{"two tenants", &Demand{Drain: 9.5, Settled: true, Tenants: []TenantDemand{
 			{Band: 1, Tenant: "heavy", Cost: 8, Requests: 4, Weight: 1, Span: 10}, {Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 2, Span: 2.5}}}, true},
 		{"tenants at the bound", &Demand{Tenants: tenants(maxWireTenants)}, true},
@@ -307,10 +317,16 @@ func TestSummaryWireDemand(t *testing.T) {
 			t.Errorf("flags %#x read", flags)
 		}
 	}
+	// Version 6 has no unseated flag: a version-6 summary with it is refused, as a release of version 6 refuses it.
+	b, _ := Summary{From: "epp-0", Seq: 1, Demand: &Demand{Unseated: true}}.AppendVersion(nil, WireVersion)
+	b[0] = wireVersionSpare
+	if _, err := ParseSummary(b); err == nil {
+		t.Error("version 6 read with the unseated flag")
+	}
 }
 
 // TestExchangeDemand: the pool's demand sums the live peers' latest (a summary without demand keeps the last one's),
-// tenants per band and name (what each counted, rate times span, over the longest span), drains and seat free rates; it is settled only if each peer's is, counts only the peers
+// tenants per band and name (what each counted, rate times span, over the longest span), drains and seat free rates; it is settled only if each peer's is, unseated if any peer's is, counts only the peers
 // that sent one (an older release sends none), and goes with a peer that falls silent: the replica then decides alone.
 func TestExchangeDemand(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -329,9 +345,9 @@ func TestExchangeDemand(t *testing.T) {
 	if !reflect.DeepEqual(p.Demand, want) || p.DemandPeers != 2 || p.DemandSeatFrees != 6 {
 		t.Fatalf("pool demand %+v from %d peers, seat frees %v; want %+v from 2, 6", p.Demand, p.DemandPeers, p.DemandSeatFrees, want)
 	}
-	x.Heard(Summary{From: "c", Seq: 2, Version: WireVersion, Demand: &Demand{Drain: 2, Settled: true}}, t0.Add(20*time.Millisecond))
-	if p := x.Pool(t0.Add(20 * time.Millisecond)); !p.Demand.Settled || len(p.Demand.Tenants) != 2 {
-		t.Fatalf("with every peer's drain settled: %+v", p.Demand)
+	x.Heard(Summary{From: "c", Seq: 2, Version: WireVersion, Demand: &Demand{Drain: 2, Settled: true, Unseated: true}}, t0.Add(20*time.Millisecond))
+	if p := x.Pool(t0.Add(20 * time.Millisecond)); !p.Demand.Settled || !p.Demand.Unseated || len(p.Demand.Tenants) != 2 {
+		t.Fatalf("with every peer's drain settled, c's endpoints not all seat-bound: %+v", p.Demand)
 	}
 	// b rolled back to a release before the demand: it sends version 3, and its last demand no longer holds.
 	x.Heard(Summary{From: "b", Seq: 3, Version: wireVersionSlots, SeatFrees: 4}, t0.Add(30*time.Millisecond))

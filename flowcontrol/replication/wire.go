@@ -14,25 +14,28 @@ import (
 // it (a flags byte, demand present and drain settled; with demand, the drain rate and the tenants, each a band byte,
 // its name, three rates and the span they average over), version 5 the most the sender's endpoints have run after it,
 // version 6 the spare places after that (a list as Idle's: one byte while the sender has none to offer), a flags byte
-// (the places are for requests of tenants under their share only) and the sender's waiting requests of such tenants.
+// (the places are for requests of tenants under their share only) and the sender's waiting requests of such tenants,
+// and version 7 one more demand flag (some endpoint of the sender is not seat-bound: Demand.Unseated).
 // Every version is read; a replica sends each peer the newest
 // version that peer has sent (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases
 // still exchange what both read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
 // beyond 2, those from before the demand anything beyond 3 (they are sent version 3 and send no demand: Pool.Demand),
 // those from before the most run anything beyond 4 (they are sent version 4 and report none: Pool.PoolRunning counts
 // the peers that do), those from before the spare places anything beyond 5 (they are sent version 5, offer none and
-// take none).
+// take none), those from before the unseated flag anything beyond 6 (they are sent version 6, and their seats' free
+// rate is taken as all they drain, as they take it themselves).
 
 const (
 	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
-	WireVersion        = 6
-	wireVersionSpare   = 6 // with the spare places
-	wireVersionRunning = 5 // with the most the sender's endpoints have run, without the spare places
-	wireVersionDemand  = 4 // with the demand, without the most run
-	wireVersionSlots   = 3 // with the pool's slot limit, without the demand
-	wireVersionPrefix  = 2 // with prefix inserts, without the pool's slot limit
-	wireVersionSeats   = 1 // without prefix inserts
-	hashBytes          = 8
+	WireVersion         = 7
+	wireVersionUnseated = 7 // with the demand's unseated flag
+	wireVersionSpare    = 6 // with the spare places, without the unseated flag
+	wireVersionRunning  = 5 // with the most the sender's endpoints have run, without the spare places
+	wireVersionDemand   = 4 // with the demand, without the most run
+	wireVersionSlots    = 3 // with the pool's slot limit, without the demand
+	wireVersionPrefix   = 2 // with prefix inserts, without the pool's slot limit
+	wireVersionSeats    = 1 // without prefix inserts
+	hashBytes           = 8
 )
 
 // maxWireHashes bounds the block hashes a received summary may carry, over all its pods: 32 KiB.
@@ -49,6 +52,7 @@ const maxWireBand = 15
 const (
 	demandPresent = 1 << iota
 	demandSettled
+	demandUnseated // version 7
 )
 
 // Flags of the spare places (version 6).
@@ -106,7 +110,7 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 	if v < wireVersionDemand {
 		return b, nil
 	}
-	b = appendDemand(b, s.Demand)
+	b = appendDemand(b, s.Demand, v)
 	if v < wireVersionRunning {
 		return b, nil
 	}
@@ -133,14 +137,17 @@ func appendCounts(b []byte, list []EndpointCount) []byte {
 	return b
 }
 
-// appendDemand appends version 4's demand: a flags byte, and with demand its drain rate and tenants.
-func appendDemand(b []byte, d *Demand) []byte {
+// appendDemand appends version 4's demand, in version v: a flags byte, and with demand its drain rate and tenants.
+func appendDemand(b []byte, d *Demand, v byte) []byte {
 	if d == nil {
 		return append(b, 0)
 	}
 	flags := byte(demandPresent)
 	if d.Settled {
 		flags |= demandSettled
+	}
+	if d.Unseated && v >= wireVersionUnseated {
+		flags |= demandUnseated
 	}
 	b = append(b, flags)
 	b = appendRate(b, d.Drain)
@@ -201,7 +208,7 @@ func ParseSummary(b []byte) (Summary, error) {
 		s.PoolSlots = r.seats(r.count())
 	}
 	if v >= wireVersionDemand {
-		s.Demand = r.demand()
+		s.Demand = r.demand(v)
 	}
 	if v >= wireVersionRunning {
 		s.PoolRunning = r.seats(r.count())
@@ -241,8 +248,8 @@ func (r *reader) counts() []EndpointCount {
 	return list
 }
 
-// demand reads version 4's demand: nil when the summary carries none.
-func (r *reader) demand() *Demand {
+// demand reads version 4's demand, in version v: nil when the summary carries none.
+func (r *reader) demand(v byte) *Demand {
 	flags := r.byte()
 	if r.err != nil || flags&demandPresent == 0 {
 		if flags&^demandPresent != 0 {
@@ -250,10 +257,14 @@ func (r *reader) demand() *Demand {
 		}
 		return nil
 	}
-	if flags&^(demandPresent|demandSettled) != 0 {
+	known := byte(demandPresent | demandSettled)
+	if v >= wireVersionUnseated {
+		known |= demandUnseated
+	}
+	if flags&^known != 0 {
 		r.err = cmpErr(r.err, fmt.Errorf("unknown demand flags %#x", flags))
 	}
-	d := &Demand{Settled: flags&demandSettled != 0, Drain: r.rate()}
+	d := &Demand{Settled: flags&demandSettled != 0, Unseated: flags&demandUnseated != 0, Drain: r.rate()}
 	n := r.count()
 	if n > maxWireTenants {
 		r.err = cmpErr(r.err, fmt.Errorf("demand of %d tenants, more than %d", n, maxWireTenants))
