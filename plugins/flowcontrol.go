@@ -496,6 +496,11 @@ func positiveCount(v any) (uint64, bool) {
 		if f, err = n.Float64(); err != nil {
 			return 0, false
 		}
+	case json.RawMessage:
+		// GIE's parser keeps each top-level field of the body undecoded.
+		if err := json.Unmarshal(n, &f); err != nil {
+			return 0, false
+		}
 	case int:
 		f = float64(n)
 	case int64:
