@@ -114,10 +114,13 @@ func (e *endpointState) learnKVCapacity(s kvScrape) {
 	}
 }
 
-// kvKnown reports whether the endpoint's KV room can be counted: its capacity and run time are learned and it
-// carries only the EPP's own load.
+// kvKnown reports whether the endpoint's KV room is counted: it has seats (a small server that queued while running
+// few requests, or a stated or learned slot limit: large-batch servers, whose requests contend in prefill long before
+// they run out of places, keep the saturation thresholds alone, as they do for seats), its capacity and run time are
+// learned, and it carries only the EPP's own load. Counted on the large-batch fleet at 2x, the A10G-like servers'
+// KV room cost its Sheddable band 5% of its throughput (testbed/bench/scenarios/README.md, "KV room at final size").
 func (e *endpointState) kvKnown() bool {
-	return e.kvCapacity > 0 && e.runTime > 0 && e.foreign == 0 && e.peer == 0
+	return e.seats > 0 && e.kvCapacity > 0 && e.runTime > 0 && e.foreign == 0 && e.peer == 0
 }
 
 // fitsFinal reports whether one more request of final size final fits at the endpoint's final sizes: every request

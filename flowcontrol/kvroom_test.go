@@ -107,6 +107,7 @@ func TestFitsFinal(t *testing.T) {
 		inflight int
 		capacity float64
 		foreign  int
+		noSeats  bool
 		want     bool
 	}{
 		{name: "the tenth of ten", inflight: 9, capacity: 6800, want: true},
@@ -115,11 +116,15 @@ func TestFitsFinal(t *testing.T) {
 		{name: "the tenth of nine and a half", inflight: 9, capacity: 6450},
 		{name: "capacity not learned", inflight: 20, want: true},
 		{name: "foreign load", inflight: 20, capacity: 6800, foreign: 1, want: true},
+		{name: "no seats: a large-batch server", inflight: 20, capacity: 6800, noSeats: true, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEndpointState(Endpoint{})
-			e.kvCapacity, e.runTime, e.foreign = tc.capacity, kvRun, tc.foreign
+			e.kvCapacity, e.runTime, e.foreign, e.seats = tc.capacity, kvRun, tc.foreign, 11
+			if tc.noSeats {
+				e.seats = 0
+			}
 			e.kvFinal = float64(tc.inflight) * kvReq.final()
 			if got := e.fitsFinal(kvReq.final()); got != tc.want {
 				t.Fatalf("fitsFinal = %v, want %v", got, tc.want)
@@ -184,6 +189,7 @@ func kvHarness(t *testing.T, ago map[string][]time.Duration) *harness {
 		i := h.c.endpointIndex[name]
 		e := &h.c.endpoints[i]
 		e.kvCapacity, e.runTime = 6800, kvRun
+		e.learner.queued, e.learner.maxRunning = true, 11 // tentative seats: a small server that queued
 		for _, a := range ago[name] {
 			n++
 			id := name + string(rune('0'+n))
