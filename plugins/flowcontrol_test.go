@@ -412,6 +412,8 @@ func TestFlowControlEstimatedCost(t *testing.T) {
 		{"max_tokens", 400, fwksched.PayloadMap{"max_tokens": float64(50)}, 150},
 		{"max_completion_tokens wins over max_tokens", 400, fwksched.PayloadMap{"max_completion_tokens": float64(10), "max_tokens": float64(50)}, 110},
 		{"responses API max_output_tokens", 400, fwksched.PayloadMap{"max_output_tokens": json.Number("20")}, 120},
+		{"max_tokens as GIE's parser leaves it (raw JSON)", 400, fwksched.PayloadMap{"max_tokens": json.RawMessage("128")}, 228},
+		{"raw JSON that is not a number falls back to the default", 400, fwksched.PayloadMap{"max_tokens": json.RawMessage(`"x"`)}, 356},
 		{"zero or negative falls back to the default", 400, fwksched.PayloadMap{"max_tokens": float64(0)}, 356},
 		{"not a number falls back to the default", 400, fwksched.PayloadMap{"max_tokens": "lots"}, 356},
 		{"absurd values are capped", 0, fwksched.PayloadMap{"max_tokens": 1e300}, maxEstimatedOutputTokens},
