@@ -3,7 +3,9 @@ package plugins
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"math/bits"
 	"slices"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -118,6 +120,16 @@ func compactPieces(pieces [][]byte, v []byte, plainFrom int) [][]byte {
 				continue
 			}
 			for i++; i < end; i++ {
+				for i+8 <= end { // a real prompt's string has escapes every few dozen bytes: skip to the next
+					if m := compactSpecials(binary.LittleEndian.Uint64(v[i:])); m != 0 {
+						i += bits.TrailingZeros64(m) / 8
+						break
+					}
+					i += 8
+				}
+				if i >= end {
+					break
+				}
 				c := v[i]
 				if !inStringSpecial[c] {
 					continue
@@ -160,6 +172,18 @@ func needsEscape(s []byte) bool {
 		}
 	}
 	return false
+}
+
+// compactSpecials marks, with its high bit, each of the eight bytes of x (little-endian) that compactPieces acts on
+// inside a string (inStringSpecial); the lowest mark is always the first such byte (see stringSpecials).
+func compactSpecials(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	var marks uint64
+	for _, c := range [...]uint64{'\\', '<', '>', '&', 0xE2} {
+		y := x ^ (ones * c)
+		marks |= (y - ones) &^ y
+	}
+	return marks & highs
 }
 
 // inStringSpecial marks the bytes compactPieces acts on inside a string.
