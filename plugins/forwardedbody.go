@@ -3,7 +3,9 @@ package plugins
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"math/bits"
 	"slices"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -44,72 +46,66 @@ func forwardedBodyOf(ctx context.Context) *ForwardedBody {
 }
 
 // Encode returns json.Marshal of the payload map (as the Director left it) with the long members put back; ok is
-// false when the parser left no member out (the Director's own encoding is the body). The body is written once: its
-// pieces (the short members' encodings, the long members' bytes as they stand in the request body, less what
-// compaction drops) are joined into one buffer at the end, which bytes.Join does not zero first.
+// false when the parser left no member out (the Director's own encoding is the body). The body is written once, into
+// one buffer sized for the members as they stand in the request: the short members' encodings, and the long members'
+// bytes appended span by span, less what compaction drops and with what it escapes.
 func (f *ForwardedBody) Encode() (body []byte, ok bool, err error) {
 	if f == nil || len(f.long) == 0 {
 		return nil, false, nil
 	}
 	keys := make([]string, 0, len(f.payload)+len(f.long))
+	size := 2
 	for k := range f.payload {
 		keys = append(keys, k)
 	}
-	for k := range f.long {
+	for k, v := range f.long {
 		if _, dup := f.payload[k]; !dup {
 			keys = append(keys, k)
+			size += len(v)
 		}
 	}
 	slices.Sort(keys) // encoding/json orders a map's keys so
-	pieces := make([][]byte, 0, 4*len(keys)+2)
-	pieces = append(pieces, jsonOpen)
+	out := make([]byte, 0, size+size/16+64*len(keys))
+	out = append(out, '{')
 	for i, k := range keys {
 		if i > 0 {
-			pieces = append(pieces, jsonComma)
+			out = append(out, ',')
 		}
 		key, err := json.Marshal(k)
 		if err != nil {
 			return nil, false, err
 		}
-		pieces = append(pieces, key, jsonColon)
+		out = append(append(out, key...), ':')
 		if v, short := f.payload[k]; short {
 			value, err := json.Marshal(v)
 			if err != nil {
 				return nil, false, err
 			}
-			pieces = append(pieces, value)
+			out = append(out, value...)
 			continue
 		}
-		pieces = compactPieces(pieces, f.long[k], plainStringMin)
+		out = appendCompact(out, f.long[k], plainStringMin)
 	}
-	return bytes.Join(append(pieces, jsonClose), nil), true, nil
+	return append(out, '}'), true, nil
 }
-
-// The JSON punctuation Encode puts around and between members.
-var jsonOpen, jsonComma, jsonColon, jsonClose = []byte("{"), []byte(","), []byte(":"), []byte("}")
 
 // split records the payload map and the long members ParseRequest left out of it.
 func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]json.RawMessage) {
 	f.payload, f.long = payload, long
 }
 
-// compactPieces appends to pieces the pieces of the valid JSON value v as json.Marshal writes a json.RawMessage
-// (without whitespace outside strings, and with <, >, & and the line and paragraph separators U+2028 and U+2029
-// escaped as \u003c ... inside them), in order: spans of v itself (what compaction keeps as it is, nearly all of a
-// long prompt) and the escapes that replace what it changes. A long string (of more than plainFrom bytes) without
-// anything to escape is one span: its end is found with bytes.IndexByte, and four more IndexByte reads of it, each a
-// fraction of a byte loop's cost, show that nothing in it needs escaping.
-func compactPieces(pieces [][]byte, v []byte, plainFrom int) [][]byte {
-	span := func(b []byte) {
-		if len(b) > 0 {
-			pieces = append(pieces, b)
-		}
-	}
+// appendCompact appends to dst the valid JSON value v as json.Marshal writes a json.RawMessage (without whitespace
+// outside strings, and with <, >, & and the line and paragraph separators U+2028 and U+2029 escaped as \u003c ...
+// inside them): spans of v itself (what compaction keeps as it is, nearly all of a long prompt) and the escapes that
+// replace what it changes. A long string (of more than plainFrom bytes) without anything to escape is one span: its
+// end is found with bytes.IndexByte, and four more IndexByte reads of it, each a fraction of a byte loop's cost, show
+// that nothing in it needs escaping. In any other string the next byte to act on is found eight bytes at a time.
+func appendCompact(dst, v []byte, plainFrom int) []byte {
 	start := 0
 	for i := 0; i < len(v); i++ {
 		switch c := v[i]; c {
 		case ' ', '\t', '\n', '\r':
-			span(v[start:i])
+			dst = append(dst, v[start:i]...)
 			start = i + 1
 		case '"':
 			end := skipString(v, i) - 1 // the closing quote
@@ -118,6 +114,16 @@ func compactPieces(pieces [][]byte, v []byte, plainFrom int) [][]byte {
 				continue
 			}
 			for i++; i < end; i++ {
+				for i+8 <= end { // a real prompt's string has escapes every few dozen bytes: skip to the next
+					if m := compactSpecials(binary.LittleEndian.Uint64(v[i:])); m != 0 {
+						i += bits.TrailingZeros64(m) / 8
+						break
+					}
+					i += 8
+				}
+				if i >= end {
+					break
+				}
 				c := v[i]
 				if !inStringSpecial[c] {
 					continue
@@ -126,33 +132,30 @@ func compactPieces(pieces [][]byte, v []byte, plainFrom int) [][]byte {
 				case c == '\\':
 					i++ // the escaped byte; a \u escape's hex digits need nothing
 				case c == '<' || c == '>' || c == '&':
-					span(v[start:i])
-					pieces = append(pieces, jsonEscapes[c])
+					dst = append(append(dst, v[start:i]...), jsonEscapes[c]...)
 					start = i + 1
 				case i+2 < len(v) && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8: // c is 0xE2: U+2028 or U+2029
-					span(v[start:i])
-					pieces = append(pieces, jsonEscapes[v[i+2]])
+					dst = append(append(dst, v[start:i]...), jsonEscapes[v[i+2]]...)
 					start = i + 3
 					i += 2
 				}
 			}
 		}
 	}
-	span(v[start:])
-	return pieces
+	return append(dst, v[start:]...)
 }
 
-// jsonEscapes are the escapes compactPieces writes, by the byte they replace (the last byte of U+2028 and U+2029).
+// jsonEscapes are the escapes appendCompact writes, by the byte they replace (the last byte of U+2028 and U+2029).
 var jsonEscapes = [256][]byte{
 	'<': []byte(`\u003c`), '>': []byte(`\u003e`), '&': []byte(`\u0026`), 0xA8: []byte(`\u2028`), 0xA9: []byte(`\u2029`),
 }
 
-// plainStringMin is the string length from which compactPieces looks for the bytes it escapes with
+// plainStringMin is the string length from which appendCompact looks for the bytes it escapes with
 // bytes.IndexByte rather than a byte at a time.
 const plainStringMin = 64
 
 // needsEscape reports whether the content of a JSON string holds a byte json.Marshal escapes in a raw value: <, >, &,
-// or the first byte of U+2028 or U+2029 (0xE2, which other characters start with too: compactPieces decides).
+// or the first byte of U+2028 or U+2029 (0xE2, which other characters start with too: appendCompact decides).
 func needsEscape(s []byte) bool {
 	for _, c := range [...]byte{'<', '>', '&', 0xE2} {
 		if bytes.IndexByte(s, c) >= 0 {
@@ -162,5 +165,17 @@ func needsEscape(s []byte) bool {
 	return false
 }
 
-// inStringSpecial marks the bytes compactPieces acts on inside a string.
+// compactSpecials marks, with its high bit, each of the eight bytes of x (little-endian) that appendCompact acts on
+// inside a string (inStringSpecial); the lowest mark is always the first such byte (see stringSpecials).
+func compactSpecials(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	var marks uint64
+	for _, c := range [...]uint64{'\\', '<', '>', '&', 0xE2} {
+		y := x ^ (ones * c)
+		marks |= (y - ones) &^ y
+	}
+	return marks & highs
+}
+
+// inStringSpecial marks the bytes appendCompact acts on inside a string.
 var inStringSpecial = [256]bool{'\\': true, '<': true, '>': true, '&': true, 0xE2: true}

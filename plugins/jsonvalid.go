@@ -1,6 +1,9 @@
 package plugins
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+)
 
 // A long prompt is one long JSON string, and json.Valid reads it a byte at a time through encoding/json's scanner, a
 // function call per byte: at long prompts the largest part of the parser's CPU. validJSON accepts exactly what
@@ -107,7 +110,11 @@ func validMemberKey(b []byte, i int) (int, bool) {
 // validString checks the JSON string at b[i] (b[i] is its opening quote) and returns the index after it.
 func validString(b []byte, i int) (int, bool) {
 	for i++; ; {
-		for i+8 <= len(b) && !hasStringSpecial(binary.LittleEndian.Uint64(b[i:])) {
+		for i+8 <= len(b) {
+			if m := stringSpecials(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) / 8 // the first special byte: a prompt's escapes come every few dozen bytes
+				break
+			}
 			i += 8
 		}
 		if i >= len(b) {
@@ -139,14 +146,15 @@ func validString(b []byte, i int) (int, bool) {
 	}
 }
 
-// hasStringSpecial reports whether any of the eight bytes of x is a quote, a backslash or a control byte (below
-// 0x20): the bytes at which validString stops. (Each test is the classic "has a byte less than n" bit trick, exact
-// for n up to 0x80.)
-func hasStringSpecial(x uint64) bool {
+// stringSpecials marks, with its high bit, each of the eight bytes of x (little-endian) that is a quote, a backslash
+// or a control byte (below 0x20): the bytes at which validString stops. Each test is the classic "has a byte less
+// than n" bit trick, exact for n up to 0x80 in that a mark is set if there is such a byte; a borrow may also mark a
+// byte above a true one, never below, so the lowest mark is always the first such byte.
+func stringSpecials(x uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	quote := x ^ (ones * '"')
 	backslash := x ^ (ones * '\\')
-	return ((x-ones*0x20)&^x|(quote-ones)&^quote|(backslash-ones)&^backslash)&highs != 0
+	return ((x-ones*0x20)&^x | (quote-ones)&^quote | (backslash-ones)&^backslash) & highs
 }
 
 func isHex(c byte) bool {

@@ -90,9 +90,9 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 // A chat's messages carry almost all of a long prompt's bytes, and encoding/json reads each message's content four
 // times: the document's validation and decoding, then, in upstream's Content.UnmarshalJSON, the content's own
 // validation and decoding. decodeChat reads it once after validating the document (validJSON, which accepts what
-// json.Valid accepts): it splits the messages with the byte scanners below (eachMember, skipValue) and copies a plain
-// string content (no escapes, valid UTF-8) as is, which is what decoding it yields; every other member, message and
-// content goes through encoding/json and upstream's methods. Whatever it cannot decode exactly as encoding/json would
+// json.Valid accepts): it splits the messages with the byte scanners below (eachMember, skipValue) and decodes a
+// string content with unquoteString, which copies the spans between escapes as they stand; every other member,
+// message and content goes through encoding/json and upstream's methods. Whatever it cannot decode exactly as encoding/json would
 // (a key that could fold onto a field name, a repeated key, a message that is not an object) leaves the body to
 // json.Unmarshal.
 
@@ -178,24 +178,14 @@ func decodeMessage(b []byte) (m scheduling.Message, ok bool) {
 	}
 	switch {
 	case content == nil:
-	case isPlainString(content):
-		m.Content.Raw = string(content[1 : len(content)-1])
+	case content[0] == '"':
+		m.Content.Raw = unquoteString(content)
 	default:
 		if m.Content.UnmarshalJSON(content) != nil {
 			return m, false
 		}
 	}
 	return m, true
-}
-
-// isPlainString reports whether a valid JSON value is a string that decodes to its own bytes: no escapes, valid
-// UTF-8 (encoding/json replaces invalid bytes).
-func isPlainString(v []byte) bool {
-	if len(v) < 2 || v[0] != '"' {
-		return false
-	}
-	inner := v[1 : len(v)-1]
-	return bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner)
 }
 
 // mayFoldOnto reports whether encoding/json could match key to a field named name other than by equality: an
