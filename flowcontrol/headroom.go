@@ -15,6 +15,14 @@ import (
 // are not closed by a KV ceiling meant to leave room for them. An ejected endpoint still counts as fresh: an ejection
 // never makes the pool look down.
 func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fresh, best int, burst bool) {
+	fresh, best, burst, _ = c.headroomOrHeldLocked(band, tenant, now)
+	return fresh, best, burst
+}
+
+// headroomOrHeldLocked is headroomLocked that also reports held: the request is a tenant's under its share, every
+// place it may take is suspected full (suspectedFullLocked), so it has none (best is -1) and waits in the EPP while the
+// other tenants' requests grow the endpoints, until one is seen running more.
+func (c *Controller) headroomOrHeldLocked(band Band, tenant string, now time.Time) (fresh, best int, burst, held bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
@@ -23,8 +31,10 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	yields := c.yieldsLocked(band, tenant, now)
-	best, bestBurst := -1, -1
-	var bestSat, burstSat float64
+	protected := yields && c.isUnderShareLocked(band, tenant, now)
+	// [0] over every endpoint it may take, [1] over those not suspected full for a protected request.
+	pick, pickBurst := [2]int{-1, -1}, [2]int{-1, -1}
+	var pickSat, burstSat [2]float64
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		if e.scrapedNs < cutoff {
@@ -34,17 +44,33 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) {
 			continue
 		}
-		if sat := e.saturationFor(strict); sat < ceiling && (best < 0 || sat < bestSat) {
-			best, bestSat = i, sat
-		}
-		if sat := e.satBurst; tier && sat < ceiling && (bestBurst < 0 || sat < burstSat) {
-			bestBurst, burstSat = i, sat
+		for k := range 1 + oneIf(protected && !c.suspectedFullLocked(e)) {
+			if sat := e.saturationFor(strict); sat < ceiling && (pick[k] < 0 || sat < pickSat[k]) {
+				pick[k], pickSat[k] = i, sat
+			}
+			if sat := e.satBurst; tier && sat < ceiling && (pickBurst[k] < 0 || sat < burstSat[k]) {
+				pickBurst[k], burstSat[k] = i, sat
+			}
 		}
 	}
-	if best < 0 && bestBurst >= 0 {
-		return fresh, bestBurst, true
+	// A protected request goes where nothing suggests it would wait inside the server, in the burst tier if need be;
+	// if every place is suspected it waits.
+	k := oneIf(protected)
+	switch {
+	case pick[k] >= 0:
+		return fresh, pick[k], false, false
+	case pickBurst[k] >= 0:
+		return fresh, pickBurst[k], true, false
 	}
-	return fresh, best, false
+	return fresh, -1, false, protected && (pick[0] >= 0 || pickBurst[0] >= 0)
+}
+
+// oneIf is 1 if b, else 0.
+func oneIf(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot; strict under
@@ -55,9 +81,10 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 // endpoint's own is not known (poolSlotsCapLocked) and, on an endpoint seen running more than that without tentative
 // seats, to the most it has run (beyondMostRunLocked). With live peers a Critical request may have to start at once
 // (atOnceOnlyLocked). While a tenant of the band is under its share (yields), no request of the band goes where it
-// would wait inside the server (yieldedFullLocked).
+// would wait inside the server (yieldedFullLocked). In a pool with a slot limit, no request goes beyond the tentative
+// seats of an endpoint that shows requests waiting there (queuedBeyondSeatsLocked).
 func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, yields, seatsFull, atOnceOnly bool, now time.Time) bool {
-	if !e.hasSlot(strict) || yields && c.yieldedFullLocked(e) {
+	if !e.hasSlot(strict) || yields && c.yieldedFullLocked(e) || c.queuedBeyondSeatsLocked(e) {
 		return false
 	}
 	if reserve && band != Critical && (c.poolSlotsCapLocked(e) || c.beyondMostRunLocked(e)) || atOnceOnly && !c.startsAtOnceLocked(e) {
@@ -67,6 +94,18 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 		return !(reserve && seatsFull && c.warmUpGrowthLocked(e, now))
 	}
 	return !seatsFull || !c.seatBoundLocked(e, now)
+}
+
+// queuedBeyondSeatsLocked reports whether e, whose own limit is not known, holds its tentative seats while its latest
+// scrape shows requests waiting there, in a pool where a slot limit has been learned: one more request would wait
+// inside it for its first end, whatever its band or tenant. Outside the Critical reserve and the yield rule only a
+// learned limit bounded a band, and an endpoint whose limit its scrapes had not taught yet (a first request there the
+// EPP never counted as decoding) took the burst tier's requests the moment a tenant's protection lapsed: six in one
+// instant to a full 4-slot server in the mixed fleet, four of them the light tenant's (the bench README). A KV-bound
+// endpoint, whose capacity is what its KV cache holds, is left to the saturation thresholds, as by yieldedFullLocked.
+func (c *Controller) queuedBeyondSeatsLocked(e *endpointState) bool {
+	return c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 && e.inflight > 0 &&
+		e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)
 }
 
 // warmUpGrowthLocked reports whether a request beyond e's seats would take a place the Critical reserve needs in the
@@ -162,6 +201,7 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	yields := c.yieldsLocked(band, tenant, now)
+	protected := yields && c.isUnderShareLocked(band, tenant, now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(strict)
 		if burst {
@@ -169,15 +209,22 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 		}
 		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now)
 	}
-	n := 0
+	n, unsuspected := 0, 0
 	for i := range c.endpoints {
-		if has(&c.endpoints[i]) {
+		if e := &c.endpoints[i]; has(e) {
 			n++
+			if protected && !c.suspectedFullLocked(e) {
+				unsuspected++
+			}
 		}
+	}
+	// A protected request is offered only the endpoints not suspected full, when there are any (headroomLocked).
+	if unsuspected > 0 {
+		n = unsuspected
 	}
 	names := make([]string, 0, n)
 	for i := range c.endpoints {
-		if e := &c.endpoints[i]; has(e) {
+		if e := &c.endpoints[i]; has(e) && (unsuspected == 0 || !c.suspectedFullLocked(e)) {
 			names = append(names, e.Name)
 		}
 	}

@@ -176,6 +176,19 @@ func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *
 	return head
 }
 
+// overShareHeadLocked returns the tenant queue of band q (b) with the earliest start tag among the tenants not under
+// their share that have requests waiting, or nil if none has.
+func (c *Controller) overShareHeadLocked(b Band, q *bandQueue, now time.Time) *tenantQueue {
+	under := c.underShareLocked(now)
+	var head *tenantQueue
+	for _, tq := range q.active {
+		if _, ok := under[tenantKey{b, tq.name}]; !ok && (head == nil || q.active.before(tq, head)) {
+			head = tq
+		}
+	}
+	return head
+}
+
 // tenantSeatsLocked returns how many idle seats of the seat-bound endpoints (seats of them, freeing at frees per
 // second) a request of tenant in band must leave for the band's other tenants under their share: for each, the
 // reserve its arrival rate needs (reserveSeats), and with live peers one for each request of such a tenant waiting at a
@@ -264,7 +277,11 @@ func (c *Controller) bandUnderShareLocked(band Band, now time.Time) bool {
 // yieldedFullLocked reports whether e takes no request of a band whose requests yield (yieldsLocked): it holds what
 // it starts at once as far as the EPP can tell, which is its capacity (concurrencyLearner.limits: the most it has run
 // and a ramp beyond, or its slot limit without a probe beyond it), or, where its own limit is not known and it never
-// ran more, the pool's slot limit (poolSlotsCapLocked). A KV-bound endpoint's capacity (what its KV cache holds of
+// ran more, the pool's slot limit (poolSlotsCapLocked), or, where it has no capacity either (a large batch, 16 or more
+// running), the most it has run while its latest scrape shows requests waiting there at that most (queuedAtMostRun):
+// the mixed fleet's 24-slot server, whose limit no two scrapes showed yet, took twelve requests beyond its slots in the
+// 0.2 s after its first queue, two of them the light tenant's, which waited 2.3 s there (the bench README). A large
+// server that is still growing admits what waits at its next step and shows more running, which opens it again. A KV-bound endpoint's capacity (what its KV cache holds of
 // the current mix, moving with it) does not bound it: kept to it, the heavy tenant of the tenant-fairness scenario's
 // KV-bound shape left the light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An
 // endpoint holding none of the EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close
@@ -273,5 +290,21 @@ func (c *Controller) yieldedFullLocked(e *endpointState) bool {
 	if e.inflight == 0 && e.peer == 0 {
 		return false
 	}
-	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e)
+	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e) ||
+		c.poolSlotsLocked() > 0 && e.seats == 0 && e.queuedAtMostRun() > 0 && e.occupancy() >= e.learner.maxRunning
+}
+
+// suspectedFullLocked reports whether a request of a tenant under its share would take e beyond the slot limit a small
+// server's queue suggests (Controller.poolQueuedAt) while no two scrapes have taught the pool's (poolSlotsLocked):
+// e's own limit is not known, it never ran more and holds that many. Before any limit is learned every endpoint that
+// ran as many looks alike, and a request sent beyond a small server's slots waits there for its first end (3.3 s in
+// the mixed fleet's warm-up); the other tenants' requests grow the endpoints, and the protected one waits in the EPP
+// for a place one of them has been seen to run. Only the protected tenant keeps to it: kept to by the whole band,
+// nothing would grow the large endpoints until a first end.
+func (c *Controller) suspectedFullLocked(e *endpointState) bool {
+	n := c.poolQueuedAt
+	if n == 0 || c.poolSlotsLocked() > 0 || e.known > 0 || e.learner.maxRunning > n || e.inflight == 0 && e.peer == 0 {
+		return false
+	}
+	return e.occupancy() >= n
 }
