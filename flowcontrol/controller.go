@@ -92,10 +92,6 @@ type Controller struct {
 	// with live peers, what an endpoint that has not queued yet is taken to run while no slot limit is learned in the
 	// pool (seatsLocked).
 	poolRunning int
-	// poolQueuedAt is the fewest requests a small endpoint (below largeBatchRunning) ran while its latest scrape showed
-	// requests waiting at the most it has run (0 when none does): the slot limit one scrape suggests, before two teach
-	// it (concurrencyLearner). Only a tenant under its share keeps to it (suspectedFullLocked).
-	poolQueuedAt int
 	// demand is what each tenant of each band asks (tenantseats.go), swept when it reaches demandSweepAt entries;
 	// underShare caches, for the instant underShareAt, the tenants under their share and their arrival rates.
 	demand        map[tenantKey]*tenantDemand

@@ -13,14 +13,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 		q := c.bands[b]
 		for q.count > 0 {
 			tq := c.underShareHeadLocked(b, q, now)
-			_, best, burst, held := c.headroomOrHeldLocked(b, tq.name, now)
-			if held {
-				// The tenant under its share waits for a place seen to start; the others grow the endpoints meanwhile.
-				if tq = c.overShareHeadLocked(b, q, now); tq == nil {
-					break
-				}
-				_, best, burst = c.headroomLocked(b, tq.name, now)
-			}
+			_, best, burst := c.headroomLocked(b, tq.name, now)
 			if best < 0 {
 				break
 			}

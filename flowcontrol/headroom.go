@@ -15,14 +15,6 @@ import (
 // are not closed by a KV ceiling meant to leave room for them. An ejected endpoint still counts as fresh: an ejection
 // never makes the pool look down.
 func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fresh, best int, burst bool) {
-	fresh, best, burst, _ = c.headroomOrHeldLocked(band, tenant, now)
-	return fresh, best, burst
-}
-
-// headroomOrHeldLocked is headroomLocked that also reports held: the request is a tenant's under its share, every
-// place it may take is suspected full (suspectedFullLocked), so it has none (best is -1) and waits in the EPP while the
-// other tenants' requests grow the endpoints, until one is seen running more.
-func (c *Controller) headroomOrHeldLocked(band Band, tenant string, now time.Time) (fresh, best int, burst, held bool) {
 	ceiling := c.cfg.Bands[band].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
 	reserve := c.criticalReserveLocked(now)
@@ -31,10 +23,8 @@ func (c *Controller) headroomOrHeldLocked(band Band, tenant string, now time.Tim
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	yields := c.yieldsLocked(band, tenant, now)
-	protected := yields && c.isUnderShareLocked(band, tenant, now)
-	// [0] over every endpoint it may take, [1] over those not suspected full for a protected request.
-	pick, pickBurst := [2]int{-1, -1}, [2]int{-1, -1}
-	var pickSat, burstSat [2]float64
+	best, bestBurst := -1, -1
+	var bestSat, burstSat float64
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		if e.scrapedNs < cutoff {
@@ -44,33 +34,17 @@ func (c *Controller) headroomOrHeldLocked(band Band, tenant string, now time.Tim
 		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) {
 			continue
 		}
-		for k := range 1 + oneIf(protected && !c.suspectedFullLocked(e)) {
-			if sat := e.saturationFor(strict); sat < ceiling && (pick[k] < 0 || sat < pickSat[k]) {
-				pick[k], pickSat[k] = i, sat
-			}
-			if sat := e.satBurst; tier && sat < ceiling && (pickBurst[k] < 0 || sat < burstSat[k]) {
-				pickBurst[k], burstSat[k] = i, sat
-			}
+		if sat := e.saturationFor(strict); sat < ceiling && (best < 0 || sat < bestSat) {
+			best, bestSat = i, sat
+		}
+		if sat := e.satBurst; tier && sat < ceiling && (bestBurst < 0 || sat < burstSat) {
+			bestBurst, burstSat = i, sat
 		}
 	}
-	// A protected request goes where nothing suggests it would wait inside the server, in the burst tier if need be;
-	// if every place is suspected it waits.
-	k := oneIf(protected)
-	switch {
-	case pick[k] >= 0:
-		return fresh, pick[k], false, false
-	case pickBurst[k] >= 0:
-		return fresh, pickBurst[k], true, false
+	if best < 0 && bestBurst >= 0 {
+		return fresh, bestBurst, true
 	}
-	return fresh, -1, false, protected && (pick[0] >= 0 || pickBurst[0] >= 0)
-}
-
-// oneIf is 1 if b, else 0.
-func oneIf(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return fresh, best, false
 }
 
 // mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot; strict under
@@ -201,7 +175,6 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	yields := c.yieldsLocked(band, tenant, now)
-	protected := yields && c.isUnderShareLocked(band, tenant, now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(strict)
 		if burst {
@@ -209,22 +182,15 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 		}
 		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now)
 	}
-	n, unsuspected := 0, 0
+	n := 0
 	for i := range c.endpoints {
-		if e := &c.endpoints[i]; has(e) {
+		if has(&c.endpoints[i]) {
 			n++
-			if protected && !c.suspectedFullLocked(e) {
-				unsuspected++
-			}
 		}
-	}
-	// A protected request is offered only the endpoints not suspected full, when there are any (headroomLocked).
-	if unsuspected > 0 {
-		n = unsuspected
 	}
 	names := make([]string, 0, n)
 	for i := range c.endpoints {
-		if e := &c.endpoints[i]; has(e) && (unsuspected == 0 || !c.suspectedFullLocked(e)) {
+		if e := &c.endpoints[i]; has(e) {
 			names = append(names, e.Name)
 		}
 	}

@@ -2,10 +2,8 @@ package flowcontrol
 
 import (
 	"cmp"
-	"slices"
 	"testing"
 	"testing/synctest"
-	"time"
 )
 
 // TestBeyondMostRun: under the Critical reserve, in a pool where a slot limit (4) has been learned, a lower band does
@@ -100,109 +98,4 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestSuspectedFull: before any slot limit is learned, one scrape of a small server queued at the 4 it runs makes the
-// endpoints that never ran more than 4 and hold 4 suspected full. A request of a tenant under its share goes to an
-// endpoint seen running more (c) rather than the least loaded suspect (b), or, if every place is suspected, waits in
-// the EPP (held); the other tenants' requests are placed as before.
-func TestSuspectedFull(t *testing.T) {
-	tests := []struct {
-		name      string
-		tenant    string
-		light     bool // a light tenant is under its share in the band
-		noC       bool // c holds none of the EPP's requests and is out of the pool's candidates
-		want      string
-		wantNames []string
-	}{
-		{name: "tenant under its share", tenant: "light", light: true, want: "c", wantNames: []string{"c"}},
-		{name: "tenant over its share", tenant: "heavy", light: true, want: "b", wantNames: []string{"b", "c"}},
-		// Nobody to yield to: a, queued at its 4, takes the band's requests as before.
-		{name: "one tenant", tenant: "heavy", want: "b", wantNames: []string{"a", "b", "c"}},
-		// It waits (held), and the scheduler would be offered the suspects only were it sent.
-		{name: "every place suspected", tenant: "light", light: true, noC: true, wantNames: []string{"b"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, nil))
-				for i := range 8 {
-					h.c.mu.Lock()
-					h.c.noteArrivalLocked(Standard, "heavy", 1, 10, h.clk.Now())
-					if tc.light && i%4 == 0 {
-						h.c.noteArrivalLocked(Standard, "light", 1, 1, h.clk.Now())
-					}
-					h.c.mu.Unlock()
-					h.step(100 * time.Millisecond)
-				}
-				eps := []Endpoint{{Name: "a", Running: 4, WaitingQueue: 1}, {Name: "b", Running: 4}, {Name: "c", Running: 5}}
-				if tc.noC {
-					eps = eps[:2]
-				}
-				h.scrape(eps...)
-				h.c.mu.Lock()
-				defer h.c.mu.Unlock()
-				now := h.clk.Now()
-				for _, name := range []string{"a", "b", "c"} {
-					if i, ok := h.c.endpointIndex[name]; ok {
-						e := &h.c.endpoints[i]
-						e.inflight = e.Running + e.WaitingQueue
-						e.refresh(h.c.cfg.Endpoint)
-					}
-				}
-				if h.c.poolQueuedAt != 4 {
-					t.Fatalf("pool queued at %d, want 4", h.c.poolQueuedAt)
-				}
-				if got := h.c.isUnderShareLocked(Standard, "light", now); got != tc.light {
-					t.Fatalf("light tenant under its share: %v, want %v", got, tc.light)
-				}
-				_, best, _, held := h.c.headroomOrHeldLocked(Standard, tc.tenant, now)
-				if held != (tc.want == "") {
-					t.Fatalf("held: %v, want %v", held, tc.want == "")
-				}
-				if tc.want == "" && best >= 0 || tc.want != "" && (best < 0 || h.c.endpoints[best].Name != tc.want) {
-					t.Fatalf("picked %d, want %q", best, tc.want)
-				}
-				if got := h.c.endpointsWithHeadroomLocked(Standard, tc.tenant, false, now); !slices.Equal(got, tc.wantNames) {
-					t.Fatalf("candidates %v, want %v", got, tc.wantNames)
-				}
-			})
-		})
-	}
-}
-
-// TestHeldTenantLetsOthersGrow: a request of a tenant under its share held in the EPP because every place is suspected
-// full (TestSuspectedFull) does not hold its band: the next waiting request of a tenant over its share is dispatched
-// (to grow an endpoint, showing whether it runs more), and the held one keeps waiting, first in line.
-func TestHeldTenantLetsOthersGrow(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, nil))
-		for i := range 8 {
-			h.c.mu.Lock()
-			h.c.noteArrivalLocked(Standard, "heavy", 1, 10, h.clk.Now())
-			if i%4 == 0 {
-				h.c.noteArrivalLocked(Standard, "light", 1, 1, h.clk.Now())
-			}
-			h.c.mu.Unlock()
-			h.step(100 * time.Millisecond)
-		}
-		h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1}, Endpoint{Name: "b", Running: 4})
-		h.c.mu.Lock()
-		for name, n := range map[string]int{"a": 5, "b": 4} {
-			e := &h.c.endpoints[h.c.endpointIndex[name]]
-			e.inflight = n
-			e.refresh(h.c.cfg.Endpoint)
-		}
-		h.c.mu.Unlock()
-		light := h.admit(0, "light", 1)
-		heavy := h.admit(0, "heavy", 10)
-		light.wantWaiting(t)
-		h.c.mu.Lock()
-		h.c.dispatchLocked(h.clk.Now())
-		h.c.mu.Unlock()
-		synctest.Wait()
-		heavy.wantOutcome(t, Dispatched, ReasonNone)
-		light.wantWaiting(t)
-		light.cancel()
-	})
 }

@@ -80,7 +80,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		states[i].tally(r, +1)
 	}
 	c.endpoints, c.endpointIndex = states, index
-	c.newestScrapeNs, c.poolSlots, c.poolRunning, c.poolQueuedAt = math.MinInt64, 0, 0, 0
+	c.newestScrapeNs, c.poolSlots, c.poolRunning = math.MinInt64, 0, 0
 	for i := range states {
 		e := &states[i]
 		c.newestScrapeNs = max(c.newestScrapeNs, e.scrapedNs)
@@ -99,9 +99,6 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 			c.poolSlots = n
 		}
 		c.poolRunning = max(c.poolRunning, e.learner.maxRunning)
-		if n := e.queuedAtMostRun(); n > 0 && n < largeBatchRunning && (c.poolQueuedAt == 0 || n < c.poolQueuedAt) {
-			c.poolQueuedAt = n
-		}
 	}
 	c.dispatchLocked(now)
 	c.shedUnreachableLocked(now)

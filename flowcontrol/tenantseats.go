@@ -176,19 +176,6 @@ func (c *Controller) underShareHeadLocked(b Band, q *bandQueue, now time.Time) *
 	return head
 }
 
-// overShareHeadLocked returns the tenant queue of band q (b) with the earliest start tag among the tenants not under
-// their share that have requests waiting, or nil if none has.
-func (c *Controller) overShareHeadLocked(b Band, q *bandQueue, now time.Time) *tenantQueue {
-	under := c.underShareLocked(now)
-	var head *tenantQueue
-	for _, tq := range q.active {
-		if _, ok := under[tenantKey{b, tq.name}]; !ok && (head == nil || q.active.before(tq, head)) {
-			head = tq
-		}
-	}
-	return head
-}
-
 // tenantSeatsLocked returns how many idle seats of the seat-bound endpoints (seats of them, freeing at frees per
 // second) a request of tenant in band must leave for the band's other tenants under their share: for each, the
 // reserve its arrival rate needs (reserveSeats), and with live peers one for each request of such a tenant waiting at a
@@ -292,19 +279,4 @@ func (c *Controller) yieldedFullLocked(e *endpointState) bool {
 	}
 	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e) ||
 		c.poolSlotsLocked() > 0 && e.seats == 0 && e.queuedAtMostRun() > 0 && e.occupancy() >= e.learner.maxRunning
-}
-
-// suspectedFullLocked reports whether a request of a tenant under its share would take e beyond the slot limit a small
-// server's queue suggests (Controller.poolQueuedAt) while no two scrapes have taught the pool's (poolSlotsLocked):
-// e's own limit is not known, it never ran more and holds that many. Before any limit is learned every endpoint that
-// ran as many looks alike, and a request sent beyond a small server's slots waits there for its first end (3.3 s in
-// the mixed fleet's warm-up); the other tenants' requests grow the endpoints, and the protected one waits in the EPP
-// for a place one of them has been seen to run. Only the protected tenant keeps to it: kept to by the whole band,
-// nothing would grow the large endpoints until a first end.
-func (c *Controller) suspectedFullLocked(e *endpointState) bool {
-	n := c.poolQueuedAt
-	if n == 0 || c.poolSlotsLocked() > 0 || e.known > 0 || e.learner.maxRunning > n || e.inflight == 0 && e.peer == 0 {
-		return false
-	}
-	return e.occupancy() >= n
 }
