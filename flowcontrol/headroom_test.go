@@ -62,6 +62,7 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 		running, waiting, occupancy int
 		mostRun, poolSlots          int
 		kvBound                     bool
+		livePeers                   bool
 		want                        bool
 	}{
 		{name: "large batch queued at its most run, band yields", yields: true, running: 24, waiting: 1, occupancy: 24, poolSlots: 4},
@@ -75,6 +76,11 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 		{name: "small server below its seats", running: 4, waiting: 1, occupancy: 3, poolSlots: 4, want: true},
 		{name: "small server without a queue", running: 4, occupancy: 4, poolSlots: 4, want: true},
 		{name: "small server bound by its KV cache", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, kvBound: true, want: true},
+		// A replica leaves its queued servers to the saturation thresholds; the yield rule still holds the small one at its
+		// seats, and a large batch only at its capacity.
+		{name: "large batch queued at its most run, band yields, live peers", yields: true, running: 24, waiting: 1, occupancy: 24, poolSlots: 4, livePeers: true, want: true},
+		{name: "small server queued at its seats, live peers", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true, want: true},
+		{name: "small server queued at its seats, live peers, band yields", yields: true, running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,6 +97,9 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 				}
 				e.refresh(h.c.cfg.Endpoint)
 				h.c.poolSlots = tc.poolSlots
+				if tc.livePeers {
+					h.c.peers.ReserveShare = func(pool, seats int) int { return pool / 2 }
+				}
 				got := h.c.mayTakeLocked(e, Standard, false, false, tc.yields, false, false, h.clk.Now())
 				if got != tc.want {
 					t.Fatalf("may take: %v, want %v", got, tc.want)
