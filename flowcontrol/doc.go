@@ -113,8 +113,9 @@
 // with Retry-After) at once, checked at most every 100 ms on a scrape, rather than at the deadline. Such a tenant's
 // deadline is also shorter: BandConfig.OverShareMaxQueueTime (by default a third of the default MaxQueueTime) bounds
 // its predicted wait on arrival and while it waits, so a heavy tenant's excess is answered 429 + Retry-After rather than held for
-// the band's full MaxQueueTime (and, under a long overload, left waiting when its clients give up). A band's only
-// tenant is predicted as before.
+// the band's full MaxQueueTime (and, under a long overload, left waiting when its clients give up); in a pool with a
+// slot limit, a request queued while its tenant was under its share keeps its MaxQueueTime. A band's only tenant is
+// predicted as before.
 //
 // Late metrics are not a down pool. When no endpoint's metrics are fresh but one was scraped within ten staleness
 // thresholds (2 s by default), a band that queues waits for the next scrape as it would for headroom (a scrape late
