@@ -81,10 +81,10 @@
 // seats kept for it, and headroom judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an
 // endpoint's capacity (no probe, no burst into a server's queue) or, where the endpoint's own limit is not known,
 // beyond the pool's slot limit, nor, on a large endpoint of unknown limit in a pool with one and without live peers,
-// beyond the most it has run while its latest scrape shows requests waiting there, so the first places to free go to it. In a pool with a slot
-// limit no request goes beyond the tentative seats of an endpoint whose latest scrape shows requests waiting
-// (queuedBeyondSeatsLocked), unless peers are live. Large-batch servers, whose requests contend in prefill long before they run out of slots,
-// keep the saturation thresholds alone until a plateau is seen.
+// beyond the most it has run while its latest scrape shows requests waiting there, so the first places to free go to
+// it. In a pool with a slot limit and without live peers, no request goes beyond the tentative seats of an endpoint
+// whose latest scrape shows requests waiting (queuedBeyondSeatsLocked). Large-batch servers, whose requests contend
+// in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
 // Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
 // and requests whose end was never reported stop counting after three scrapes.
 //

@@ -77,15 +77,15 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 // EPP never counted as decoding) took the burst tier's requests the moment a tenant's protection lapsed: six in one
 // instant to a full 4-slot server in the mixed fleet, four of them the light tenant's (the bench README). A KV-bound
 // endpoint, whose capacity is what its KV cache holds, is left to the saturation thresholds, as by yieldedFullLocked.
-// Not with live peers (Peers.ReserveShare): a replica's tenants are judged over their share and their drain measured on
-// its own dispatches, so what the rule holds in the EPP is answered 429 predicted_wait (shedUnreachableLocked) where
+// Not with live peers (Peers.ReserveShare): a replica's tenants are judged over their share and their drain measured
+// on its own dispatches, so what the rule holds in the EPP is answered 429 predicted_wait (shedUnreachableLocked) where
 // it would have started at the server's first end. In the mixed fleet's x2 exchange run one replica's two 4-slot
 // servers held 4 running and 1 queued (its own) from 1.3 s to their first end at 4.3 s, its 24-slot server was full,
 // the light tenant, over its share at that replica, queued eight requests behind them at a drain of ~630 tokens/s
 // (~10 s predicted, over its 5 s), and they were answered 429 after 0-0.9 s and served on their retry 7-10 s later.
 func (c *Controller) queuedBeyondSeatsLocked(e *endpointState) bool {
-	return c.peers.ReserveShare == nil && c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 && e.inflight > 0 &&
-		e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)
+	return c.peers.ReserveShare == nil && c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 &&
+		e.inflight > 0 && e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)
 }
 
 // warmUpGrowthLocked reports whether a request beyond e's seats would take a place the Critical reserve needs in the

@@ -101,8 +101,10 @@ func (c *Controller) maxQueueTimeLocked(band Band, tenant string, now time.Time)
 
 // shedUnreachableLocked answers, 429 with ReasonPredictedWait, every waiting request predicted to start after its
 // deadline, or (unless queued while its tenant was under its share, in a pool with a slot limit) more than its band's
-// OverShareMaxQueueTime after it arrived, at its tenant's drain (see the file comment), and returns how many. Each tenant's FIFO is walked from its head; a request answered leaves the cost
-// ahead of the later ones, so each is judged by the requests kept ahead of it. It runs at most every unreachableCheckEvery, and not during shutdown (the grace period decides then).
+// OverShareMaxQueueTime after it arrived, at its tenant's drain (see the file comment), and returns how many. Each
+// tenant's FIFO is walked from its head; a request answered leaves the cost ahead of the later ones, so each is judged
+// by the requests kept ahead of it. It runs at most every unreachableCheckEvery, and not during shutdown (the grace
+// period decides then).
 func (c *Controller) shedUnreachableLocked(now time.Time) int {
 	if c.shuttingDown || c.totalCount == 0 || now.Sub(c.unreachableAt) < unreachableCheckEvery {
 		return 0
