@@ -166,6 +166,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, size: sizeOf(req), bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
 		returnKey:  req.ReturnKey,
 		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
+		underShare: c.isUnderShareLocked(band, req.Tenant, now),
 	}
 	c.bands[band].push(it, weight)
 	c.tenantEnqueuedLocked(it.tq, now)

@@ -81,8 +81,11 @@
 // free, whether or not its latest scrape is fresh) is served as Critical is under its reserve: first in its band,
 // seats kept for it, and headroom judged by seats rather than by the band's ceiling on KV use; meanwhile no request of its band goes beyond an
 // endpoint's capacity (no probe, no burst into a server's queue) or, where the endpoint's own limit is not known,
-// beyond the pool's slot limit, so the first places to free go to it. Large-batch servers, whose requests
-// contend in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
+// beyond the pool's slot limit, nor, on a large endpoint of unknown limit in a pool with one and without live peers,
+// beyond the most it has run while its latest scrape shows requests waiting there, so the first places to free go to
+// it. In a pool with a slot limit and without live peers, no request goes beyond the tentative seats of an endpoint
+// whose latest scrape shows requests waiting (queuedBeyondSeatsLocked). Large-batch servers, whose requests contend
+// in prefill long before they run out of slots, keep the saturation thresholds alone until a plateau is seen.
 // Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
 // and requests whose end was never reported stop counting after three scrapes.
 //
@@ -119,8 +122,9 @@
 // with Retry-After) at once, checked at most every 100 ms on a scrape, rather than at the deadline. Such a tenant's
 // deadline is also shorter: BandConfig.OverShareMaxQueueTime (by default a third of the default MaxQueueTime) bounds
 // its predicted wait on arrival and while it waits, so a heavy tenant's excess is answered 429 + Retry-After rather than held for
-// the band's full MaxQueueTime (and, under a long overload, left waiting when its clients give up). A band's only
-// tenant is predicted as before.
+// the band's full MaxQueueTime (and, under a long overload, left waiting when its clients give up); in a pool with a
+// slot limit, a request queued while its tenant was under its share keeps its MaxQueueTime. A band's only tenant is
+// predicted as before.
 //
 // Late metrics are not a down pool. When no endpoint's metrics are fresh but one was scraped within ten staleness
 // thresholds (2 s by default), a band that queues waits for the next scrape as it would for headroom (a scrape late

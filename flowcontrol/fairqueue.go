@@ -20,6 +20,9 @@ type item struct {
 	seq      uint64 // arrival sequence, breaks ties between equal virtual start tags
 	// returnKey is Request.ReturnKey: a request turned away from the queue is promised a return under it.
 	returnKey uint64
+	// underShare: its tenant was under its share when it was queued (isUnderShareLocked); the over-share queue time
+	// does not answer it (shedUnreachableLocked).
+	underShare bool
 
 	enqueuedAt time.Time
 	deadline   time.Time // enqueuedAt + band's MaxQueueTime

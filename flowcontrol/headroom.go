@@ -56,9 +56,10 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 // endpoint's own is not known (poolSlotsCapLocked) and, on an endpoint seen running more than that without tentative
 // seats, to the most it has run (beyondMostRunLocked). With live peers a Critical request may have to start at once
 // (atOnceOnlyLocked). While a tenant of the band is under its share (yields), no request of the band goes where it
-// would wait inside the server (yieldedFullLocked).
+// would wait inside the server (yieldedFullLocked). In a pool with a slot limit, no request goes beyond the tentative
+// seats of an endpoint that shows requests waiting there (queuedBeyondSeatsLocked).
 func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict, yields, seatsFull, atOnceOnly bool, now time.Time) bool {
-	if !e.hasSlot(strict) || yields && c.yieldedFullLocked(e) {
+	if !e.hasSlot(strict) || yields && c.yieldedFullLocked(e) || c.queuedBeyondSeatsLocked(e) {
 		return false
 	}
 	if reserve && band != Critical && (c.poolSlotsCapLocked(e) || c.beyondMostRunLocked(e)) || atOnceOnly && !c.startsAtOnceLocked(e) {
@@ -68,6 +69,24 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 		return !(reserve && seatsFull && c.warmUpGrowthLocked(e, now))
 	}
 	return !seatsFull || !c.seatBoundLocked(e, now)
+}
+
+// queuedBeyondSeatsLocked reports whether e, whose own limit is not known, holds its tentative seats while its latest
+// scrape shows requests waiting there, in a pool where a slot limit has been learned: one more request would wait
+// inside it for its first end, whatever its band or tenant. Outside the Critical reserve and the yield rule only a
+// learned limit bounded a band, and an endpoint whose limit its scrapes had not taught yet (a first request there the
+// EPP never counted as decoding) took the burst tier's requests the moment a tenant's protection lapsed: six in one
+// instant to a full 4-slot server in the mixed fleet, four of them the light tenant's (the bench README). A KV-bound
+// endpoint, whose capacity is what its KV cache holds, is left to the saturation thresholds, as by yieldedFullLocked.
+// Not with live peers (Peers.ReserveShare): a replica's tenants are judged over their share and their drain measured
+// on its own dispatches, so what the rule holds in the EPP is answered 429 predicted_wait (shedUnreachableLocked) where
+// it would have started at the server's first end. In the mixed fleet's x2 exchange run one replica's two 4-slot
+// servers held 4 running and 1 queued (its own) from 1.3 s to their first end at 4.3 s, its 24-slot server was full,
+// the light tenant, over its share at that replica, queued eight requests behind them at a drain of ~630 tokens/s
+// (~10 s predicted, over its 5 s), and they were answered 429 after 0-0.9 s and served on their retry 7-10 s later.
+func (c *Controller) queuedBeyondSeatsLocked(e *endpointState) bool {
+	return c.peers.ReserveShare == nil && c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 &&
+		e.inflight > 0 && e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)
 }
 
 // warmUpGrowthLocked reports whether a request beyond e's seats would take a place the Critical reserve needs in the

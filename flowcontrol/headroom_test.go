@@ -49,3 +49,62 @@ func TestBeyondMostRun(t *testing.T) {
 		})
 	}
 }
+
+// TestQueuedAtTheMostRun: a request is not sent where its latest scrape shows requests waiting while the endpoint's
+// own limit is not known and it holds what it is known to run. On a large batch (24 run, no tentative seats) the rule
+// holds a band whose requests yield to a tenant under its share (yieldedFullLocked), in a pool with a slot limit, and
+// only while the endpoint runs the most it has run and holds that many; on a small server at its tentative seats (4) it holds every band once the
+// pool has a slot limit (queuedBeyondSeatsLocked), unless its KV cache is what bounds it.
+func TestQueuedAtTheMostRun(t *testing.T) {
+	tests := []struct {
+		name                        string
+		yields                      bool
+		running, waiting, occupancy int
+		mostRun, poolSlots          int
+		kvBound                     bool
+		livePeers                   bool
+		want                        bool
+	}{
+		{name: "large batch queued at its most run, band yields", yields: true, running: 24, waiting: 1, occupancy: 24, poolSlots: 4},
+		{name: "large batch queued at its most run, band does not yield", running: 24, waiting: 1, occupancy: 24, poolSlots: 4, want: true},
+		{name: "large batch queued at its most run, no slot limit in the pool", yields: true, running: 24, waiting: 1, occupancy: 24, want: true},
+		{name: "large batch queued below its most run", yields: true, running: 24, waiting: 1, occupancy: 24, mostRun: 30, poolSlots: 4, want: true},
+		{name: "large batch holding less than its most run", yields: true, running: 24, waiting: 1, occupancy: 23, poolSlots: 4, want: true},
+		{name: "large batch without a queue", yields: true, running: 24, occupancy: 24, poolSlots: 4, want: true},
+		{name: "small server queued at its seats, pool limit learned", running: 4, waiting: 1, occupancy: 4, poolSlots: 4},
+		{name: "small server queued at its seats, no pool limit", running: 4, waiting: 1, occupancy: 4, want: true},
+		{name: "small server below its seats", running: 4, waiting: 1, occupancy: 3, poolSlots: 4, want: true},
+		{name: "small server without a queue", running: 4, occupancy: 4, poolSlots: 4, want: true},
+		{name: "small server bound by its KV cache", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, kvBound: true, want: true},
+		// A replica leaves its queued servers to the saturation thresholds; the yield rule still holds the small one at its
+		// seats, and a large batch only at its capacity.
+		{name: "large batch queued at its most run, band yields, live peers", yields: true, running: 24, waiting: 1, occupancy: 24, poolSlots: 4, livePeers: true, want: true},
+		{name: "small server queued at its seats, live peers", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true, want: true},
+		{name: "small server queued at its seats, live peers, band yields", yields: true, running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0))
+				h.c.mu.Lock()
+				defer h.c.mu.Unlock()
+				e := &h.c.endpoints[h.c.endpointIndex["a"]]
+				e.Running, e.WaitingQueue, e.inflight = tc.running, tc.waiting, tc.occupancy
+				e.learner.maxRunning, e.learner.queued = cmp.Or(tc.mostRun, tc.running), true
+				if tc.kvBound {
+					e.learner.perKV = float64(tc.running) // its KV cache holds what it runs
+				}
+				e.refresh(h.c.cfg.Endpoint)
+				h.c.poolSlots = tc.poolSlots
+				if tc.livePeers {
+					h.c.peers.ReserveShare = func(pool, seats int) int { return pool / 2 }
+				}
+				got := h.c.mayTakeLocked(e, Standard, false, false, tc.yields, false, false, h.clk.Now())
+				if got != tc.want {
+					t.Fatalf("may take: %v, want %v", got, tc.want)
+				}
+			})
+		})
+	}
+}

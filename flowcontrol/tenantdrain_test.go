@@ -212,3 +212,80 @@ func TestReturnLetInWhileLoadFalls(t *testing.T) {
 		})
 	}
 }
+
+// TestQueuedUnderShareJudgedByDeadline: in a pool with a slot limit, a request queued while its tenant was under its
+// share (item.underShare) is answered early only when predicted to start after its deadline, as if its band's
+// over-share time were its MaxQueueTime; without a slot limit, and for a request queued over its share, the over-share
+// time answers it.
+func TestQueuedUnderShareJudgedByDeadline(t *testing.T) {
+	run := func(overShare time.Duration, underShare bool, poolSlots int) (early int) {
+		synctest.Test(t, func(t *testing.T) { early = answeredEarly(t, overShare, underShare, poolSlots) })
+		return early
+	}
+	deadlineOnly := run(8*time.Second, false, 4)
+	tests := []struct {
+		name       string
+		underShare bool
+		poolSlots  int
+		want       int
+	}{
+		{name: "queued under its share, pool slot limit", underShare: true, poolSlots: 4, want: deadlineOnly},
+		{name: "queued under its share, no pool slot limit", underShare: true, want: run(3*time.Second, false, 0)},
+	}
+	for _, tt := range tests {
+		if got := run(3*time.Second, tt.underShare, tt.poolSlots); got != tt.want {
+			t.Errorf("%s: %d answered early with a 3 s over-share time, want %d", tt.name, got, tt.want)
+		}
+	}
+	if overShare := run(3*time.Second, false, 4); overShare <= deadlineOnly {
+		t.Errorf("queued over its share: %d answered early with a 3 s over-share time, want more than the deadline's %d",
+			overShare, deadlineOnly)
+	}
+}
+
+// answeredEarly queues 20 heavy requests behind one slot as unreachableAnsweredEarly does, marked as queued under
+// their tenant's share if underShare, with the pool's slot limit poolSlots (0: none learned), and returns how many were
+// answered predicted_wait within the first 3 s.
+func answeredEarly(t *testing.T, overShare time.Duration, underShare bool, poolSlots int) int {
+	h := newHarness(t, testConfig(t, func(c *Config) {
+		oneSlot(c)
+		c.Bands[Standard].MaxQueueTime = 8 * time.Second
+		c.Bands[Standard].OverShareMaxQueueTime = overShare
+	}))
+	h.scrape(ep("a", 1))
+	h.c.mu.Lock()
+	h.c.endpoints[h.c.endpointIndex["a"]].learner.slots = poolSlots // its slot limit learned: the pool's
+	h.c.mu.Unlock()
+	var calls []*call
+	for range 20 {
+		calls = append(calls, h.admit(0, "heavy", 100))
+	}
+	if underShare {
+		h.c.mu.Lock()
+		for _, it := range h.c.queued {
+			it.underShare = true
+		}
+		h.c.mu.Unlock()
+	}
+	for range 3 {
+		h.step(500 * time.Millisecond)
+		h.admit(0, "light", 100)
+		h.scrape(ep("a", 0))
+		h.step(500 * time.Millisecond)
+		h.scrape(ep("a", 0))
+	}
+	early := 0
+	for _, cl := range calls {
+		if cl.finished() && cl.d.Outcome == Rejected && cl.d.Reason == ReasonPredictedWait {
+			early++
+		}
+	}
+	for range 10 {
+		h.step(time.Second)
+		h.scrape(ep("a", 0))
+	}
+	for _, cl := range calls {
+		cl.result(t)
+	}
+	return early
+}
