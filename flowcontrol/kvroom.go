@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -24,10 +25,12 @@ import (
 //     waits at the head of the server's queue for as many blocks), and where possible where it also stays: no
 //     predicted moment before its own end at which the requests there, growing and ending as predicted, need more
 //     blocks than the cache has (kvPlaceLocked). It goes at once; nothing is held.
-//   - while protected requests are about, an unprotected request goes only where every request there, itself
-//     included, fits at its final size (fitsFinal): it never takes blocks the running requests will grow into, so it
-//     neither is preempted nor leaves a prompt waiting inside the server; the room left between what the requests
-//     hold now and what they will hold is the protected requests' (kvTakesLocked).
+//   - while protected requests are about, an unprotected request goes only where every request there, and one more
+//     of the mean final size of the requests dispatched (kvMeanFinal: the band's queue is dispatched from its head,
+//     whose size is not the arriving request's), fits at its final size (fitsFinal): it never takes blocks the
+//     running requests will grow into, so it neither is preempted nor leaves a prompt waiting inside the server; the
+//     room left between what the requests hold now and what they will hold is the protected requests'
+//     (kvTakesLocked).
 //
 // Nothing applies to an endpoint whose capacity or run time is not learned, or that carries load the EPP did not send
 // (foreign or a peer's): its size is unknown to the EPP.
@@ -117,8 +120,8 @@ func (e *endpointState) learnKVCapacity(s kvScrape) {
 // kvKnown reports whether the endpoint's KV room is counted: it has seats (a small server that queued while running
 // few requests, or a stated or learned slot limit: large-batch servers, whose requests contend in prefill long before
 // they run out of places, keep the saturation thresholds alone, as they do for seats), its capacity and run time are
-// learned, and it carries only the EPP's own load. Counted on the large-batch fleet at 2x, the A10G-like servers'
-// KV room cost its Sheddable band 5% of its throughput (testbed/bench/scenarios/README.md, "KV room at final size").
+// learned, and it carries only the EPP's own load. Counted on the large-batch fleet, the A10G-like servers' KV room
+// cost its Sheddable band throughput (testbed/bench/scenarios/README.md, "KV room at final size").
 func (e *endpointState) kvKnown() bool {
 	return e.seats > 0 && e.kvCapacity > 0 && e.runTime > 0 && e.foreign == 0 && e.peer == 0
 }
@@ -126,9 +129,8 @@ func (e *endpointState) kvKnown() bool {
 // fitsFinal reports whether one more request of final size final fits at the endpoint's final sizes: every request
 // of the EPP's there, and the new one, at its final size within the learned capacity, to the nearest request. The
 // capacity is learned from estimated sizes (a prompt's tokens from its body's bytes, its blocks rounded up by the
-// server), a few percent off: measured on the kv-bound shape, 6,600 estimated tokens for ten requests of 680 that
-// fit exactly (testbed/bench/scenarios/README.md, "KV room at final size"). Counted to the nearest request, an error
-// under half a request does not cost a place. An endpoint whose room is not known always fits.
+// server), a few percent off (testbed/bench/scenarios/README.md, "KV room at final size"). Counted to the nearest
+// request, an error under half a request does not cost a place. An endpoint whose room is not known always fits.
 func (e *endpointState) fitsFinal(final float64) bool {
 	return !e.kvKnown() || e.kvFinal+final/2 <= e.kvCapacity
 }
@@ -194,36 +196,51 @@ func kvHeld(entries []kvEntry, nowNs int64, run time.Duration) float64 {
 // kvStays reports whether a request of size s sent now to an endpoint of KV capacity capacity, holding entries, keeps
 // its blocks until its own end: at no predicted end of a request there (just before it frees its blocks), nor at the
 // new request's own end, do the requests still there need more than the capacity (the server would preempt the
-// newest, this one). Requests not started are taken to start now.
+// newest, this one). Requests not started are taken to start now; a request past its predicted end is still there, at
+// its final size, just after now (run is a mean: many run longer).
+//
+// Between ends every request there grows linearly, so what they need at a moment t is a + b·(t − now) summed over the
+// requests still there; ends are swept in order and each one's part is taken out as it frees its blocks.
 func kvStays(entries []kvEntry, s kvSize, capacity float64, nowNs int64, run time.Duration) bool {
 	endNs := nowNs + int64(run)
-	start := func(x kvEntry) int64 {
-		if x.startedNs == 0 {
-			return nowNs
-		}
-		return x.startedNs
+	type part struct {
+		endNs int64
+		a, b  float64 // the request's size at now, and its growth per nanosecond until its end
 	}
-	checks := []int64{endNs}
+	parts := make([]part, 0, len(entries))
+	var a, b float64
 	for _, x := range entries {
-		if t := start(x) + int64(run); t > nowNs && t < endNs {
-			checks = append(checks, t)
+		st := x.startedNs
+		if st == 0 {
+			st = nowNs
 		}
+		p := part{endNs: st + int64(run), a: x.size.at(st, nowNs, run)}
+		if p.endNs <= nowNs {
+			p.endNs = nowNs + 1 // overdue: at its final size until an end the EPP cannot predict
+		} else if run > 0 {
+			p.b = x.size.output / float64(run)
+		}
+		parts = append(parts, p)
+		a += p.a
+		b += p.b
 	}
-	slices.Sort(checks)
-	for _, t := range checks {
-		need := s.at(nowNs, t, run)
-		for _, x := range entries {
-			st := start(x)
-			if st+int64(run) < t {
-				continue // ended before t: its blocks are free again
-			}
-			need += x.size.at(st, t, run)
+	slices.SortFunc(parts, func(x, y part) int { return cmp.Compare(x.endNs, y.endNs) })
+	limit := capacity * (1 + kvFinalSlack)
+	gone := 0
+	check := func(t int64) bool {
+		for gone < len(parts) && parts[gone].endNs < t { // ended before t: its blocks are free again
+			a -= parts[gone].a
+			b -= parts[gone].b
+			gone++
 		}
-		if need > capacity*(1+kvFinalSlack) {
+		return s.at(nowNs, t, run)+a+b*float64(t-nowNs) <= limit
+	}
+	for _, p := range parts {
+		if p.endNs > nowNs && p.endNs < endNs && !check(p.endNs) {
 			return false
 		}
 	}
-	return true
+	return check(endNs)
 }
 
 // kvPlaceLocked narrows where a protected request of size s goes among names (the endpoints with headroom; best the

@@ -165,6 +165,10 @@ func TestKVStays(t *testing.T) {
 			100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond), capacity: 6800},
 		{name: "an empty endpoint", capacity: 6800, want: true},
 		{name: "prompts not started count from now", entries: startedAgo(nowNs, 0, 0, 0, 0, 0, 0, 0, 0, 0), capacity: 6800, want: true},
+		{name: "ten past their predicted end are still there at their final size: no room for a prompt",
+			entries: startedAgo(nowNs, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s), capacity: 6800 + 60},
+		{name: "nine past their predicted end, room for one more at its final size", entries: startedAgo(nowNs, 9*s, 9*s, 9*s,
+			9*s, 9*s, 9*s, 9*s, 9*s, 9*s), capacity: 6800, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
