@@ -50,6 +50,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	c.mu.Lock()
 	now := c.clock.Now()
 	c.drain.advance(now)
+	c.underShareAt = time.Time{} // judged again: whether endpoints are seat-bound, which the judgement reads, may change
 	// newScrape marks the endpoints whose scrape is newer than the one the controller had: only those teach anything.
 	newScrape := make([]bool, len(states))
 	for i := range states {
@@ -189,6 +190,8 @@ func (c *Controller) Release(id string) bool {
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
 		if r.started {
+			// Every end counts, a request cut short too (Release is not told why it ended): rare against the ends of
+			// an endpoint under load, and it errs towards a run time short of the mean.
 			e.learnRunTime(now.Sub(time.Unix(0, r.startedNs)))
 		}
 		e.recon.release(r.at, now)

@@ -118,12 +118,11 @@ func (c *Controller) underShareLocked(now time.Time) map[tenantKey]tenantArrival
 	// The rate seats free is all the pool drains only where every endpoint not down is seat-bound (whole): one that is
 	// not (a large batch, a server with room) drains beyond it. Before the drain rate settles, a tenant over its share
 	// of that rate but under its share of the demand (doubt) has its share in doubt (shareInDoubt): it is not
-	// protected, but not shed as a tenant over its share either (sharesDrainLocked). Measured on the mixed fleet (a
-	// 128-slot server beside 24- and 4-slot ones; testbed/bench/scenarios/README.md, "The light tenant across
-	// replicas: seat free rates that leave out part of the pool"): the light tenant, asking 80% of its share, was over
-	// the small servers' rate by 3% in the warm-up's burst; at a replica owning two 4-slot servers its waiting requests
-	// then shared that replica's small drain with the heavy backlog and were answered 429, to retry 10 s later. Judged under its share of the demand instead (protected), one replica's
-	// figures on that fleet moved across load seeds 1-5: goodput median -15%, throughput down to -6% on one seed.
+	// protected, but not shed as a tenant over its share either (sharesDrainLocked): at a replica that owns only small
+	// servers, a light tenant just over that rate in a burst would otherwise share the replica's small drain with the
+	// heavy backlog and be answered 429. Judging it under its share of the demand instead (protected) cost one
+	// replica's goodput on the mixed fleet (testbed/bench/scenarios/README.md, "The light tenant across replicas: seat
+	// free rates that leave out part of the pool").
 	drain, frees, known, whole := c.poolDrainLocked(now)
 	var total, n float64
 	for _, b := range allBands {
