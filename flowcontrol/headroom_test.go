@@ -33,12 +33,7 @@ func TestBeyondMostRun(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, nil))
-				h.scrape(ep("a", 0))
-				h.c.mu.Lock()
-				defer h.c.mu.Unlock()
-				e := &h.c.endpoints[h.c.endpointIndex["a"]]
+			onEndpointA(t, func(h *harness, e *endpointState) {
 				e.learner.maxRunning, e.foreign, e.known = cmp.Or(tc.mostRun, 24), tc.occupancy, tc.known
 				h.c.poolSlots = tc.slots
 				got := h.c.mayTakeLocked(e, tc.band, tc.reserve, tc.reserve, false, false, false, h.clk.Now())
@@ -84,12 +79,7 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, testConfig(t, nil))
-				h.scrape(ep("a", 0))
-				h.c.mu.Lock()
-				defer h.c.mu.Unlock()
-				e := &h.c.endpoints[h.c.endpointIndex["a"]]
+			onEndpointA(t, func(h *harness, e *endpointState) {
 				e.Running, e.WaitingQueue, e.inflight = tc.running, tc.waiting, tc.occupancy
 				e.learner.maxRunning, e.learner.queued = cmp.Or(tc.mostRun, tc.running), true
 				if tc.kvBound {
@@ -107,4 +97,15 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 			})
 		})
 	}
+}
+
+// onEndpointA runs f in a bubble on a harness that has scraped one idle endpoint, a, with the controller's lock held.
+func onEndpointA(t *testing.T, f func(h *harness, e *endpointState)) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, testConfig(t, nil))
+		h.scrape(ep("a", 0))
+		h.c.mu.Lock()
+		defer h.c.mu.Unlock()
+		f(h, &h.c.endpoints[h.c.endpointIndex["a"]])
+	})
 }

@@ -121,13 +121,7 @@ func unreachableAnsweredEarly(t *testing.T, overShare time.Duration, minEarly, k
 	for range 20 {
 		calls = append(calls, h.admit(0, "heavy", 100))
 	}
-	for range 3 {
-		h.step(500 * time.Millisecond)
-		h.admit(0, "light", 100)
-		h.scrape(ep("a", 0))
-		h.step(500 * time.Millisecond)
-		h.scrape(ep("a", 0))
-	}
+	lightEverySecond(h, 3)
 	var early []*call
 	for _, cl := range calls {
 		if cl.finished() && cl.d.Outcome == Rejected {
@@ -267,13 +261,7 @@ func answeredEarly(t *testing.T, overShare time.Duration, underShare bool, poolS
 		}
 		h.c.mu.Unlock()
 	}
-	for range 3 {
-		h.step(500 * time.Millisecond)
-		h.admit(0, "light", 100)
-		h.scrape(ep("a", 0))
-		h.step(500 * time.Millisecond)
-		h.scrape(ep("a", 0))
-	}
+	lightEverySecond(h, 3)
 	early := 0
 	for _, cl := range calls {
 		if cl.finished() && cl.d.Outcome == Rejected && cl.d.Reason == ReasonPredictedWait {
@@ -288,4 +276,16 @@ func answeredEarly(t *testing.T, overShare time.Duration, underShare bool, poolS
 		cl.result(t)
 	}
 	return early
+}
+
+// lightEverySecond admits one light request a second for n seconds, with a scrape of the idle endpoint a at each
+// arrival and half a second after it.
+func lightEverySecond(h *harness, n int) {
+	for range n {
+		h.step(500 * time.Millisecond)
+		h.admit(0, "light", 100)
+		h.scrape(ep("a", 0))
+		h.step(500 * time.Millisecond)
+		h.scrape(ep("a", 0))
+	}
 }
