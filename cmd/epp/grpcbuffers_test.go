@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/mem"
+
+	"github.com/sluice-gw/sluice/runner"
 )
 
 // TestGRPCBuffersFitLongPromptMessages checks that the binary's gRPC pool (set in init) hands the messages a long
@@ -43,7 +45,7 @@ func BenchmarkGRPCBufferPool(b *testing.B) {
 		for _, p := range []struct {
 			name string
 			pool mem.BufferPool
-		}{{"grpc-default", grpcDefault}, {"epp", newBufferPool()}} {
+		}{{"grpc-default", grpcDefault}, {"epp", runner.GRPCBufferPool()}} {
 			b.Run(fmt.Sprintf("size=%d/pool=%s", size, p.name), func(b *testing.B) {
 				for b.Loop() {
 					p.pool.Put(p.pool.Get(size))
