@@ -168,13 +168,11 @@ func needsEscape(s []byte) bool {
 // compactSpecials marks, with its high bit, each of the eight bytes of x (little-endian) that appendCompact acts on
 // inside a string (inStringSpecial); the lowest mark is always the first such byte (see stringSpecials).
 func compactSpecials(x uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	var marks uint64
-	for _, c := range [...]uint64{'\\', '<', '>', '&', 0xE2} {
-		y := x ^ (ones * c)
-		marks |= (y - ones) &^ y
+	for _, c := range [...]byte{'\\', '<', '>', '&', 0xE2} {
+		marks |= byteMarks(x, c)
 	}
-	return marks & highs
+	return marks & wordHighs
 }
 
 // inStringSpecial marks the bytes appendCompact acts on inside a string.

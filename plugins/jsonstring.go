@@ -78,11 +78,9 @@ func unquoteString(v []byte) string {
 
 // escapesOrNonASCII marks, with its high bit, each of the eight bytes of x (little-endian) that is a backslash or not
 // ASCII: the bytes at which unquoteString stops copying. The lowest mark is always the first such byte (see
-// stringSpecials; the backslash test is the "has a zero byte" trick on x xor backslashes).
+// stringSpecials and byteMarks).
 func escapesOrNonASCII(x uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	backslash := x ^ (ones * '\\')
-	return ((backslash-ones)&^backslash | x) & highs
+	return (byteMarks(x, '\\') | x) & wordHighs
 }
 
 // jsonUnescape is the byte each one-character escape stands for (validJSON admits no others).

@@ -151,10 +151,18 @@ func validString(b []byte, i int) (int, bool) {
 // than n" bit trick, exact for n up to 0x80 in that a mark is set if there is such a byte; a borrow may also mark a
 // byte above a true one, never below, so the lowest mark is always the first such byte.
 func stringSpecials(x uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	quote := x ^ (ones * '"')
-	backslash := x ^ (ones * '\\')
-	return ((x-ones*0x20)&^x | (quote-ones)&^quote | (backslash-ones)&^backslash) & highs
+	return ((x-wordOnes*0x20)&^x | byteMarks(x, '"') | byteMarks(x, '\\')) & wordHighs
+}
+
+// wordOnes has a one in each byte of a word, wordHighs the high bit of each: the constants of the word-at-a-time scans
+// (stringSpecials, escapesOrNonASCII, compactSpecials).
+const wordOnes, wordHighs = 0x0101010101010101, 0x8080808080808080
+
+// byteMarks marks, with its high bit once masked with wordHighs, each byte of x equal to c: the "has a zero byte" bit
+// trick on x xor c in every byte. A borrow may also mark a byte above a true one, never below.
+func byteMarks(x uint64, c byte) uint64 {
+	y := x ^ (wordOnes * uint64(c))
+	return (y - wordOnes) &^ y
 }
 
 func isHex(c byte) bool {
