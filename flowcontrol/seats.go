@@ -75,15 +75,23 @@ func (c *Controller) criticalSeatsLocked(seats int, frees float64, now time.Time
 // seatFiguresLocked returns the seats of the fresh seat-bound endpoints, how many of them are idle, and the rate they
 // free (per second; 0 while no hold time is learned).
 func (c *Controller) seatFiguresLocked(now time.Time) (seats, idle int, frees float64) {
-	return c.seatFiguresWithinLocked(now, c.cfg.Endpoint.MetricsStaleness)
+	seats, idle, frees, _ = c.seatFiguresWithinLocked(now, c.cfg.Endpoint.MetricsStaleness)
+	return seats, idle, frees
 }
 
-// seatFiguresWithinLocked is seatFiguresLocked over the endpoints scraped within staleness of now.
-func (c *Controller) seatFiguresWithinLocked(now time.Time, staleness time.Duration) (seats, idle int, frees float64) {
+// seatFiguresWithinLocked is seatFiguresLocked over the endpoints scraped within staleness of now; whole reports
+// whether every one of those endpoints is seat-bound (true with none): the rate their seats free is then all they
+// drain.
+func (c *Controller) seatFiguresWithinLocked(now time.Time, staleness time.Duration) (seats, idle int, frees float64, whole bool) {
 	cutoff := freshCutoff(now, staleness)
+	whole = true
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
-		if !e.usable(cutoff) || !c.seatBoundLocked(e, now) {
+		if !e.usable(cutoff) {
+			continue
+		}
+		if !c.seatBoundLocked(e, now) {
+			whole = false
 			continue
 		}
 		seats += c.seatsLocked(e)
@@ -94,19 +102,7 @@ func (c *Controller) seatFiguresWithinLocked(now time.Time, staleness time.Durat
 	if seats > 0 && c.holdTime > 0 {
 		frees = float64(seats) / c.holdTime.Seconds()
 	}
-	return seats, idle, frees
-}
-
-// allSeatBoundWithinLocked reports whether every endpoint usable within staleness is seat-bound (true with none): the
-// rate their seats free (seatFiguresWithinLocked) is then all they drain.
-func (c *Controller) allSeatBoundWithinLocked(now time.Time, staleness time.Duration) bool {
-	cutoff := freshCutoff(now, staleness)
-	for i := range c.endpoints {
-		if e := &c.endpoints[i]; e.usable(cutoff) && !c.seatBoundLocked(e, now) {
-			return false
-		}
-	}
-	return true
+	return seats, idle, frees, whole
 }
 
 // holdTimeWeight is the weight of each release in the smoothed time a request holds a seat: about the last twenty

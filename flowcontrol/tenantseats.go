@@ -180,9 +180,8 @@ func (c *Controller) shareInDoubtLocked(band Band, tenant string, now time.Time)
 //
 // whole reports whether every endpoint not down is seat-bound: only then do its seats free at the rate the pool drains.
 func (c *Controller) poolFreesLocked(now time.Time) (frees float64, whole bool) {
-	staleness := outageStalenessMultiple * c.cfg.Endpoint.MetricsStaleness
-	_, _, frees = c.seatFiguresWithinLocked(now, staleness)
-	return frees, c.allSeatBoundWithinLocked(now, staleness)
+	_, _, frees, whole = c.seatFiguresWithinLocked(now, outageStalenessMultiple*c.cfg.Endpoint.MetricsStaleness)
+	return frees, whole
 }
 
 // isUnderShareLocked reports whether tenant is under its share in band.
