@@ -73,16 +73,12 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 // queuedBeyondSeatsLocked reports whether e, whose own limit is not known, holds its tentative seats while its latest
 // scrape shows requests waiting there, in a pool where a slot limit has been learned: one more request would wait
 // inside it for its first end, whatever its band or tenant. Outside the Critical reserve and the yield rule only a
-// learned limit bounded a band, and an endpoint whose limit its scrapes had not taught yet (a first request there the
-// EPP never counted as decoding) took the burst tier's requests the moment a tenant's protection lapsed: six in one
-// instant to a full 4-slot server in the mixed fleet, four of them the light tenant's (the bench README). A KV-bound
-// endpoint, whose capacity is what its KV cache holds, is left to the saturation thresholds, as by yieldedFullLocked.
-// Not with live peers (Peers.ReserveShare): a replica's tenants are judged over their share and their drain measured
-// on its own dispatches, so what the rule holds in the EPP is answered 429 predicted_wait (shedUnreachableLocked) where
-// it would have started at the server's first end. In the mixed fleet's x2 exchange run one replica's two 4-slot
-// servers held 4 running and 1 queued (its own) from 1.3 s to their first end at 4.3 s, its 24-slot server was full,
-// the light tenant, over its share at that replica, queued eight requests behind them at a drain of ~630 tokens/s
-// (~10 s predicted, over its 5 s), and they were answered 429 after 0-0.9 s and served on their retry 7-10 s later.
+// learned limit bounded a band, so an endpoint whose limit its scrapes had not taught yet took the burst tier's
+// requests the moment a tenant's protection lapsed (testbed/bench/scenarios/README.md, "The mixed fleet's light
+// tenant kept out of servers' queues in the warm-up"). A KV-bound endpoint, whose capacity is what its KV cache holds,
+// is left to the saturation thresholds, as by yieldedFullLocked. Not with live peers (Peers.ReserveShare): a replica
+// judges its tenants' share and measures their drain on its own dispatches, so what the rule held in the EPP was
+// answered 429 predicted_wait (shedUnreachableLocked) where it would have started at the server's first end.
 func (c *Controller) queuedBeyondSeatsLocked(e *endpointState) bool {
 	return c.peers.ReserveShare == nil && c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 &&
 		e.inflight > 0 && e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)
@@ -113,7 +109,7 @@ func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
 
 // beyondMostRunLocked reports whether one more request would take e beyond the most it has been seen running, in a
 // pool where a slot limit has been learned, while e's own limit is not known and it has no tentative seats (it has run
-// more than the pool's limit, and 16 or more, so concurrencyLearner gives it none): under the Critical reserve a lower
+// more than the pool's limit, and largeBatchRunning or more, so concurrencyLearner gives it none): under the Critical reserve a lower
 // band sends it no more. Such an endpoint may be a slot-limited server larger than the pool's limit (the mixed fleet's
 // 24-slot server, whose limit no scrape shows before a request waits there): in the warm-up lower bands sent it
 // requests beyond its 24 slots, and those, not the Critical requests waiting in the EPP, took its first freed seats

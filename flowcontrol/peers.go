@@ -405,7 +405,7 @@ func (c *Controller) spareLocked(now time.Time, protectedWaiting int) (spare []E
 // (headroomLocked's strict): by seats, not by the KV cache's use, against the endpoint's capacity. Judged as any
 // Standard request, a KV-bound endpoint whose tenants over their share left seats idle for them (its KV use near the
 // ceiling that leaves room above it for whatever has priority) offered none of them, and the peers' protected requests
-// waited for a seat of their own replica's to free (kv-bound x4: up to 2.2 s, measured).
+// waited for a seat of their own replica's to free.
 func (c *Controller) offerSeatsLocked(now time.Time, skip, limit int, unseated, protected bool) []EndpointSeats {
 	ceiling := c.cfg.Bands[Standard].SaturationCeiling
 	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)

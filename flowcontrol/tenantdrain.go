@@ -111,6 +111,12 @@ func (c *Controller) shedUnreachableLocked(now time.Time) int {
 		return 0
 	}
 	c.unreachableAt = now
+	// In a pool with a slot limit, a request queued while its tenant was under its share was admitted against its
+	// MaxQueueTime and waited where the yield rule held its band out of full servers: judged by the over-share time
+	// the moment its tenant's share lapsed, the tenant's whole backlog would be answered at once. Its deadline still
+	// answers it. Not in a pool without one, where the heavy tenant's goodput paid for it (testbed/bench/scenarios/
+	// README.md, "lightmix17's two warm-up rules without their replica regressions").
+	pooled := c.poolSlotsLocked() > 0
 	n := 0
 	for _, b := range allBands {
 		q := c.bands[b]
@@ -125,16 +131,9 @@ func (c *Controller) shedUnreachableLocked(now time.Time) int {
 				continue
 			}
 			limit := c.cfg.Bands[b].overShareQueueTime()
-			pooled := c.poolSlotsLocked() > 0
 			ahead := 0.0
 			for it := tq.head; it != nil; it = it.tNext {
 				start := now.Add(secondsToDuration((ahead + it.cost) / rate))
-				// In a pool with a slot limit, a request queued while its tenant was under its share was admitted
-				// against its MaxQueueTime and waited where the yield rule held its band out of full servers: judged
-				// by the over-share time the moment its tenant's share lapsed, the tenant's whole backlog was
-				// answered at once (nine light requests in the mixed fleet's x2 owned run, served on their retry 7 s
-				// later). Its deadline still answers it. Not in a pool without one: the KV-bound fleet's x4 replicas
-				// lost 15% of the heavy tenant's goodput with it.
 				if start.After(it.deadline) || !(it.underShare && pooled) && start.Sub(it.enqueuedAt) > limit {
 					doomed = append(doomed, it)
 					continue
