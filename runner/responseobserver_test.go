@@ -635,3 +635,56 @@ func objectiveFigures(t *testing.T) map[string]float64 {
 	}
 	return out
 }
+
+// TestObserverDecodesIntoTakenChunks: on gRPC's stream with extProcCodec, a chunk the routing stream took is the
+// message the observer's next chunk is decoded into, and a message handed to upstream's handler is never decoded into
+// again (the handler may keep it).
+func TestObserverDecodesIntoTakenChunks(t *testing.T) {
+	chunk := func(body string, end bool) *extprocv3.ProcessingRequest {
+		c := observedChunk(end)
+		c.GetResponseBody().Body = []byte(body)
+		return c
+	}
+	const usage = "data: {\"usage\":{}}\n\n"
+	wire := [][]byte{mustMarshal(chunk("data: a longer first chunk\n\n", false)), mustMarshal(chunk("data: b\n\n", false)),
+		mustMarshal(chunk(usage, false)), mustMarshal(chunk("data: c\n\n", false)), mustMarshal(chunk("", true))}
+	j := newObserverJoin(time.Minute, newCountingRecorder())
+	// The routing stream takes every chunk but the usage and the end (observeChunk's part), hands the rest on.
+	o := j.expect("r1", func(m *extprocv3.ProcessingRequest) bool {
+		b := m.GetResponseBody()
+		return b != nil && !b.GetEndOfStream() && string(b.GetBody()) != usage
+	})
+	type handed struct {
+		m    *extprocv3.ProcessingRequest
+		body string // as upstream's handler got it
+	}
+	var got []handed
+	done := make(chan struct{})
+	go func() { // the routing stream, its proxy gone: upstream's handler reads the observer's messages
+		defer close(done)
+		for {
+			m, err := o.next()
+			if err != nil {
+				return
+			}
+			got = append(got, handed{m, string(m.GetResponseBody().GetBody())})
+		}
+	}()
+	proxy := &wireProxyStream{ctx: context.Background(), codec: newExtProcCodec(), in: wire}
+	if err := j.serveObserver(proxy, observedHeaders("r1"), true, true); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if len(got) != 3 || got[1].body != usage || !got[2].m.GetResponseBody().GetEndOfStream() {
+		t.Fatalf("upstream's handler got %d messages %v, want the headers, the usage chunk and the end", len(got), got)
+	}
+	for i, h := range got {
+		if now := string(h.m.GetResponseBody().GetBody()); now != h.body {
+			t.Errorf("message %d changed after it was handed to upstream's handler: %q, then %q", i, h.body, now)
+		}
+	}
+	// Decoded into: a new message (a), again (b, taken), again (the usage, handed on), a new one (c), again (the end).
+	if runs := len(slices.Compact(slices.Clone(proxy.into))); len(proxy.into) != len(wire) || runs != 2 {
+		t.Errorf("%d messages decoded into %d runs of one message, want %d into 2", len(proxy.into), runs, len(wire))
+	}
+}
