@@ -303,6 +303,35 @@ func writeEPPCost(b *bufio.Writer, s *ScenarioResult) {
 	if len(cpu) > 0 {
 		fmt.Fprintf(b, "\nCPU time per attempt while the load ran (user + system, this machine): %s.\n", strings.Join(cpu, "; "))
 	}
+	if ratios := eppCPUVersusUpstream(s); len(ratios) > 0 {
+		fmt.Fprintf(b, "\nEPP CPU time per attempt against upstream-default's in the same run (issue 21, target 2): %s.\n",
+			strings.Join(ratios, ", "))
+	}
+}
+
+// eppCPUVersusUpstream is each other EPP contender's CPU time per attempt as a ratio of upstream-default's, in the
+// runs' order; none when upstream-default has no EPP CPU time (virtual time, or its run failed).
+func eppCPUVersusUpstream(s *ScenarioResult) []string {
+	perAttempt := func(r *RunResult) float64 {
+		if r == nil || r.CPU == nil || r.CPU.EPP <= 0 || r.Summary.Overall.Attempts == 0 {
+			return 0
+		}
+		return float64(r.CPU.EPP) / float64(r.Summary.Overall.Attempts)
+	}
+	upstream := perAttempt(s.Result(UpstreamDefault))
+	if upstream == 0 {
+		return nil
+	}
+	var out []string
+	for _, run := range s.Runs {
+		if run.Contender.Name == UpstreamDefault {
+			continue
+		}
+		if own := perAttempt(run.Result); own > 0 {
+			out = append(out, fmt.Sprintf("%s %.3fx", run.Contender.Name, own/upstream))
+		}
+	}
+	return out
 }
 
 // writeEPPHop reports, for the contenders whose data plane timed the EPP (loadgen.Record.EPPTime), what the EPP hop

@@ -1,6 +1,7 @@
 package benchsuite
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -296,5 +297,49 @@ func TestPromptOverlap(t *testing.T) {
 	unstreamed.Stream = false
 	if _, ok := PromptOverlap([]loadgen.Record{unstreamed}); ok {
 		t.Error("a non-streamed attempt counted")
+	}
+}
+
+// TestEPPCPUVersusUpstream checks the report's line that gives issue 21's target 2 (each EPP contender's CPU time per
+// attempt against upstream-default's, in one run) and when it is left out.
+func TestEPPCPUVersusUpstream(t *testing.T) {
+	run := func(name string, eppMillis, attempts int) ContenderRun {
+		r := &RunResult{CPU: &ProcessCPU{EPP: time.Duration(eppMillis) * time.Millisecond, DataPlane: time.Millisecond}}
+		r.Summary.Overall.Attempts = attempts
+		return ContenderRun{Contender: Contender{Name: name}, Result: r}
+	}
+	failed := ContenderRun{Contender: Contender{Name: UpstreamDefault}, Error: "epp exited"}
+	for _, tc := range []struct {
+		name string
+		runs []ContenderRun
+		want string // "" when the report has no such line
+	}{
+		{"every EPP contender against upstream's, per attempt",
+			[]ContenderRun{run(RoundRobin, 0, 100), run(UpstreamDefault, 1600, 100), run("sluice-observed", 880, 100), run(Sluice, 960, 100)},
+			"EPP CPU time per attempt against upstream-default's in the same run (issue 21, target 2): sluice-observed 0.550x, sluice 0.600x."},
+		{"per attempt, not per run", []ContenderRun{run(UpstreamDefault, 1000, 100), run(Sluice, 1000, 200)},
+			"(issue 21, target 2): sluice 0.500x."},
+		{"upstream-default failed", []ContenderRun{failed, run(Sluice, 960, 100)}, ""},
+		{"no CPU measured (virtual time)", []ContenderRun{{Contender: Contender{Name: UpstreamDefault}, Result: &RunResult{}},
+			{Contender: Contender{Name: Sluice}, Result: &RunResult{}}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			w := bufio.NewWriter(&buf)
+			writeEPPCost(w, &ScenarioResult{Scenario: &Scenario{Name: "s"}, Runs: tc.runs})
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			got := buf.String()
+			if tc.want == "" {
+				if strings.Contains(got, "against upstream-default's in the same run") {
+					t.Errorf("report has a ratio line:\n%s", got)
+				}
+				return
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("report lacks %q:\n%s", tc.want, got)
+			}
+		})
 	}
 }

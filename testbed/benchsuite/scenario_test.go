@@ -384,6 +384,7 @@ func TestShippedScenarios(t *testing.T) {
 		"lora-heavy":  nil,
 		"prefix-skew": nil,
 		"long-prompt": nil, // issue 21's figure is what each EPP adds over round-robin: see the README
+		"stream-cpu":  nil, // issue 21's target 2 is the report's EPP CPU per attempt against upstream-default's
 	}
 	if len(byFamily) != len(want) {
 		t.Errorf("%d scenario files, want %d", len(byFamily), len(want))
@@ -410,6 +411,14 @@ func TestShippedScenarios(t *testing.T) {
 		c, ok := lp[0].Contender("sluice-buffered")
 		if !ok || !c.Extra || !c.SluiceAdmission || c.RequestBodyMode != "buffered" || c.EndpointPickerConfig != nil {
 			t.Errorf("long-prompt's sluice-buffered contender %+v (found %v), want the sluice contender with a buffered body", c, ok)
+		}
+	}
+	// Issue 21, target 2: streamed chats in one interleaved load, with the response observer's contender beside them.
+	if sc := byFamily["stream-cpu"]; len(sc) == 1 {
+		c, ok := sc[0].Contender("sluice-observed")
+		if !sc[0].Interleave || !ok || !c.SluiceAdmission || !c.ResponseObserver {
+			t.Errorf("stream-cpu: interleaved %v, sluice-observed %+v (found %v); want an interleaved run with the observed sluice contender",
+				sc[0].Interleave, c, ok)
 		}
 	}
 	// Issue 17: the priority, fairness and mixed-fleet scenarios run on at least three server shapes.
