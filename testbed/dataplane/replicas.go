@@ -18,6 +18,18 @@ const (
 	BalanceRandom     = "random"
 )
 
+// The HTTP/2 receive windows of GIE's Envoy configuration for its ext_proc cluster (GIE v1.5.0
+// config/charts/standalone/values.yaml and test/testdata/envoy.yaml, http2_protocol_options
+// initial_stream_window_size and initial_connection_window_size; examples/envoy/envoy.yaml here). Envoy's windows are
+// fixed (Http2ProtocolOptions has no adaptive window, and its PINGs are connection_keepalive, off by default): it sends
+// a WINDOW_UPDATE as the EPP's answers are consumed and no PING to estimate the link. gRPC's client
+// by default estimates it (BDP): a connection WINDOW_UPDATE and a PING for nearly every burst of answers, which the
+// EPP must read and acknowledge, and which Envoy never sends; the data plane keeps Envoy's fixed windows instead.
+const (
+	EnvoyExtProcStreamWindow = 64 << 10
+	EnvoyExtProcConnWindow   = 1 << 20
+)
+
 // eppReplicas are the EPP's replicas, one gRPC client each. Envoy opens an
 // ext_proc stream per request and its load balancer picks the host of each
 // new stream; pick does the same, so the replicas share requests, never
@@ -34,7 +46,8 @@ type eppReplicas struct {
 func newEPPReplicas(addresses []string, balance string, creds credentials.TransportCredentials) (*eppReplicas, error) {
 	r := &eppReplicas{random: balance == BalanceRandom}
 	for _, a := range addresses {
-		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds),
+			grpc.WithStaticStreamWindowSize(EnvoyExtProcStreamWindow), grpc.WithStaticConnWindowSize(EnvoyExtProcConnWindow))
 		if err != nil {
 			_ = r.Close()
 			return nil, fmt.Errorf("creating EPP client for %s: %w", a, err)
