@@ -384,7 +384,9 @@ func TestShippedScenarios(t *testing.T) {
 		"lora-heavy":  nil,
 		"prefix-skew": nil,
 		"long-prompt": nil, // issue 21's figure is what each EPP adds over round-robin: see the README
-		"stream-cpu":  nil, // issue 21's target 2 is the report's EPP CPU per attempt against upstream-default's
+		// The same, the prompts written as prose and code with escapes.
+		"long-prompt-text": nil,
+		"stream-cpu":       nil, // issue 21's target 2 is the report's EPP CPU per attempt against upstream-default's
 	}
 	if len(byFamily) != len(want) {
 		t.Errorf("%d scenario files, want %d", len(byFamily), len(want))
@@ -407,10 +409,25 @@ func TestShippedScenarios(t *testing.T) {
 		}
 	}
 	// Issue 21, target 3: long prompts also run the sluice contender behind a proxy that buffers the request body.
-	if lp := byFamily["long-prompt"]; len(lp) == 1 {
-		c, ok := lp[0].Contender("sluice-buffered")
-		if !ok || !c.Extra || !c.SluiceAdmission || c.RequestBodyMode != "buffered" || c.EndpointPickerConfig != nil {
-			t.Errorf("long-prompt's sluice-buffered contender %+v (found %v), want the sluice contender with a buffered body", c, ok)
+	for _, family := range []string{"long-prompt", "long-prompt-text"} {
+		if lp := byFamily[family]; len(lp) == 1 {
+			c, ok := lp[0].Contender("sluice-buffered")
+			if !ok || !c.Extra || !c.SluiceAdmission || c.RequestBodyMode != "buffered" || c.EndpointPickerConfig != nil {
+				t.Errorf("%s's sluice-buffered contender %+v (found %v), want the sluice contender with a buffered body", family, c, ok)
+			}
+		}
+	}
+	// long-prompt-text is long-prompt with realistic text, and nothing else: its figures compare with long-prompt's.
+	if words, text := byFamily["long-prompt"], byFamily["long-prompt-text"]; len(words) == 1 && len(text) == 1 {
+		w, x := *words[0], *text[0]
+		wm, xm := *w.Mix, *x.Mix
+		if wm.PromptText != "" || xm.PromptText != loadgen.TextRealistic {
+			t.Errorf("prompt_text: long-prompt %q, long-prompt-text %q, want words and realistic", wm.PromptText, xm.PromptText)
+		}
+		xm.PromptText = wm.PromptText
+		if !reflect.DeepEqual(wm, xm) || w.Fleet != x.Fleet || !reflect.DeepEqual(w.Arrival, x.Arrival) || w.Duration != x.Duration ||
+			w.Drain != x.Drain || w.Seed != x.Seed || w.Interleave != x.Interleave || !reflect.DeepEqual(w.Contenders, x.Contenders) {
+			t.Error("long-prompt-text differs from long-prompt in more than its prompts' text")
 		}
 	}
 	// Issue 21, target 2: streamed chats in one interleaved load, with the response observer's contender beside them.

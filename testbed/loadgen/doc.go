@@ -23,6 +23,7 @@
 //	api: chat            # default API: chat | completions
 //	stream: true         # default streaming mode
 //	ignore_eos: true     # ask vLLM for exactly max_tokens tokens
+//	prompt_text: words   # words (default) | realistic: prose and code with escapes
 //	classes:
 //	  - name: critical-chat
 //	    weight: 3                      # relative share, default 1
@@ -39,7 +40,8 @@
 //
 // Token lengths follow one documented rule, CharsPerToken: a token is 4
 // characters. Generated text is 3-letter pseudo-words plus a space, so N
-// tokens are exactly 4N characters; a real tokenizer will count differently,
+// tokens are exactly 4N characters (bytes); with prompt_text: realistic each
+// token is 4 bytes of prose or code instead (TextRealistic); a real tokenizer will count differently,
 // which matters little because every system under comparison sees the same
 // text.
 //

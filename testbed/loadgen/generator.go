@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bytes"
 	"encoding/json"
 	"hash/fnv"
 	"math"
@@ -162,11 +163,11 @@ func (g *Generator) Next() RequestSpec {
 			g.chats[ci][slot] = chat
 		}
 		chat.turn++
-		chat.messages = append(chat.messages, chatMessage{Role: "user", Content: syntheticText(g.rng, g.length(c.PromptTokens))})
+		chat.messages = append(chat.messages, chatMessage{Role: "user", Content: g.mix.PromptText.text(g.rng, g.length(c.PromptTokens))})
 		messages = append(messages, chat.messages...)
 		// The reply the next turn will carry as history. It is synthetic so
 		// the sequence does not depend on what the server answered.
-		chat.messages = append(chat.messages, chatMessage{Role: "assistant", Content: syntheticText(g.rng, spec.MaxTokens)})
+		chat.messages = append(chat.messages, chatMessage{Role: "assistant", Content: g.mix.PromptText.text(g.rng, spec.MaxTokens)})
 		spec.ChatID, spec.Turn, spec.PrefixGroup = chat.id, chat.turn, chat.group
 		if chat.turn >= c.MultiTurn.Turns {
 			g.chats[ci][slot] = nil
@@ -176,7 +177,7 @@ func (g *Generator) Next() RequestSpec {
 			spec.PrefixGroup = g.zipf[ci].sample(g.rng)
 			messages = append(messages, chatMessage{Role: "system", Content: g.prefix(ci, spec.PrefixGroup)})
 		}
-		messages = append(messages, chatMessage{Role: "user", Content: syntheticText(g.rng, g.length(c.PromptTokens))})
+		messages = append(messages, chatMessage{Role: "user", Content: g.mix.PromptText.text(g.rng, g.length(c.PromptTokens))})
 	}
 
 	chars := 0
@@ -207,7 +208,7 @@ func (g *Generator) prefix(ci, group int) string {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(g.mix.Classes[ci].Name))
 	rng := rand.New(rand.NewPCG(g.seed^h.Sum64(), uint64(group)))
-	p := syntheticText(rng, g.mix.Classes[ci].SharedPrefix.Tokens)
+	p := g.mix.PromptText.text(rng, g.mix.Classes[ci].SharedPrefix.Tokens)
 	g.prefixes[key] = p
 	return p
 }
@@ -241,12 +242,22 @@ func (g *Generator) body(c *Class, spec RequestSpec, messages []chatMessage) []b
 	} else {
 		rb.Messages = messages
 	}
-	out, err := json.Marshal(rb)
-	if err != nil {
-		// Only strings and numbers: cannot fail.
+	if g.mix.PromptText != TextRealistic {
+		out, err := json.Marshal(rb)
+		if err != nil {
+			// Only strings and numbers: cannot fail.
+			panic(err)
+		}
+		return out
+	}
+	// Realistic text is encoded as clients' encoders write it, with <, > and & as they are.
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(rb); err != nil {
 		panic(err)
 	}
-	return out
+	return bytes.TrimSuffix(out.Bytes(), []byte("\n"))
 }
 
 // zipfSampler draws k in [0, n) with probability proportional to

@@ -2,10 +2,12 @@ package loadgen
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func mustMix(t testing.TB, y string) *Mix {
@@ -244,4 +246,95 @@ func TestEstimateTokens(t *testing.T) {
 			t.Errorf("EstimateTokens(%d chars) = %d, want %d", len(tc.text), got, tc.want)
 		}
 	}
+}
+
+func TestRealisticPiecesAreOneTokenEach(t *testing.T) {
+	for i, piece := range realisticPieces {
+		filled := strings.ReplaceAll(piece, "_", "x")
+		if len(filled) != CharsPerToken || !utf8.ValidString(filled) {
+			t.Errorf("piece %d %q: %d bytes (valid UTF-8: %v), want %d", i, piece, len(filled), utf8.ValidString(filled), CharsPerToken)
+		}
+	}
+}
+
+// TestPromptTextKeepsTheRequests holds the two texts to the same requests: the same classes, lengths, headers and
+// byte counts of text, seed for seed, so that a scenario written as realistic text differs from its words twin only
+// in what its prompts say.
+func TestPromptTextKeepsTheRequests(t *testing.T) {
+	const mixes = `
+classes:
+  - {name: long, model: m, prompt_tokens: {min: 400, max: 600}, output_tokens: {min: 4, max: 64}}
+  - {name: prefixed, model: m, prompt_tokens: {min: 10, max: 90}, output_tokens: 8, shared_prefix: {groups: 4, tokens: 100, zipf_s: 1}}
+  - {name: chat, model: m, prompt_tokens: {min: 10, max: 90}, output_tokens: 8, multi_turn: {turns: 3, concurrent: 2}}
+  - {name: text, model: m, api: completions, prompt_tokens: {min: 10, max: 90}, output_tokens: 8}
+`
+	words := mustMix(t, mixes)
+	realistic := mustMix(t, "prompt_text: realistic\n"+mixes)
+	for _, seed := range []uint64{1, 7, 42} {
+		gw, gr := NewGenerator(words, seed), NewGenerator(realistic, seed)
+		for range 300 {
+			w, r := gw.Next(), gr.Next()
+			if w.Class != r.Class || w.PromptTokens != r.PromptTokens || w.MaxTokens != r.MaxTokens ||
+				w.PrefixGroup != r.PrefixGroup || w.ChatID != r.ChatID || w.Turn != r.Turn {
+				t.Fatalf("seed %d, seq %d: realistic request %s, words request %s", seed, w.Seq, requestShape(r), requestShape(w))
+			}
+			ws, rs := promptOf(t, w), promptOf(t, r)
+			if len(ws) != len(rs) || !utf8.ValidString(rs) {
+				t.Fatalf("seed %d, seq %d: realistic text of %d bytes (valid UTF-8: %v), words %d", seed, w.Seq, len(rs), utf8.ValidString(rs), len(ws))
+			}
+		}
+	}
+}
+
+func requestShape(s RequestSpec) string {
+	return fmt.Sprintf("{class %s, prompt %d, max %d, group %d, chat %d turn %d}", s.Class, s.PromptTokens, s.MaxTokens, s.PrefixGroup, s.ChatID, s.Turn)
+}
+
+// promptOf is the text a request carries, its messages' contents joined.
+func promptOf(t *testing.T, spec RequestSpec) string {
+	t.Helper()
+	var s sentBody
+	if err := json.Unmarshal(spec.Body, &s); err != nil {
+		t.Fatal(err)
+	}
+	text := s.Prompt
+	for _, m := range s.Messages {
+		text += m.Content
+	}
+	return text
+}
+
+// TestRealisticTextIsWrittenAsPrompts checks that a long realistic prompt's JSON carries what real ones do and the
+// words never do: escapes (\n, \t, \", \\) and non-ASCII characters, each more than rarely, with a line break
+// about every 45 bytes.
+func TestRealisticTextIsWrittenAsPrompts(t *testing.T) {
+	m := mustMix(t, "prompt_text: realistic\nclasses:\n  - {name: long, model: m, prompt_tokens: 50000, output_tokens: 64}\n")
+	spec := NewGenerator(m, 1).Next()
+	text := promptOf(t, spec)
+	for _, want := range []string{`\n`, `\t`, `\"`, `\\`} {
+		if n := strings.Count(string(spec.Body), want); n < 500 {
+			t.Errorf("%s appears %d times in a 200 KB body, want hundreds", want, n)
+		}
+	}
+	for _, want := range []string{"é", "€", "—", "🙂", "<", "&"} {
+		if n := strings.Count(text, want); n < 100 {
+			t.Errorf("%s appears %d times in a 200 KB prompt, want hundreds", want, n)
+		}
+	}
+	if lines := strings.Count(text, "\n"); len(text)/lines < 30 || len(text)/lines > 80 {
+		t.Errorf("a line break every %d bytes, want about 45", len(text)/lines)
+	}
+	plain := NewGenerator(mustMix(t, "classes:\n  - {name: long, model: m, prompt_tokens: 50000, output_tokens: 64}\n"), 1).Next()
+	if strings.Contains(string(plain.Body), `\`) || !isASCII(promptOf(t, plain)) {
+		t.Error("the words text carries an escape or a non-ASCII byte")
+	}
+}
+
+func isASCII(s string) bool {
+	for i := range len(s) {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }

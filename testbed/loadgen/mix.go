@@ -56,6 +56,9 @@ type Mix struct {
 	// IgnoreEOS asks the server (vLLM's ignore_eos) to produce exactly
 	// max_tokens tokens, so output lengths are what the mix says.
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
+	// PromptText is how generated text is written: "words" (empty means words) or "realistic" (PromptText). The
+	// text draws the same random numbers either way, so a mix's requests differ only in their text.
+	PromptText PromptText `json:"prompt_text,omitempty"`
 	// Classes are the request classes; each request picks one by weight.
 	Classes []Class `json:"classes"`
 }
@@ -251,6 +254,9 @@ func (m *Mix) Validate() error {
 	var errs []error
 	if m.API != APIChat && m.API != APICompletions {
 		errs = append(errs, fmt.Errorf("api: %q is not chat or completions", m.API))
+	}
+	if err := m.PromptText.validate(); err != nil {
+		errs = append(errs, fmt.Errorf("prompt_text: %w", err))
 	}
 	if len(m.Classes) == 0 {
 		errs = append(errs, errors.New("classes: at least one class is required"))
