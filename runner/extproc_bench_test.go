@@ -28,6 +28,7 @@ import (
 
 	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/runner/runnertest"
+	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
 // BenchmarkExtProcStream drives the EPP's ext_proc handler in process as Envoy drives it in FULL_DUPLEX_STREAMED
@@ -59,6 +60,7 @@ func BenchmarkExtProcStream(b *testing.B) {
 		{1 << 10, 16, plainPrompt}, {8 << 10, 16, plainPrompt}, {16 << 10, 16, plainPrompt}, {64 << 10, 16, plainPrompt},
 		{220 << 10, 16, plainPrompt}, {256 << 10, 16, plainPrompt}, // prompts of 256 to 64k tokens
 		{8 << 10, 16, escapedPrompt}, {64 << 10, 16, escapedPrompt}, {256 << 10, 16, escapedPrompt}, // the same as a real prompt is written
+		{8 << 10, 16, loadgenText}, {64 << 10, 16, loadgenText}, {256 << 10, 16, loadgenText}, // long-prompt-text's text
 	}
 	for _, profile := range []string{"upstream-default", "sluice", "sluice-buffered", "sluice-observed"} {
 		buffered := profile == "sluice-buffered" // the proxy sends the request body BUFFERED (bufferedbody.go)
@@ -246,6 +248,10 @@ const (
 	// quotation marks ("\""), tabs, <, & and non-ASCII letters, the last three as they are (as clients' JSON
 	// encoders write them, which do not escape HTML).
 	escapedPrompt promptText = "-escaped"
+	// loadgenText is the load generator's realistic text (loadgen.TextRealistic), which the long-prompt-text scenario
+	// sends: prose and code with a line break about every 45 bytes, tabs, quotation marks, backslashes, <, > and &,
+	// é, €, an em dash and an emoji, JSON-encoded without HTML escapes.
+	loadgenText promptText = "-text"
 )
 
 func newStreamedChat(promptBytes, chunks int) *streamedChat {
@@ -268,6 +274,9 @@ func newStreamedChatOf(promptBytes, chunks int, text promptText) *streamedChat {
 		Fields: map[string]*structpb.Value{metadata.DestinationEndpointServedKey: structpb.NewStringValue("127.0.0.1:8000")}}}}
 	words := strings.Fields("tell me more about gateways, endpoint pickers and the queues in front of model servers")
 	var prompt strings.Builder
+	if text == loadgenText {
+		prompt.WriteString(loadgen.TextRealistic.Text(1, promptBytes/loadgen.CharsPerToken))
+	}
 	for i := 0; prompt.Len() < promptBytes; i++ {
 		if text == escapedPrompt {
 			prompt.WriteString(promptLines[i%len(promptLines)] + "\n")

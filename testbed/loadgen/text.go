@@ -71,3 +71,9 @@ func (p PromptText) text(rng *rand.Rand, tokens int) string {
 	}
 	return syntheticText(rng, tokens)
 }
+
+// Text returns tokens of text written as p says ("" is words), the same for the same seed: what a mix with
+// prompt_text p sends, for benchmarks that build a request's body themselves.
+func (p PromptText) Text(seed uint64, tokens int) string {
+	return p.text(rand.New(rand.NewPCG(seed, 0x7e47)), tokens)
+}
