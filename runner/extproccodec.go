@@ -1,12 +1,15 @@
 package runner
 
 import (
+	"slices"
+
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // extProcCodec is the ext_proc server's gRPC codec on Sluice's hot path (hotpath.go). Every streamed response chunk
@@ -27,13 +30,101 @@ func newExtProcCodec() extProcCodec {
 // Name implements encoding.CodecV2: the codec speaks protobuf, as the proxy expects.
 func (c extProcCodec) Name() string { return grpcproto.Name }
 
-// Marshal implements encoding.CodecV2: a streamedChunk by hand, anything else with gRPC's protobuf codec.
+// Marshal implements encoding.CodecV2: a streamedChunk by hand, a request body's streamed answer of a long body by
+// hand around the body (streamedBodyAnswer), anything else with gRPC's protobuf codec.
 func (c extProcCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if a, ok := v.(*streamedChunk); ok {
-		return a.marshal(), nil
+	switch m := v.(type) {
+	case *streamedChunk:
+		return m.marshal(), nil
+	case *extprocv3.ProcessingResponse:
+		if body, end, ok := streamedBodyAnswer(m); ok {
+			return marshalStreamedBodyAnswer(body, end), nil
+		}
 	}
 	return c.proto.Marshal(v)
 }
+
+// aliasedBodyMinBytes is the shortest body a request body's streamed answer sends without copying it: below it the
+// copy costs less than the check.
+const aliasedBodyMinBytes = 4 << 10
+
+// Field numbers of a request body's streamed answer beyond streamedChunk's.
+const (
+	processingResponseRequestBody   protowire.Number = 3
+	streamedBodyResponseEndOfStream protowire.Number = 2
+)
+
+// streamedBodyAnswer reads r when it is a request body's streamed answer as upstream's handler sends the body back to
+// the proxy (envoy.GenerateRequestBodyResponses: 62,500 bytes each): a ProcessingResponse whose only field is a
+// request_body whose common response's only field is a streamed body mutation of a body (of at least
+// aliasedBodyMinBytes) and an end of stream, with no unknown fields at any level. It returns the body and the end of
+// stream.
+func streamedBodyAnswer(r *extprocv3.ProcessingResponse) (body []byte, end, ok bool) {
+	rb, _ := r.Response.(*extprocv3.ProcessingResponse_RequestBody)
+	if rb == nil {
+		return nil, false, false
+	}
+	common := rb.RequestBody.GetResponse()
+	mutation := common.GetBodyMutation()
+	sr := mutation.GetStreamedResponse()
+	if len(sr.GetBody()) < aliasedBodyMinBytes {
+		return nil, false, false
+	}
+	if !onlyFields(r, processingResponseRequestBody) || !onlyFields(rb.RequestBody, bodyResponseResponse) ||
+		!onlyFields(common, commonResponseBodyMutation) || !onlyFields(mutation, bodyMutationStreamedResponse) ||
+		!onlyFields(sr, streamedBodyResponseBody, streamedBodyResponseEndOfStream) {
+		return nil, false, false
+	}
+	return sr.Body, sr.EndOfStream, true
+}
+
+// onlyFields reports whether m has no unknown fields and no populated field but those numbered in allowed.
+func onlyFields(m proto.Message, allowed ...protowire.Number) bool {
+	pm := m.ProtoReflect()
+	if len(pm.GetUnknown()) > 0 {
+		return false
+	}
+	only := true
+	pm.Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
+		only = slices.Contains(allowed, fd.Number())
+		return only
+	})
+	return only
+}
+
+// marshalStreamedBodyAnswer encodes a request body's streamed answer of body and end as proto.Marshal encodes it, in
+// three pieces: the tags and lengths before the body, the body itself, and the end of stream. The body is not copied
+// into a buffer of gRPC's pool (taken, zeroed and filled: 62,500 bytes per answer, five answers for a 256 KB body);
+// gRPC's transport copies it into its HTTP/2 frames, as it copies any message. That it reads the body after SendMsg
+// returns (the message waits for the stream's flow control) is what gRPC's SendMsg allows: the sender must not change
+// a message once it is handed to SendMsg.
+func marshalStreamedBodyAnswer(body []byte, end bool) mem.BufferSlice {
+	streamed := protowire.SizeTag(streamedBodyResponseBody) + protowire.SizeBytes(len(body))
+	if end {
+		streamed += protowire.SizeTag(streamedBodyResponseEndOfStream) + protowire.SizeVarint(1)
+	}
+	mutation := protowire.SizeTag(bodyMutationStreamedResponse) + protowire.SizeBytes(streamed)
+	common := protowire.SizeTag(commonResponseBodyMutation) + protowire.SizeBytes(mutation)
+	answer := protowire.SizeTag(bodyResponseResponse) + protowire.SizeBytes(common)
+	head := make([]byte, 0, 32)
+	head = protowire.AppendTag(head, processingResponseRequestBody, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(answer))
+	head = protowire.AppendTag(head, bodyResponseResponse, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(common))
+	head = protowire.AppendTag(head, commonResponseBodyMutation, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(mutation))
+	head = protowire.AppendTag(head, bodyMutationStreamedResponse, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(streamed))
+	head = protowire.AppendTag(head, streamedBodyResponseBody, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(len(body)))
+	if !end {
+		return mem.BufferSlice{mem.SliceBuffer(head), mem.SliceBuffer(body)}
+	}
+	return mem.BufferSlice{mem.SliceBuffer(head), mem.SliceBuffer(body), mem.SliceBuffer(endOfStream)}
+}
+
+// endOfStream is a StreamedBodyResponse's end_of_stream field, true.
+var endOfStream = protowire.AppendVarint(protowire.AppendTag(nil, streamedBodyResponseEndOfStream, protowire.VarintType), 1)
 
 // streamedChunk is the answer to a response chunk that upstream's handler sends and the hot path's stream sends in
 // its place (answerChunk): a ProcessingResponse whose only field is a response_body whose common response's only
@@ -97,9 +188,78 @@ func (c extProcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return c.proto.Unmarshal(data, v)
 	}
+	if data.Len() >= aliasedBodyMinBytes {
+		// A long message is a request body's (the proxy's 32 KiB chunks, or a whole BUFFERED body). Copied once into
+		// a buffer of its own, not one of gRPC's pool, its body can point into it instead of being copied again.
+		b := data.Materialize()
+		if handled, err := unmarshalRequestBody(b, req); handled {
+			return err
+		}
+		return unmarshalProcessingRequest(b, req)
+	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	return unmarshalProcessingRequest(buf.ReadOnlyData(), req)
+}
+
+// processingRequestRequestBody is ProcessingRequest's request_body; the fields from request_headers (2) to
+// response_trailers (7) are its oneof's members.
+const (
+	processingRequestRequestBody protowire.Number = 4
+	processingRequestFirstPhase  protowire.Number = 2
+	processingRequestLastPhase   protowire.Number = 7
+)
+
+// unmarshalRequestBody is proto.Unmarshal of b into req when b is a ProcessingRequest with one request_body of a body
+// and an end of stream and no other member of the oneof: every other field (the filter metadata, the attributes,
+// the protocol configuration) is decoded by proto.Unmarshal from b less the request_body, and the body points into
+// b, which the caller must not reuse. It reports false for any other message, and for one whose other fields
+// protobuf refuses, having changed req at most as a failed proto.Unmarshal does: the caller decodes it anew (and
+// proto.Unmarshal of b gives the error).
+func unmarshalRequestBody(b []byte, req *extprocv3.ProcessingRequest) (handled bool, err error) {
+	var (
+		httpBody []byte
+		seen     bool
+		rest     []byte
+	)
+	for in := b; len(in) > 0; {
+		num, typ, n := protowire.ConsumeTag(in)
+		if n < 0 {
+			return false, nil
+		}
+		m := protowire.ConsumeFieldValue(num, typ, in[n:])
+		if m < 0 {
+			return false, nil
+		}
+		switch {
+		case num == processingRequestRequestBody:
+			if seen || typ != protowire.BytesType { // a second one would be merged into the first
+				return false, nil
+			}
+			httpBody, _ = protowire.ConsumeBytes(in[n:])
+			seen = true
+		case num >= processingRequestFirstPhase && num <= processingRequestLastPhase:
+			return false, nil // the oneof's last member wins: protobuf's rules
+		default:
+			rest = append(rest, in[:n+m]...)
+		}
+		in = in[n+m:]
+	}
+	if !seen {
+		return false, nil
+	}
+	body, end, ok := decodeHTTPBody(httpBody)
+	if !ok {
+		return false, nil
+	}
+	if err := proto.Unmarshal(rest, req); err != nil {
+		return false, nil
+	}
+	if len(body) == 0 {
+		body = []byte{} // as protobuf decodes an empty bytes field
+	}
+	req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body[:len(body):len(body)], EndOfStream: end}}
+	return true, nil
 }
 
 // Field numbers of envoy.service.ext_proc.v3.ProcessingRequest and HttpBody.

@@ -2,9 +2,13 @@ package runner
 
 import (
 	"bytes"
+	"fmt"
+	"strings"
 	"testing"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/encoding"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -40,7 +44,29 @@ func codecTestMessages(t testing.TB) map[string][]byte {
 	metadataAsVarint := protowire.AppendTag(nil, processingRequestMetadataContext, protowire.VarintType)
 	metadataAsVarint = protowire.AppendVarint(metadataAsVarint, 7)
 	observabilityAsBytes := protowire.AppendBytes(protowire.AppendTag(nil, processingRequestObservability, protowire.BytesType), []byte{1})
+	long := bytes.Repeat([]byte(`{"messages":[{"role":"user","content":"tell me more"}]} `), 600) // 33 KB
+	requestBody := func(body []byte, end bool) *extprocv3.ProcessingRequest_RequestBody {
+		return &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: end}}
+	}
+	longBody := marshal(&extprocv3.ProcessingRequest{Request: requestBody(long, false), MetadataContext: served, Attributes: attrs})
+	badMetadata := marshal(&extprocv3.ProcessingRequest{MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		"x": {Fields: map[string]*structpb.Value{"k": structpb.NewStringValue("ok")}}}}})
+	badMetadata = bytes.Replace(badMetadata, []byte("ok"), []byte{0xff, 0xfe}, 1) // a string that is not UTF-8
 	return map[string][]byte{
+		"long request body with metadata and attributes": longBody,
+		"long request body, the last, protocol config first": append(marshal(&extprocv3.ProcessingRequest{ProtocolConfig: &extprocv3.ProtocolConfiguration{
+			RequestBodyMode: filterv3.ProcessingMode_BUFFERED}}), marshal(&extprocv3.ProcessingRequest{Request: requestBody(long, true), MetadataContext: served})...),
+		"long request body without anything else": marshal(&extprocv3.ProcessingRequest{Request: requestBody(long, true)}),
+		"empty request body, long metadata": marshal(&extprocv3.ProcessingRequest{Request: requestBody(nil, true), Attributes: map[string]*structpb.Struct{
+			"a": {Fields: map[string]*structpb.Value{"long": structpb.NewStringValue(string(long))}}}}),
+		"long request body with unknown fields":         append(append(bytes.Clone(unknown), longBody...), unknown...),
+		"long request body, metadata not UTF-8":         append(bytes.Clone(longBody), badMetadata...),
+		"two long request bodies merge":                 append(bytes.Clone(longBody), marshal(&extprocv3.ProcessingRequest{Request: requestBody(long[:5000], true)})...),
+		"a later oneof member wins over a long body":    append(bytes.Clone(longBody), reqHeaders...),
+		"a long body wins over an earlier oneof member": append(bytes.Clone(reqHeaders), longBody...),
+		"long request body, truncated":                  longBody[:len(longBody)-3],
+		"a long request body whose HttpBody has a third field": append(bytes.Clone(longBody), protowire.AppendBytes(protowire.AppendTag(nil, processingRequestRequestBody, protowire.BytesType),
+			protowire.AppendVarint(protowire.AppendTag(nil, 3, protowire.VarintType), 1))...),
 		"response body with metadata, attributes and a later field": chunkWithMetadata,
 		"an observer's response body, observability_mode first": append(marshal(&extprocv3.ProcessingRequest{ObservabilityMode: true}),
 			marshal(&extprocv3.ProcessingRequest{Request: chunk, MetadataContext: served})...),
@@ -97,6 +123,11 @@ func checkCodecDecode(t *testing.T, codec extProcCodec, b []byte) {
 		ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {\"a chunk longer than most\":[]}\n\n")}}})
 	if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(previous)}, used); err != nil {
 		t.Fatal(err)
+	}
+	// The request body's decoding, at any length (the codec takes it from aliasedBodyMinBytes on).
+	direct := &extprocv3.ProcessingRequest{MetadataContext: &corev3.Metadata{}}
+	if handled, err := unmarshalRequestBody(bytes.Clone(b), direct); handled && (err != nil || wantErr != nil || !proto.Equal(direct, want)) {
+		t.Fatalf("unmarshalRequestBody decodes\n%v (error %v)\nprotobuf\n%v (error %v)", direct, err, want, wantErr)
 	}
 	for _, got := range []*extprocv3.ProcessingRequest{
 		{MetadataContext: &corev3.Metadata{}}, // a message with fields set is reset
@@ -257,5 +288,135 @@ func BenchmarkStreamedChunk(b *testing.B) {
 				data.Free()
 			}
 		})
+	}
+}
+
+// requestBodyAnswer is a request body's streamed answer as upstream's handler builds it (envoy.BuildChunkedBodyResponses).
+func requestBodyAnswer(body []byte, end bool) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: end}}}}}}}
+}
+
+// TestRequestBodyAnswerEncodesAsProtobuf: extProcCodec writes every answer byte for byte as proto.Marshal does, and a
+// request body's streamed answer of a long body (as upstream's handler sends the body back) around the body, without
+// copying it: at every varint length boundary of the nested sizes, with and without the end of stream. An answer
+// with any other field, at any level, goes through protobuf.
+func TestRequestBodyAnswerEncodesAsProtobuf(t *testing.T) {
+	for _, n := range []int{0, 1, aliasedBodyMinBytes - 1, aliasedBodyMinBytes, 16371, 16372, 16383, 16384, 62500, 200000, 2097139, 2097140, 2100000} {
+		for _, end := range []bool{false, true} {
+			body := bytes.Repeat([]byte("y"), n)
+			checkRequestBodyAnswer(t, fmt.Sprintf("%d bytes, end %v", n, end), requestBodyAnswer(body, end), n >= aliasedBodyMinBytes)
+		}
+	}
+	long := bytes.Repeat([]byte("z"), 62500)
+	unknown := requestBodyAnswer(long, true)
+	unknown.GetRequestBody().GetResponse().ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 7))
+	for _, tc := range []struct {
+		name   string
+		answer func() *extprocv3.ProcessingResponse
+	}{
+		{"dynamic metadata", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, true)
+			a.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{"envoy.lb": structpb.NewStringValue("x")}}
+			return a
+		}},
+		{"mode override", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, true)
+			a.ModeOverride = &filterv3.ProcessingMode{ResponseBodyMode: filterv3.ProcessingMode_NONE}
+			return a
+		}},
+		{"header mutation", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, true)
+			a.GetRequestBody().Response.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{"content-length"}}
+			return a
+		}},
+		{"clear route cache", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, false)
+			a.GetRequestBody().Response.ClearRouteCache = true
+			return a
+		}},
+		{"status", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, false)
+			a.GetRequestBody().Response.Status = extprocv3.CommonResponse_CONTINUE_AND_REPLACE
+			return a
+		}},
+		{"end of stream without message", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, false)
+			a.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().EndOfStreamWithoutMessage = true
+			return a
+		}},
+		{"unknown field", func() *extprocv3.ProcessingResponse { return unknown }},
+		{"a whole body", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(nil, false)
+			a.GetRequestBody().Response.BodyMutation.Mutation = &extprocv3.BodyMutation_Body{Body: long}
+			return a
+		}},
+		{"a response body's answer", func() *extprocv3.ProcessingResponse { return newChunkAnswer(long) }},
+	} {
+		checkRequestBodyAnswer(t, tc.name, tc.answer(), false)
+	}
+}
+
+// checkRequestBodyAnswer encodes answer with extProcCodec and proto.Marshal, and checks the bytes are the same and
+// that the body was sent without a copy exactly when aliased says.
+func checkRequestBodyAnswer(t *testing.T, name string, answer *extprocv3.ProcessingResponse, aliased bool) {
+	t.Helper()
+	want, err := proto.Marshal(answer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := newExtProcCodec().Marshal(answer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Free()
+	if got := data.Materialize(); !bytes.Equal(got, want) {
+		t.Fatalf("%s: encoded %d bytes %.64x, proto.Marshal %d bytes %.64x", name, len(got), got, len(want), want)
+	}
+	body := answer.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()
+	sharesBody := len(data) > 1 && len(body) > 0 && &data[1].ReadOnlyData()[0] == &body[0]
+	if sharesBody != aliased {
+		t.Errorf("%s: the encoding shares the body's memory: %v, want %v", name, sharesBody, aliased)
+	}
+}
+
+func FuzzRequestBodyAnswer(f *testing.F) {
+	f.Add(bytes.Repeat([]byte(`{"model":"m"}`), 400), true, uint8(0))
+	f.Fuzz(func(t *testing.T, body []byte, end bool, extra uint8) {
+		if len(body) > 0 && len(body) < aliasedBodyMinBytes { // the shapes of a long body, from a short input
+			body = bytes.Repeat(body, aliasedBodyMinBytes/len(body)+1)
+		}
+		answer := requestBodyAnswer(body, end)
+		switch extra % 4 {
+		case 1:
+			answer.GetRequestBody().Response.ClearRouteCache = true
+		case 2:
+			answer.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().EndOfStreamWithoutMessage = true
+		}
+		plain := extra%4 == 0 || extra%4 == 3
+		checkRequestBodyAnswer(t, "fuzzed", answer, plain && len(body) >= aliasedBodyMinBytes)
+	})
+}
+
+// TestExtProcCodecKeepsLongRequestBodyInPlace: a long request body message is decoded with its body pointing into the
+// codec's own copy of the message, not copied out of it again.
+func TestExtProcCodecKeepsLongRequestBodyInPlace(t *testing.T) {
+	for name, b := range codecTestMessages(t) {
+		if !strings.HasPrefix(name, "long request body with") {
+			continue
+		}
+		req := &extprocv3.ProcessingRequest{}
+		handled, err := unmarshalRequestBody(b, req)
+		body := req.GetRequestBody().GetBody()
+		if !handled || err != nil || len(body) == 0 {
+			t.Errorf("%s: handled %v, error %v, body of %d bytes; want it handled", name, handled, err, len(body))
+			continue
+		}
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		at := uintptr(unsafe.Pointer(&body[0]))
+		if at < start || at+uintptr(len(body)) > start+uintptr(len(b)) {
+			t.Errorf("%s: the body was copied out of the message", name)
+		}
 	}
 }
