@@ -188,78 +188,9 @@ func (c extProcCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return c.proto.Unmarshal(data, v)
 	}
-	if data.Len() >= aliasedBodyMinBytes {
-		// A long message is a request body's (the proxy's 32 KiB chunks, or a whole BUFFERED body). Copied once into
-		// a buffer of its own, not one of gRPC's pool, its body can point into it instead of being copied again.
-		b := data.Materialize()
-		if handled, err := unmarshalRequestBody(b, req); handled {
-			return err
-		}
-		return unmarshalProcessingRequest(b, req)
-	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	return unmarshalProcessingRequest(buf.ReadOnlyData(), req)
-}
-
-// processingRequestRequestBody is ProcessingRequest's request_body; the fields from request_headers (2) to
-// response_trailers (7) are its oneof's members.
-const (
-	processingRequestRequestBody protowire.Number = 4
-	processingRequestFirstPhase  protowire.Number = 2
-	processingRequestLastPhase   protowire.Number = 7
-)
-
-// unmarshalRequestBody is proto.Unmarshal of b into req when b is a ProcessingRequest with one request_body of a body
-// and an end of stream and no other member of the oneof: every other field (the filter metadata, the attributes,
-// the protocol configuration) is decoded by proto.Unmarshal from b less the request_body, and the body points into
-// b, which the caller must not reuse. It reports false for any other message, and for one whose other fields
-// protobuf refuses, having changed req at most as a failed proto.Unmarshal does: the caller decodes it anew (and
-// proto.Unmarshal of b gives the error).
-func unmarshalRequestBody(b []byte, req *extprocv3.ProcessingRequest) (handled bool, err error) {
-	var (
-		httpBody []byte
-		seen     bool
-		rest     []byte
-	)
-	for in := b; len(in) > 0; {
-		num, typ, n := protowire.ConsumeTag(in)
-		if n < 0 {
-			return false, nil
-		}
-		m := protowire.ConsumeFieldValue(num, typ, in[n:])
-		if m < 0 {
-			return false, nil
-		}
-		switch {
-		case num == processingRequestRequestBody:
-			if seen || typ != protowire.BytesType { // a second one would be merged into the first
-				return false, nil
-			}
-			httpBody, _ = protowire.ConsumeBytes(in[n:])
-			seen = true
-		case num >= processingRequestFirstPhase && num <= processingRequestLastPhase:
-			return false, nil // the oneof's last member wins: protobuf's rules
-		default:
-			rest = append(rest, in[:n+m]...)
-		}
-		in = in[n+m:]
-	}
-	if !seen {
-		return false, nil
-	}
-	body, end, ok := decodeHTTPBody(httpBody)
-	if !ok {
-		return false, nil
-	}
-	if err := proto.Unmarshal(rest, req); err != nil {
-		return false, nil
-	}
-	if len(body) == 0 {
-		body = []byte{} // as protobuf decodes an empty bytes field
-	}
-	req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body[:len(body):len(body)], EndOfStream: end}}
-	return true, nil
 }
 
 // Field numbers of envoy.service.ext_proc.v3.ProcessingRequest and HttpBody.
