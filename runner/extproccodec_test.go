@@ -3,7 +3,9 @@ package runner
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 )
@@ -312,6 +315,26 @@ func TestRequestBodyAnswerEncodesAsProtobuf(t *testing.T) {
 			a.GetRequestBody().Response.Status = extprocv3.CommonResponse_CONTINUE_AND_REPLACE
 			return a
 		}},
+		{"request drain", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, true)
+			a.RequestDrain = true
+			return a
+		}},
+		{"message timeout", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, false)
+			a.OverrideMessageTimeout = durationpb.New(time.Second)
+			return a
+		}},
+		{"trailers", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, false)
+			a.GetRequestBody().Response.Trailers = &corev3.HeaderMap{}
+			return a
+		}},
+		{"compressed", func() *extprocv3.ProcessingResponse {
+			a := requestBodyAnswer(long, false)
+			a.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GrpcMessageCompressed = true
+			return a
+		}},
 		{"end of stream without message", func() *extprocv3.ProcessingResponse {
 			a := requestBodyAnswer(long, false)
 			a.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().EndOfStreamWithoutMessage = true
@@ -352,6 +375,32 @@ func checkRequestBodyAnswer(t *testing.T, name string, answer *extprocv3.Process
 	}
 }
 
+// TestRequestBodyAnswerKnowsEveryField: streamedBodyAnswer checks each field of the messages an answer is made of by
+// name; a version of the API with another field must add it to the check.
+func TestRequestBodyAnswerKnowsEveryField(t *testing.T) {
+	for _, tc := range []struct {
+		msg   proto.Message
+		known string
+	}{
+		{&extprocv3.ProcessingResponse{}, "request_headers response_headers request_body response_body request_trailers " +
+			"response_trailers immediate_response streamed_immediate_response dynamic_metadata mode_override request_drain " +
+			"override_message_timeout"},
+		{&extprocv3.BodyResponse{}, "response"},
+		{&extprocv3.CommonResponse{}, "status header_mutation body_mutation trailers clear_route_cache"},
+		{&extprocv3.BodyMutation{}, "body clear_body streamed_response"},
+		{&extprocv3.StreamedBodyResponse{}, "body end_of_stream end_of_stream_without_message grpc_message_compressed"},
+	} {
+		fields := tc.msg.ProtoReflect().Descriptor().Fields()
+		var names []string
+		for i := range fields.Len() {
+			names = append(names, string(fields.Get(i).Name()))
+		}
+		if got := strings.Join(names, " "); got != tc.known {
+			t.Errorf("%s has fields %q, streamedBodyAnswer checks %q", tc.msg.ProtoReflect().Descriptor().Name(), got, tc.known)
+		}
+	}
+}
+
 func FuzzRequestBodyAnswer(f *testing.F) {
 	f.Add(bytes.Repeat([]byte(`{"model":"m"}`), 400), true, uint8(0))
 	f.Fuzz(func(t *testing.T, body []byte, end bool, extra uint8) {
@@ -368,4 +417,29 @@ func FuzzRequestBodyAnswer(f *testing.F) {
 		plain := extra%4 == 0 || extra%4 == 3
 		checkRequestBodyAnswer(t, "fuzzed", answer, plain && len(body) >= aliasedBodyMinBytes)
 	})
+}
+
+// BenchmarkRequestBodyAnswer prices encoding one of upstream's 62,000-byte answers that send a long request body back:
+// around the body (extProcCodec) against gRPC's protobuf codec, which copies it into a zeroed buffer of gRPC's pool.
+//
+//	go test -run '^$' -bench RequestBodyAnswer -benchmem ./runner/
+func BenchmarkRequestBodyAnswer(b *testing.B) {
+	answer := requestBodyAnswer(bytes.Repeat([]byte("y"), 62000), false)
+	codec := newExtProcCodec()
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"protobuf", codec.proto}, {"by-hand", codec}} {
+		b.Run("codec="+c.name, func(b *testing.B) {
+			b.SetBytes(62000)
+			b.ReportAllocs()
+			for b.Loop() {
+				data, err := c.codec.Marshal(answer)
+				if err != nil {
+					b.Fatal(err)
+				}
+				data.Free()
+			}
+		})
+	}
 }
