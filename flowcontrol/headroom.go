@@ -76,11 +76,14 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 // learned limit bounded a band, so an endpoint whose limit its scrapes had not taught yet took the burst tier's
 // requests the moment a tenant's protection lapsed (testbed/bench/scenarios/README.md, "The mixed fleet's light
 // tenant kept out of servers' queues in the warm-up"). A KV-bound endpoint, whose capacity is what its KV cache holds,
-// is left to the saturation thresholds, as by yieldedFullLocked. Not with live peers (Peers.ReserveShare): a replica
-// judges its tenants' share and measures their drain on its own dispatches, so what the rule held in the EPP was
-// answered 429 predicted_wait (shedUnreachableLocked) where it would have started at the server's first end.
+// is left to the saturation thresholds, as by yieldedFullLocked. With live peers too: a replica that owns small
+// servers holds what would wait in their queues as one replica owning the pool does. Its tenants' share is judged over
+// the pool's demand, and a tenant over its share only of a seat free rate that leaves out part of the pool has its
+// share in doubt (shareInDoubtLocked), so what the rule holds here waits for a seat under its MaxQueueTime rather than
+// being shed on this replica's small drain (testbed/bench/scenarios/README.md, "lightmix17's warm-up rules with live
+// peers"; before the doubt, 429 predicted_wait for 8 light requests of tenant-fairness-mixed x2).
 func (c *Controller) queuedBeyondSeatsLocked(e *endpointState) bool {
-	return c.peers.ReserveShare == nil && c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 &&
+	return c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 &&
 		e.inflight > 0 && e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)
 }
 

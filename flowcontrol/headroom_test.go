@@ -48,8 +48,9 @@ func TestBeyondMostRun(t *testing.T) {
 // TestQueuedAtTheMostRun: a request is not sent where its latest scrape shows requests waiting while the endpoint's
 // own limit is not known and it holds what it is known to run. On a large batch (24 run, no tentative seats) the rule
 // holds a band whose requests yield to a tenant under its share (yieldedFullLocked), in a pool with a slot limit, and
-// only while the endpoint runs the most it has run and holds that many; on a small server at its tentative seats (4) it holds every band once the
-// pool has a slot limit (queuedBeyondSeatsLocked), unless its KV cache is what bounds it.
+// only while the endpoint runs the most it has run and holds that many; on a small server at its tentative seats (4) it
+// holds every band once the pool has a slot limit (queuedBeyondSeatsLocked), unless its KV cache is what bounds it. A
+// replica with live peers holds them alike.
 func TestQueuedAtTheMostRun(t *testing.T) {
 	tests := []struct {
 		name                        string
@@ -71,11 +72,13 @@ func TestQueuedAtTheMostRun(t *testing.T) {
 		{name: "small server below its seats", running: 4, waiting: 1, occupancy: 3, poolSlots: 4, want: true},
 		{name: "small server without a queue", running: 4, occupancy: 4, poolSlots: 4, want: true},
 		{name: "small server bound by its KV cache", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, kvBound: true, want: true},
-		// A replica leaves its queued servers to the saturation thresholds; the yield rule still holds the small one at its
-		// seats, and a large batch only at its capacity.
-		{name: "large batch queued at its most run, band yields, live peers", yields: true, running: 24, waiting: 1, occupancy: 24, poolSlots: 4, livePeers: true, want: true},
-		{name: "small server queued at its seats, live peers", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true, want: true},
+		// A replica with live peers holds its queued servers as one EPP does: its tenants' share is judged over the
+		// pool, so what the rules hold waits here for a seat rather than inside the server.
+		{name: "large batch queued at its most run, band yields, live peers", yields: true, running: 24, waiting: 1, occupancy: 24, poolSlots: 4, livePeers: true},
+		{name: "large batch queued at its most run, band does not yield, live peers", running: 24, waiting: 1, occupancy: 24, poolSlots: 4, livePeers: true, want: true},
+		{name: "small server queued at its seats, live peers", running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true},
 		{name: "small server queued at its seats, live peers, band yields", yields: true, running: 4, waiting: 1, occupancy: 4, poolSlots: 4, livePeers: true},
+		{name: "small server queued at its seats, live peers, no pool limit", running: 4, waiting: 1, occupancy: 4, livePeers: true, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

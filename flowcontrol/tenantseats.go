@@ -299,18 +299,19 @@ func (c *Controller) bandUnderShareLocked(band Band, now time.Time) bool {
 // at that most (queuedAtMostRun): the mixed fleet's 24-slot server, whose limit no two scrapes showed yet, took twelve
 // requests beyond its slots in the 0.2 s after its first queue, two of them the light tenant's, which waited 2.3 s
 // there (the bench README). A large server that is still growing admits what waits at its next step and shows more
-// running, which opens it again. Not with live peers (Peers.ReserveShare), like queuedBeyondSeatsLocked: on the mixed
-// fleet it cost the exchanging replicas 8-11% of the heavy tenant's goodput (x2: light P99 2.5 s with it, 4.0 s
-// without). A KV-bound endpoint's capacity (what its KV cache holds of the current mix, moving with it) does not bound
-// it: kept to it, the heavy tenant of the tenant-fairness scenario's
-// KV-bound shape left the light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An
-// endpoint holding none of the EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close
-// it for as long as that load lasts.
+// running, which opens it again. With live peers too, like queuedBeyondSeatsLocked: on the mixed fleet at x2 the
+// heavy tenant's requests queued inside the 24-slot server ahead of the light tenant's next ones waiting at the replica
+// (light P99 2.1 s with queuedBeyondSeatsLocked alone, 1.9 s with both; one replica's 1.8 s), and the heavy tenant
+// pays what it pays at one replica. A KV-bound endpoint's capacity (what its KV cache holds of the current mix, moving
+// with it) does not bound it: kept to it, the heavy tenant of the tenant-fairness scenario's KV-bound shape left the
+// light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An endpoint holding none of the
+// EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close it for as long as that load
+// lasts.
 func (c *Controller) yieldedFullLocked(e *endpointState) bool {
 	if e.inflight == 0 && e.peer == 0 {
 		return false
 	}
 	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e) ||
-		c.peers.ReserveShare == nil && c.poolSlotsLocked() > 0 && e.seats == 0 && e.queuedAtMostRun() > 0 &&
+		c.poolSlotsLocked() > 0 && e.seats == 0 && e.queuedAtMostRun() > 0 &&
 			e.occupancy() >= e.learner.maxRunning
 }
