@@ -132,7 +132,9 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		// Fast path: headroom and nobody ahead.
 		d.Outcome, d.Burst = Dispatched, burst
 		d.Endpoints = c.endpointsWithHeadroomLocked(band, req.Tenant, burst, now)
-		c.reserveLocked(req.ID, req.Streamed, best, now)
+		size := sizeOf(req)
+		best, d.Endpoints = c.kvPlaceLocked(band, req.Tenant, size, best, d.Endpoints, now)
+		c.reserveLocked(req.ID, req.Streamed, size, best, now)
 		if c.totalCount > 0 {
 			c.drain.add(cost)
 		}
@@ -161,7 +163,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 
 	c.seq++
 	it = &item{
-		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
+		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, size: sizeOf(req), bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
 		returnKey:  req.ReturnKey,
 		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
 		underShare: c.isUnderShareLocked(band, req.Tenant, now),

@@ -27,6 +27,10 @@ type Request struct {
 	// EstimatedCost is the request's expected work in tokens (prompt + expected output). Fair queuing shares a band's
 	// cost, not its request count, between tenants. 0 counts as 1.
 	EstimatedCost uint64
+	// OutputTokens is the part of EstimatedCost that is expected output (0: unknown, the whole cost counts as prompt).
+	// On a KV-bound server a request holds its prompt's KV from its start and grows into its output as it decodes;
+	// admission counts KV room with it (kvroom.go).
+	OutputTokens uint64
 	// Streamed says the caller reports the response's first chunk with Started. Until then the dispatched request
 	// counts against its endpoint as pending (waiting there or in prefill), scraped or not: a burst of prompts an
 	// endpoint has not begun answering lengthens its next steps, which is what delays a first token there. Set it only
@@ -123,6 +127,8 @@ type Controller struct {
 	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it the Critical reserve is
 	// on (see criticalReserveLocked).
 	lastCritical time.Time
+	// kvMeanFinal is the smoothed final KV size, in tokens, of the requests dispatched (kvroom.go); 0 before any.
+	kvMeanFinal float64
 	// peers is what the live EPP replicas of the pool reported (peers.go); zero when alone.
 	peers Peers
 

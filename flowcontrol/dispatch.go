@@ -18,10 +18,11 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 				break
 			}
 			names := c.endpointsWithHeadroomLocked(b, tq.name, burst, now)
+			best, names = c.kvPlaceLocked(b, tq.name, tq.head.size, best, names, now)
 			it := q.popTenant(tq)
 			c.tenantLeftLocked(tq, it.cost, now)
 			c.dequeuedLocked(it)
-			c.reserveLocked(it.id, it.streamed, best, now)
+			c.reserveLocked(it.id, it.streamed, it.size, best, now)
 			c.drain.add(it.cost)
 			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
 				Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)

@@ -89,6 +89,14 @@
 // Each scrape is reconciled with the EPP's count (occupancyRecon): requests sent around the EPP count as occupancy,
 // and requests whose end was never reported stop counting after three scrapes.
 //
+// KV room at final size (kvroom.go): on an endpoint whose KV capacity the EPP has learned (in tokens, from scrapes
+// showing only its own requests at half its KV cache or more) and whose run time it knows, each of its requests counts
+// at its size at the moment (its prompt, growing linearly into its expected output, Request.OutputTokens, over the run
+// time from its first chunk). While protected requests are about, an unprotected one goes only where every request
+// there fits at its final size, so it never takes the blocks the running requests grow into, and a protected one goes
+// among the endpoints with headroom to those where its prompt fits now and it keeps its blocks to its end, else where
+// it fits now.
+//
 // Foreign load does not close an endpoint: an endpoint on which the EPP has none of its own requests in flight always
 // takes one, whatever its seats and the foreign occupancy its scrapes show (endpointState.hasSlot). Load the EPP did
 // not cause (another EPP replica's, a second gateway's, a server reporting a steady queue) is not drained by the EPP

@@ -62,6 +62,11 @@ type endpointState struct {
 	// firstChunk is the learned time one prompt takes here from dispatch to its first response chunk (zero until a
 	// streamed request has started here).
 	firstChunk time.Duration
+	// runTime is the learned time from a request's first chunk to its end here, and kvCapacity the learned tokens its
+	// KV cache holds (kvroom.go); zero until learned. They outlive scrapes. kvFinal is the final KV size, in tokens, of
+	// the EPP's requests in flight here.
+	runTime             time.Duration
+	kvCapacity, kvFinal float64
 	// pendingDoneNs is when the pending prompts are expected to have all started, in Unix nanoseconds: each dispatch
 	// of a pending prompt moves it to max(itself, dispatch time) plus the prompt's expected time (a virtual finish
 	// clock, so prompts sent together queue behind one another), a pending prompt moved or released takes its time
@@ -117,6 +122,7 @@ func (e *endpointState) remove(r reservation, th EndpointThresholds) {
 // tally adds r's share (sign +1 or -1) to the endpoint's counts; the caller refreshes.
 func (e *endpointState) tally(r reservation, sign int) {
 	e.inflight += sign
+	e.kvFinal += float64(sign) * r.size.final()
 	if r.started {
 		e.running += sign
 	}
@@ -347,6 +353,10 @@ type reservation struct {
 	occupied int
 	// promptTime is what a pending reservation added to its endpoint's finish clock (endpointState.add).
 	promptTime time.Duration
+	// size is the request's KV size, and startedNs when it had its first chunk (0 before), in Unix nanoseconds
+	// (kvroom.go).
+	size      kvSize
+	startedNs int64
 }
 
 // Saturation is an endpoint's load relative to its thresholds: the largest of (waiting + reserved) / QueueDepth,

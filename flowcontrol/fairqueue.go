@@ -13,6 +13,7 @@ type item struct {
 	band   Band
 	capped bool
 	cost   float64 // estimated cost in tokens, at least 1
+	size   kvSize  // the cost as KV: prompt and expected output (kvroom.go)
 	bytes  int64
 	// streamed is Request.Streamed: the reservation made at dispatch stays pending until Started.
 	streamed bool

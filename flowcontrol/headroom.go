@@ -23,6 +23,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	yields := c.yieldsLocked(band, tenant, now)
+	kvKeep := c.kvKeepsRoomLocked(band, tenant, reserve, now)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
@@ -31,7 +32,7 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) {
+		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) || !c.kvTakesLocked(e, kvKeep) {
 			continue
 		}
 		if sat := e.saturationFor(strict); sat < ceiling && (best < 0 || sat < bestSat) {
@@ -180,12 +181,14 @@ func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst
 	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
 	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
 	yields := c.yieldsLocked(band, tenant, now)
+	kvKeep := c.kvKeepsRoomLocked(band, tenant, reserve, now)
 	has := func(e *endpointState) bool {
 		sat := e.saturationFor(strict)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now)
+		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) &&
+			c.kvTakesLocked(e, kvKeep)
 	}
 	n := 0
 	for i := range c.endpoints {

@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -90,6 +91,7 @@ func checkInvariants(c *Controller) error {
 	started := make([]int, len(c.endpoints))
 	inflight := make([]int, len(c.endpoints))
 	running := make([]int, len(c.endpoints))
+	kvFinal := make([]float64, len(c.endpoints))
 	for id, r := range c.reservations {
 		i, ok := c.endpointIndex[r.endpoint]
 		if !ok {
@@ -103,6 +105,12 @@ func checkInvariants(c *Controller) error {
 		started[i] += b2i(r.unscraped && r.started)
 		inflight[i]++
 		running[i] += b2i(r.started)
+		kvFinal[i] += r.size.final()
+	}
+	for i, e := range c.endpoints {
+		if math.Abs(e.kvFinal-kvFinal[i]) > 1e-6*max(1, kvFinal[i]) {
+			return fmt.Errorf("endpoint %s counts %v tokens at final size; its reservations %v", e.Name, e.kvFinal, kvFinal[i])
+		}
 	}
 	for i, e := range c.endpoints {
 		if e.reserved != unscraped[i] || e.pending != pending[i] || e.started != started[i] ||
@@ -351,7 +359,8 @@ func FuzzControllerOutcomes(f *testing.F) {
 	f.Add([]byte{0x00, 0x10, 0x21, 0x05, 0x33, 0x17, 0x48, 0x59, 0x6a, 0x7b})
 	f.Add([]byte{0xff, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x7f, 0x70, 0x41})
 	f.Add([]byte{0x12, 0x50, 0x03, 0x03, 0x03, 0x13, 0x23, 0x44, 0x44, 0x7f, 0x7f, 0x7f, 0x9a})
-	// Streamed arrivals that start and end, then scrapes showing the KV cache half full or more, then more arrivals.
+	// Streamed arrivals that start and end (a run time learned), then scrapes showing the KV cache half full or more
+	// (a capacity learned), then more arrivals.
 	f.Add([]byte{0x00, 0x50, 0x21, 0x23, 0x25, 0x70, 0x90, 0x91, 0x92, 0x70, 0x80, 0x70, 0xa0, 0x70, 0xa3, 0x70, 0x21, 0x23,
 		0x93, 0xa2, 0x7f})
 	f.Fuzz(func(t *testing.T, script []byte) {
@@ -398,7 +407,7 @@ func runScript(t *testing.T, script []byte) {
 			cl := &call{id: fmt.Sprintf("r%d", len(calls)), cancel: cancel, done: make(chan struct{})}
 			calls = append(calls, cl)
 			req := Request{ID: cl.id, Tenant: fmt.Sprintf("t%d", arg%4), Priority: int(b>>4) - 2, Bytes: int64(arg * 40),
-				EstimatedCost: uint64(arg * 100), Streamed: arg&1 == 1}
+				EstimatedCost: uint64(arg * 100), OutputTokens: uint64(arg * 30), Streamed: arg&1 == 1}
 			go func() {
 				defer close(cl.done)
 				cl.d, cl.err = c.Admit(ctx, req)

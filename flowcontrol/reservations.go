@@ -9,10 +9,11 @@ import (
 
 // reserveLocked counts a dispatched request against endpoint i until it is released: in flight, unscraped
 // until a scrape covers it and, if streamed, pending until it has started.
-func (c *Controller) reserveLocked(id string, streamed bool, i int, now time.Time) {
+func (c *Controller) reserveLocked(id string, streamed bool, size kvSize, i int, now time.Time) {
 	e := &c.endpoints[i]
 	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed,
-		occupied: e.occupied()}
+		occupied: e.occupied(), size: size}
+	c.noteKVSizeLocked(size)
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)
 	c.reservations[id] = r
@@ -61,10 +62,12 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 			s.learner, s.recon, s.foreign = old.learner, old.recon, old.foreign
 			s.firstChunk, s.pendingDoneNs = old.firstChunk, old.pendingDoneNs
 			s.fullNs, s.endedNs = old.fullNs, old.endedNs
+			s.runTime, s.kvCapacity = old.runTime, old.kvCapacity
 			newScrape[i] = s.scrapedNs > old.scrapedNs
 		}
 	}
 	sentBefore := make([]int, len(states))
+	kv := make([]kvScrape, len(states))
 	for id, r := range c.reservations {
 		i, ok := index[r.endpoint]
 		if !ok {
@@ -73,6 +76,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		}
 		if r.at.Before(states[i].ScrapedAt) {
 			sentBefore[i]++
+			kv[i].add(r, states[i].scrapedNs, states[i].runTime)
 			if r.unscraped {
 				r.unscraped = false
 				c.reservations[id] = r
@@ -92,6 +96,8 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 			e.foreign, drop = e.recon.observe(e.scrapedNs, e.Running+e.WaitingQueue, sentBefore[i])
 			if drop > 0 {
 				c.dropMissingLocked(i, drop)
+			} else {
+				e.learnKVCapacity(kv[i])
 			}
 		}
 		e.refresh(c.cfg.Endpoint)
@@ -151,7 +157,7 @@ func (c *Controller) Started(id string) bool {
 	}
 	now := c.clock.Now()
 	started := r
-	started.pending, started.started = false, true
+	started.pending, started.started, started.startedNs = false, true, now.UnixNano()
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
 		e.learner.settle(now.UnixNano())
@@ -183,6 +189,11 @@ func (c *Controller) Release(id string) bool {
 	c.unreserveLocked(r)
 	if i, ok := c.endpointIndex[r.endpoint]; ok {
 		e := &c.endpoints[i]
+		if r.started {
+			// Every end counts, a request cut short too (Release is not told why it ended): rare against the ends of
+			// an endpoint under load, and it errs towards a run time short of the mean.
+			e.learnRunTime(now.Sub(time.Unix(0, r.startedNs)))
+		}
 		e.recon.release(r.at, now)
 		e.learner.releases++
 		e.learner.ended(now.UnixNano(), e.running)

@@ -428,7 +428,8 @@ func (f *FlowControl) requestOf(reqCtx *handlers.RequestContext, priority int) f
 	if req.ID == "" && reqCtx.Request != nil {
 		req.ID = reqCtx.Request.Headers[reqcommon.RequestIdHeaderKey]
 	}
-	req.EstimatedCost = EstimatedCost(reqCtx.RequestSize, body, f.opts.DefaultOutputTokens)
+	prompt, output := estimatedTokens(reqCtx.RequestSize, body, f.opts.DefaultOutputTokens)
+	req.EstimatedCost, req.OutputTokens = prompt+output, output
 	req.Streamed = body != nil && body.Stream && f.chunksSeen.Load()
 	if reqCtx.Request != nil {
 		req.ReturnKey = f.returnKey(req.Tenant, reqCtx.Request.RawBody)
@@ -470,8 +471,14 @@ func (f *FlowControl) tenantOf(reqCtx *handlers.RequestContext) string {
 // expected output, the body's max_completion_tokens, max_tokens or max_output_tokens (first positive one), else
 // defaultOutput.
 func EstimatedCost(bodyBytes int, body *fwksched.LLMRequestBody, defaultOutput int) uint64 {
-	prompt := uint64(max(bodyBytes, 0)+bytesPerToken-1) / bytesPerToken
-	output := uint64(max(defaultOutput, 0))
+	prompt, output := estimatedTokens(bodyBytes, body, defaultOutput)
+	return prompt + output
+}
+
+// estimatedTokens is EstimatedCost's two parts: the prompt and the expected output.
+func estimatedTokens(bodyBytes int, body *fwksched.LLMRequestBody, defaultOutput int) (prompt, output uint64) {
+	prompt = uint64(max(bodyBytes, 0)+bytesPerToken-1) / bytesPerToken
+	output = uint64(max(defaultOutput, 0))
 	if body != nil {
 		if m, ok := body.Payload.(fwksched.PayloadMap); ok {
 			for _, key := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
@@ -482,7 +489,7 @@ func EstimatedCost(bodyBytes int, body *fwksched.LLMRequestBody, defaultOutput i
 			}
 		}
 	}
-	return prompt + output
+	return prompt, output
 }
 
 // positiveCount reads a JSON number that counts something.

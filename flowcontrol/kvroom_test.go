@@ -1,0 +1,311 @@
+package flowcontrol
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// A request of the kv-bound shape as the EPP estimates it: a 512-token prompt (552 from its body's bytes) and 128
+// tokens of output, run for 3.6 s from its first chunk to its end.
+var (
+	kvReq = kvSize{prompt: 552, output: 128}
+	kvRun = 3600 * time.Millisecond
+)
+
+func TestSizeOf(t *testing.T) {
+	tests := []struct {
+		name string
+		req  Request
+		want kvSize
+	}{
+		{"prompt and output", Request{EstimatedCost: 680, OutputTokens: 128}, kvSize{552, 128}},
+		{"output unknown: all prompt", Request{EstimatedCost: 680}, kvSize{680, 0}},
+		{"output beyond the cost is the cost", Request{EstimatedCost: 100, OutputTokens: 500}, kvSize{0, 100}},
+		{"no cost counts as 1", Request{}, kvSize{1, 0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sizeOf(tc.req); got != tc.want {
+				t.Fatalf("sizeOf = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestKVSizeAt: a request holds its prompt until its first chunk and grows linearly into its output over its run.
+func TestKVSizeAt(t *testing.T) {
+	const started = int64(10e9)
+	tests := []struct {
+		name             string
+		startedNs, nowNs int64
+		run              time.Duration
+		want             float64
+	}{
+		{"not started", 0, started, kvRun, 552},
+		{"at its first chunk", started, started, kvRun, 552},
+		{"half way", started, started + int64(kvRun/2), kvRun, 616},
+		{"at its end", started, started + int64(kvRun), kvRun, 680},
+		{"beyond its predicted end: no more than its final size", started, started + 2*int64(kvRun), kvRun, 680},
+		{"no run time learned", started, started + int64(kvRun), 0, 552},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := kvReq.at(tc.startedNs, tc.nowNs, tc.run); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("at = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLearnKVCapacity: a scrape teaches what the EPP's requests held over the KV use it shows, only when the EPP can
+// account for everything the server holds.
+func TestLearnKVCapacity(t *testing.T) {
+	ten := kvScrape{started: 10, held: 6160}
+	tests := []struct {
+		name     string
+		endpoint Endpoint
+		foreign  int
+		run      time.Duration
+		before   float64
+		scrape   kvScrape
+		want     float64
+	}{
+		{name: "first scrape", endpoint: Endpoint{Running: 10, KVCacheUsage: 0.9625}, run: kvRun, scrape: ten, want: 6400},
+		{name: "smoothed", endpoint: Endpoint{Running: 10, KVCacheUsage: 0.9625}, run: kvRun, before: 7400, scrape: ten,
+			want: 7400 + kvCapacityWeight*(6400-7400)},
+		{name: "an admitted prompt not started holds its prompt", endpoint: Endpoint{Running: 10, KVCacheUsage: 0.9625}, run: kvRun,
+			scrape: kvScrape{started: 9, held: 6160 - 552, pending: 2, pendingPrompt: 2 * 552}, want: 6400},
+		{name: "a started request preempted: nothing learned", endpoint: Endpoint{Running: 9, WaitingQueue: 1, KVCacheUsage: 0.9},
+			run: kvRun, scrape: ten},
+		{name: "more waiting than the EPP's prompts not started: nothing learned",
+			endpoint: Endpoint{Running: 10, WaitingQueue: 2, KVCacheUsage: 0.9625}, run: kvRun, scrape: kvScrape{started: 10, held: 6160, pending: 1, pendingPrompt: 552}},
+		{name: "foreign load: nothing learned", endpoint: Endpoint{Running: 10, KVCacheUsage: 0.9625}, foreign: 1, run: kvRun, scrape: ten},
+		{name: "low KV use: nothing learned", endpoint: Endpoint{Running: 3, KVCacheUsage: 0.3}, run: kvRun,
+			scrape: kvScrape{started: 3, held: 1800}},
+		{name: "no run time learned: nothing learned", endpoint: Endpoint{Running: 10, KVCacheUsage: 0.9625}, scrape: ten},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEndpointState(tc.endpoint)
+			e.foreign, e.runTime, e.kvCapacity = tc.foreign, tc.run, tc.before
+			e.learnKVCapacity(tc.scrape)
+			if math.Abs(e.kvCapacity-tc.want) > 1e-6 {
+				t.Fatalf("capacity %v, want %v", e.kvCapacity, tc.want)
+			}
+		})
+	}
+}
+
+// TestFitsFinal: an unprotected request fits where every request there, itself included, fits at its final size, to
+// the nearest request; an endpoint whose room is not known always fits.
+func TestFitsFinal(t *testing.T) {
+	tests := []struct {
+		name     string
+		inflight int
+		capacity float64
+		foreign  int
+		noSeats  bool
+		want     bool
+	}{
+		{name: "the tenth of ten", inflight: 9, capacity: 6800, want: true},
+		{name: "the tenth, capacity learned a few percent low", inflight: 9, capacity: 6600, want: true},
+		{name: "the eleventh of ten", inflight: 10, capacity: 6800},
+		{name: "the tenth of nine and a half", inflight: 9, capacity: 6450},
+		{name: "capacity not learned", inflight: 20, want: true},
+		{name: "foreign load", inflight: 20, capacity: 6800, foreign: 1, want: true},
+		{name: "no seats: a large-batch server", inflight: 20, capacity: 6800, noSeats: true, want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEndpointState(Endpoint{})
+			e.kvCapacity, e.runTime, e.foreign, e.seats = tc.capacity, kvRun, tc.foreign, 11
+			if tc.noSeats {
+				e.seats = 0
+			}
+			e.kvFinal = float64(tc.inflight) * kvReq.final()
+			if got := e.fitsFinal(kvReq.final()); got != tc.want {
+				t.Fatalf("fitsFinal = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// startedAgo lists n requests of kvReq that started ago[i] before now (0: not started).
+func startedAgo(nowNs int64, ago ...time.Duration) []kvEntry {
+	out := make([]kvEntry, len(ago))
+	for i, a := range ago {
+		out[i] = kvEntry{size: kvReq}
+		if a > 0 {
+			out[i].startedNs = nowNs - int64(a)
+		}
+	}
+	return out
+}
+
+// TestKVStays: a request sent now keeps its blocks when, at no predicted end of a request there nor at its own end,
+// the requests still there need more than the KV cache holds.
+func TestKVStays(t *testing.T) {
+	const nowNs = int64(100e9)
+	s := time.Second
+	nine := []time.Duration{3 * s, 3 * s, 3 * s, 3 * s, 3 * s, 3 * s, 3 * s, 3 * s, 3 * s}
+	tests := []struct {
+		name     string
+		entries  []kvEntry
+		capacity float64
+		want     bool
+	}{
+		{name: "nine near their end: they free before it grows", entries: startedAgo(nowNs, nine...), capacity: 6800, want: true},
+		{name: "ten near their end, room for a prompt now, none to grow: the cache fills before they end",
+			entries: startedAgo(nowNs, append(nine, 3*s)...), capacity: 6800 + 60},
+		{name: "nine just started: they grow into its blocks", entries: startedAgo(nowNs, 100*time.Millisecond, 100*time.Millisecond,
+			100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond,
+			100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond), capacity: 6800},
+		{name: "an empty endpoint", capacity: 6800, want: true},
+		{name: "prompts not started count from now", entries: startedAgo(nowNs, 0, 0, 0, 0, 0, 0, 0, 0, 0), capacity: 6800, want: true},
+		{name: "ten past their predicted end are still there at their final size: no room for a prompt",
+			entries: startedAgo(nowNs, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s, 9*s), capacity: 6800 + 60},
+		{name: "nine past their predicted end, room for one more at its final size", entries: startedAgo(nowNs, 9*s, 9*s, 9*s,
+			9*s, 9*s, 9*s, 9*s, 9*s, 9*s), capacity: 6800, want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := kvStays(tc.entries, kvReq, tc.capacity, nowNs, kvRun); got != tc.want {
+				t.Fatalf("kvStays = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// kvHarness returns a harness whose endpoints a, b and c each carry running requests of kvReq (started ago) with KV
+// room learned: capacity 6800 tokens (ten requests at their final size), run time kvRun. The caller holds no lock.
+func kvHarness(t *testing.T, ago map[string][]time.Duration) *harness {
+	t.Helper()
+	h := newHarness(t, testConfig(t, nil))
+	h.scrape(ep("a", 0), ep("b", 0), ep("c", 0))
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	now := h.clk.Now()
+	n := 0
+	for _, name := range []string{"a", "b", "c"} {
+		i := h.c.endpointIndex[name]
+		e := &h.c.endpoints[i]
+		e.kvCapacity, e.runTime = 6800, kvRun
+		e.learner.queued, e.learner.maxRunning = true, 11 // tentative seats: a small server that queued
+		for _, a := range ago[name] {
+			n++
+			id := name + string(rune('0'+n))
+			h.c.reserveLocked(id, true, kvReq, i, now)
+			r := h.c.reservations[id]
+			if a > 0 {
+				e.tally(r, -1)
+				r.pending, r.started, r.startedNs = false, true, now.UnixNano()-int64(a)
+				e.tally(r, +1)
+				h.c.reservations[id] = r
+			}
+		}
+		e.refresh(h.c.cfg.Endpoint)
+	}
+	return h
+}
+
+func repeatAgo(n int, a time.Duration) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = a
+	}
+	return out
+}
+
+// TestKVPlace: a protected request goes where its prompt fits now and it stays, else where it fits now, else where
+// headroom alone put it; an unprotected one, or one among endpoints whose room is not known, is placed as before.
+func TestKVPlace(t *testing.T) {
+	s := time.Second
+	full := repeatAgo(10, 3*s)   // ten near their end: 6,720 tokens held, no room for a prompt
+	young := repeatAgo(10, s/10) // ten just started: room for a prompt now, but they grow into it
+	roomy := repeatAgo(8, 2*s)   // eight at mid-run: room now and to stay
+	tests := []struct {
+		name     string
+		band     Band
+		critical bool // a Critical request arrived just now: the reserve is on
+		ago      map[string][]time.Duration
+		unknown  string // an endpoint whose capacity is not learned
+		want     []string
+	}{
+		{name: "Critical: where it fits and stays", band: Critical, critical: true,
+			ago: map[string][]time.Duration{"a": full, "b": young, "c": roomy}, want: []string{"c"}},
+		{name: "Critical: where it fits now when it stays nowhere", band: Critical, critical: true,
+			ago: map[string][]time.Duration{"a": full, "b": young, "c": full}, want: []string{"b"}},
+		{name: "Critical: fits nowhere, placed as before", band: Critical, critical: true,
+			ago: map[string][]time.Duration{"a": full, "b": full, "c": full}, want: []string{"a", "b", "c"}},
+		{name: "Critical: an endpoint's room unknown, placed as before", band: Critical, critical: true,
+			ago: map[string][]time.Duration{"a": full, "b": young, "c": roomy}, unknown: "a", want: []string{"a", "b", "c"}},
+		{name: "Standard is not protected", band: Standard, critical: true,
+			ago: map[string][]time.Duration{"a": full, "b": young, "c": roomy}, want: []string{"a", "b", "c"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := kvHarness(t, tc.ago)
+				h.c.mu.Lock()
+				defer h.c.mu.Unlock()
+				now := h.clk.Now()
+				if tc.critical {
+					h.c.lastCritical = now
+				}
+				if tc.unknown != "" {
+					h.c.endpoints[h.c.endpointIndex[tc.unknown]].kvCapacity = 0
+				}
+				best, got := h.c.kvPlaceLocked(tc.band, "t", kvReq, 0, []string{"a", "b", "c"}, now)
+				if !slices.Equal(got, tc.want) {
+					t.Fatalf("placed among %v, want %v", got, tc.want)
+				}
+				if name := h.c.endpoints[best].Name; !slices.Contains(got, name) {
+					t.Fatalf("best %s is not among %v", name, got)
+				}
+			})
+		})
+	}
+}
+
+// TestKVKeepsRoom: under the Critical reserve a lower band goes only where it fits at its final size; Critical, and
+// every band without the reserve, go as before.
+func TestKVKeepsRoom(t *testing.T) {
+	s := time.Second
+	tests := []struct {
+		name     string
+		band     Band
+		critical bool
+		want     bool
+	}{
+		{name: "Standard under the reserve", band: Standard, critical: true},
+		{name: "Sheddable under the reserve", band: Sheddable, critical: true},
+		{name: "Critical under the reserve", band: Critical, critical: true, want: true},
+		{name: "Standard without the reserve", band: Standard, want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// a holds ten at their final size: full for an unprotected request, though it has room for a prompt
+				// now (they just started).
+				h := kvHarness(t, map[string][]time.Duration{"a": repeatAgo(10, s/10)})
+				h.c.mu.Lock()
+				defer h.c.mu.Unlock()
+				now := h.clk.Now()
+				if tc.critical {
+					h.c.lastCritical = now
+				}
+				e := &h.c.endpoints[h.c.endpointIndex["a"]]
+				keep := h.c.kvKeepsRoomLocked(tc.band, "t", h.c.criticalReserveLocked(now), now)
+				if got := h.c.kvTakesLocked(e, keep); got != tc.want {
+					t.Fatalf("a takes it: %v, want %v", got, tc.want)
+				}
+				if got := h.c.kvTakesLocked(&h.c.endpoints[h.c.endpointIndex["b"]], keep); !got {
+					t.Fatal("b, holding nothing, does not take it")
+				}
+			})
+		})
+	}
+}
