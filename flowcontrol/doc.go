@@ -92,8 +92,10 @@
 // KV room at final size (kvroom.go): on an endpoint whose KV capacity the EPP has learned (in tokens, from scrapes
 // showing only its own requests at half its KV cache or more) and whose run time it knows, each of its requests counts
 // at its size at the moment (its prompt, growing linearly into its expected output, Request.OutputTokens, over the run
-// time from its first chunk). While protected requests are about, an unprotected one goes only where every request
-// there fits at its final size, so it never takes the blocks the running requests grow into, and a protected one goes
+// time from its first chunk). While protected requests are about and the pool is saturated (a request below Critical
+// waits in the EPP), an unprotected one goes only where
+// every request there fits at its final size, so it never takes the blocks the running requests grow into; below
+// saturation (a recovery after an overload) it takes what the seats allow, as without KV room. A protected one goes
 // among the endpoints with headroom to those where its prompt fits now and it keeps its blocks to its end, else where
 // it fits now.
 //

@@ -25,12 +25,12 @@ import (
 //     waits at the head of the server's queue for as many blocks), and where possible where it also stays: no
 //     predicted moment before its own end at which the requests there, growing and ending as predicted, need more
 //     blocks than the cache has (kvPlaceLocked). It goes at once; nothing is held.
-//   - while protected requests are about, an unprotected request goes only where every request there, and one more
-//     of the mean final size of the requests dispatched (kvMeanFinal: the band's queue is dispatched from its head,
-//     whose size is not the arriving request's), fits at its final size (fitsFinal): it never takes blocks the
-//     running requests will grow into, so it neither is preempted nor leaves a prompt waiting inside the server; the
-//     room left between what the requests hold now and what they will hold is the protected requests'
-//     (kvTakesLocked).
+//   - while protected requests are about and the pool is saturated (lowerBandsSaturatedLocked), an unprotected
+//     request goes only where every request there, and one more of the mean final size of the requests dispatched
+//     (kvMeanFinal: the band's queue is dispatched from its head, whose size is not the arriving request's), fits at
+//     its final size (fitsFinal): it never takes blocks the running requests will grow into, so it neither is
+//     preempted nor leaves a prompt waiting inside the server; the room left between what the requests hold now and
+//     what they will hold is the protected requests' (kvTakesLocked). Below saturation it takes what the seats allow.
 //
 // Nothing applies to an endpoint whose capacity or run time is not learned, or that carries load the EPP did not send
 // (foreign or a peer's): its size is unknown to the EPP.
@@ -152,14 +152,28 @@ func (c *Controller) noteKVSizeLocked(s kvSize) {
 	c.kvMeanFinal += kvFinalWeight * (s.final() - c.kvMeanFinal)
 }
 
-// kvKeepsRoomLocked reports whether a request of tenant in band is unprotected while protected requests are about, so
-// that it may go only where it fits at its final size (kvTakesLocked): below Critical under the Critical reserve, or
-// in a band with a tenant under its share, and not itself under its share.
+// kvKeepsRoomLocked reports whether a request of tenant in band is unprotected while protected requests are about and
+// the pool is saturated, so that it may go only where it fits at its final size (kvTakesLocked): below Critical under
+// the Critical reserve, or in a band with a tenant under its share, not itself under its share, and while the lower
+// bands are saturated (lowerBandsSaturatedLocked).
 func (c *Controller) kvKeepsRoomLocked(band Band, tenant string, reserve bool, now time.Time) bool {
-	if band == Critical || c.peers.ReserveShare != nil {
+	if band == Critical || c.peers.ReserveShare != nil || !c.lowerBandsSaturatedLocked() {
 		return false
 	}
 	return (reserve || c.bandUnderShareLocked(band, now)) && !c.isUnderShareLocked(band, tenant, now)
+}
+
+// lowerBandsSaturatedLocked reports whether the pool is saturated: a request of a band below Critical waits in the
+// EPP, the lower bands' demand beyond what their headroom lets start. Only then does KV room keep unprotected
+// requests to their final sizes. Critical is about in every phase of a mixed load; kept to final sizes whenever it
+// was, the returns promised to Sheddable after an overload were answered 429 again in the recovery phase at half the
+// fleet's capacity, when a wave of them filled the servers' seats with nothing waiting in the EPP (idle seats were as
+// few as under the overload, so seats do not tell the two apart). Waiting for a tenth of the drain-rate window before
+// counting the pool saturated measured the same over load seeds 1-8 (testbed/bench/scenarios/README.md, "KV room at
+// final size while the pool is saturated"). A band that sheds at once shows no backlog by its 429s: only a band that
+// queues, or a promised return, shows the overload lasts.
+func (c *Controller) lowerBandsSaturatedLocked() bool {
+	return c.totalCount > int64(c.bands[Critical].count)
 }
 
 // kvTakesLocked reports whether e may take an unprotected request (keep: kvKeepsRoomLocked) as far as KV room goes.

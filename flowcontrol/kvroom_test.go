@@ -270,20 +270,26 @@ func TestKVPlace(t *testing.T) {
 	}
 }
 
-// TestKVKeepsRoom: under the Critical reserve a lower band goes only where it fits at its final size; Critical, and
-// every band without the reserve, go as before.
+// TestKVKeepsRoom: under the Critical reserve, Standard and Sheddable keep to where they fit at their final size only
+// while the pool is saturated, a request below Critical waiting in the EPP; Critical, every band without the
+// reserve, and every band of a pool not saturated (nothing waits, or only Critical: the recovery phase after an
+// overload) take the room the running requests will grow into.
 func TestKVKeepsRoom(t *testing.T) {
 	s := time.Second
 	tests := []struct {
 		name     string
 		band     Band
 		critical bool
+		waiting  Band // the band of a request waiting in the EPP (NumBands: none)
 		want     bool
 	}{
-		{name: "Standard under the reserve", band: Standard, critical: true},
-		{name: "Sheddable under the reserve", band: Sheddable, critical: true},
-		{name: "Critical under the reserve", band: Critical, critical: true, want: true},
-		{name: "Standard without the reserve", band: Standard, want: true},
+		{name: "Standard under the reserve, Standard waits", band: Standard, critical: true, waiting: Standard},
+		{name: "Sheddable under the reserve, a Sheddable return waits", band: Sheddable, critical: true, waiting: Sheddable},
+		{name: "Standard under the reserve, nothing waits", band: Standard, critical: true, waiting: NumBands, want: true},
+		{name: "Sheddable under the reserve, nothing waits", band: Sheddable, critical: true, waiting: NumBands, want: true},
+		{name: "Standard under the reserve, only Critical waits", band: Standard, critical: true, waiting: Critical, want: true},
+		{name: "Critical under the reserve, Standard waits", band: Critical, critical: true, waiting: Standard, want: true},
+		{name: "Standard without the reserve, Standard waits", band: Standard, waiting: Standard, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -297,6 +303,11 @@ func TestKVKeepsRoom(t *testing.T) {
 				if tc.critical {
 					h.c.lastCritical = now
 				}
+				if tc.waiting != NumBands {
+					h.c.bands[tc.waiting].count++ // as a queued request counts (admitLocked), until the test ends
+					h.c.totalCount++
+					defer func() { h.c.bands[tc.waiting].count--; h.c.totalCount-- }()
+				}
 				e := &h.c.endpoints[h.c.endpointIndex["a"]]
 				keep := h.c.kvKeepsRoomLocked(tc.band, "t", h.c.criticalReserveLocked(now), now)
 				if got := h.c.kvTakesLocked(e, keep); got != tc.want {
@@ -304,6 +315,61 @@ func TestKVKeepsRoom(t *testing.T) {
 				}
 				if got := h.c.kvTakesLocked(&h.c.endpoints[h.c.endpointIndex["b"]], keep); !got {
 					t.Fatal("b, holding nothing, does not take it")
+				}
+			})
+		})
+	}
+}
+
+// TestLowerBandsSaturated steps arrivals that wait in the EPP (every endpoint above its ceiling) and withdrawals
+// through the Controller: the pool counts as saturated while a request below Critical waits, Critical waiting alone
+// does not count, and the last lower-band request to leave ends it.
+func TestLowerBandsSaturated(t *testing.T) {
+	type step struct {
+		admit  int // priority of a request that arrives and waits (noArrival: none)
+		cancel int // 1-based index of an arrival that gives up (0: none)
+		want   bool
+	}
+	const noArrival = 99
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{name: "a Standard request waits", steps: []step{{admit: 0, want: true}}},
+		{name: "a Sheddable return waits", steps: []step{{admit: -1, want: true}}},
+		{name: "Critical alone never", steps: []step{{admit: 1, want: false}, {admit: 1, want: false}}},
+		{name: "the last to leave ends it", steps: []step{
+			{admit: 0, want: true},
+			{admit: 1, want: true},
+			{admit: noArrival, cancel: 1, want: false},
+		}},
+		{name: "one of two leaving keeps it", steps: []step{
+			{admit: 0, want: true},
+			{admit: -1, cancel: 1, want: true},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, queueingSheddable))
+				h.scrape(ep("a", 5), ep("b", 5)) // at the queue depth: above every band's ceiling
+				var calls []*call
+				for i, st := range tc.steps {
+					if st.admit != noArrival {
+						cl := h.admit(st.admit, "t", 100)
+						cl.wantWaiting(t)
+						calls = append(calls, cl)
+					}
+					if st.cancel > 0 {
+						calls[st.cancel-1].cancel()
+						synctest.Wait()
+					}
+					h.c.mu.Lock()
+					got := h.c.lowerBandsSaturatedLocked()
+					h.c.mu.Unlock()
+					if got != st.want {
+						t.Fatalf("step %d: saturated %v, want %v", i, got, st.want)
+					}
 				}
 			})
 		})
