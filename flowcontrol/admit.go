@@ -126,7 +126,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	}
 	// A band that sheds at once queues only the returns it promised capacity to, once the overload that turned them
 	// away is over (under one, the band is what keeps the load off the others); a promise is used up on arrival.
-	returning := bc.RejectWhenSaturated && c.promises.claim(req.ReturnKey, now, promiseTTL(bc)) &&
+	returning := bc.RejectWhenSaturated && c.promises[band].claim(req.ReturnKey, now, promiseTTL(bc)) &&
 		c.recoveringLocked(band, now)
 	if best >= 0 && c.nobodyAheadLocked(band, req.Tenant, now) {
 		// Fast path: headroom and nobody ahead.
@@ -141,6 +141,18 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 		return d, nil, false, nil
 	}
 
+	// A band that queues tells a client it turned away when its capacity is expected (Retry-After, booked in its
+	// ledger of returns). A client that comes back well before that, and would wait, is told the rest of its wait
+	// rather than queued: the capacity before its moment is what was promised to the returns booked earlier and to
+	// new arrivals, and a queue of such early returns is what an overload's end leaves waiting (testbed/bench/
+	// scenarios/README.md, "Early returns told the rest of their wait"). A tenant under its share dispatches first,
+	// so its return is let wait as a fresh arrival.
+	if !bc.RejectWhenSaturated && !c.isUnderShareLocked(band, req.Tenant, now) {
+		if left := c.promises[band].early(req.ReturnKey, now); left > 0 {
+			c.earlyReturnLocked(&d, left)
+			return d, nil, false, nil
+		}
+	}
 	if bc.RejectWhenSaturated && !returning {
 		c.rejectLocked(&d, ReasonSaturated, c.retryEstimateLocked(band, cost, now), cost, req.ReturnKey, now)
 		return d, nil, false, nil

@@ -121,9 +121,10 @@ type Controller struct {
 	// return in it (loadFallingLocked).
 	load    backlogTrend
 	loadNow float64
-	// promises remembers when the clients of bands that shed at once were told to come back, to recognise their
-	// returns (promiseKeeper).
-	promises promiseKeeper
+	// promises remembers, per band, when the clients it turned away were told to come back, to recognise their returns
+	// (promiseKeeper): in a band that sheds at once, a return on time claims its capacity; in one that queues, a return
+	// well before its moment is told the rest of its wait (admitLocked).
+	promises [NumBands]promiseKeeper
 	// lastCritical is when the latest Critical request arrived; until DrainRateWindow after it the Critical reserve is
 	// on (see criticalReserveLocked).
 	lastCritical time.Time

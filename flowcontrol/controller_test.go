@@ -1308,7 +1308,7 @@ func TestReturnsWaitForPromisedCapacity(t *testing.T) {
 			h, back := comeBack(t, retry, true)
 			h.step(10 * time.Second)
 			back.wantOutcome(t, Rejected, ReasonQueueTimeout)
-			if _, ok := h.c.promises.due[42]; !ok {
+			if _, ok := h.c.promises[Sheddable].due[42]; !ok {
 				t.Fatal("no new promise for the return turned away")
 			}
 		})

@@ -78,6 +78,21 @@ func (p *promiseKeeper) promise(key uint64, now time.Time, retry, ttl time.Durat
 	}
 }
 
+// early reports how long before the moment it was told a request with key arriving at now comes back, if that is
+// more than promiseEarly (a client that caps its wait below the Retry-After it was told), keeping the promise; any
+// other return uses the promise up and reports 0.
+func (p *promiseKeeper) early(key uint64, now time.Time) time.Duration {
+	at, ok := p.due[key]
+	if !ok || key == 0 {
+		return 0
+	}
+	if left := at.Sub(now); left > promiseEarly {
+		return left
+	}
+	delete(p.due, key)
+	return 0
+}
+
 // claim reports whether a request with key arriving at now is the return of a client that was promised capacity and
 // waited as it was told, and consumes that promise.
 func (p *promiseKeeper) claim(key uint64, now time.Time, ttl time.Duration) bool {

@@ -1,6 +1,9 @@
 package flowcontrol
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // estimatedWaitLocked predicts how long a new request would wait: the cost ahead of it (higher bands' backlog plus
 // its fair position in its own band, or only its tenant's own waiting requests while the tenant is under its share
@@ -115,8 +118,8 @@ func (c *Controller) trackBlockedLocked(now time.Time) {
 }
 
 // rejectLocked answers 429 for a request of cost turned away at now, with Retry-After from estimate, jittered and
-// booked in the band's ledger of returns (returnLedger); in a band that sheds at once, the return is promised under
-// the request's returnKey (promiseKeeper).
+// booked in the band's ledger of returns (returnLedger); the return is promised under the request's returnKey
+// (promiseKeeper).
 func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration, cost float64, returnKey uint64, now time.Time) {
 	bc := &c.cfg.Bands[d.Band]
 	d.Outcome, d.Reason = Rejected, reason
@@ -124,9 +127,15 @@ func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Dura
 	rate, _ := c.drain.rate()
 	budget := c.recovery[d.Band].returnBudget(now, rate, c.cfg.DrainRateWindow)
 	d.RetryAfter = c.returns[d.Band].book(now, d.RetryAfter, bc.RetryAfterMax, cost, budget)
-	if bc.RejectWhenSaturated {
-		c.promises.promise(returnKey, now, d.RetryAfter, promiseTTL(bc))
-	}
+	c.promises[d.Band].promise(returnKey, now, d.RetryAfter, promiseTTL(bc))
+}
+
+// earlyReturnLocked answers 429 for a return that came back left before the moment it was told (promiseKeeper.early):
+// Retry-After is what is left, in whole seconds up, neither jittered nor booked again (the ledger holds its return at
+// that moment already), and the promise stands.
+func (c *Controller) earlyReturnLocked(d *Decision, left time.Duration) {
+	d.Outcome, d.Reason = Rejected, ReasonPredictedWait
+	d.RetryAfter = time.Duration(math.Ceil(left.Seconds())) * time.Second
 }
 
 // promiseTTL is how long a band keeps a promise of capacity: a client that comes back more than the band's longest
