@@ -94,18 +94,7 @@ func marshalStreamedBodyAnswer(body []byte, end bool) mem.BufferSlice {
 	if end {
 		streamed += protowire.SizeTag(streamedBodyResponseEndOfStream) + protowire.SizeVarint(1)
 	}
-	mutation := protowire.SizeTag(bodyMutationStreamedResponse) + protowire.SizeBytes(streamed)
-	common := protowire.SizeTag(commonResponseBodyMutation) + protowire.SizeBytes(mutation)
-	answer := protowire.SizeTag(bodyResponseResponse) + protowire.SizeBytes(common)
-	head := make([]byte, 0, 32)
-	head = protowire.AppendTag(head, processingResponseRequestBody, protowire.BytesType)
-	head = protowire.AppendVarint(head, uint64(answer))
-	head = protowire.AppendTag(head, bodyResponseResponse, protowire.BytesType)
-	head = protowire.AppendVarint(head, uint64(common))
-	head = protowire.AppendTag(head, commonResponseBodyMutation, protowire.BytesType)
-	head = protowire.AppendVarint(head, uint64(mutation))
-	head = protowire.AppendTag(head, bodyMutationStreamedResponse, protowire.BytesType)
-	head = protowire.AppendVarint(head, uint64(streamed))
+	head := appendStreamedMutationHead(make([]byte, 0, 32), processingResponseRequestBody, streamed)
 	head = protowire.AppendTag(head, streamedBodyResponseBody, protowire.BytesType)
 	head = protowire.AppendVarint(head, uint64(len(body)))
 	if !end {
@@ -141,10 +130,7 @@ func (a *streamedChunk) marshal() mem.BufferSlice {
 	if len(a.Body) > 0 {
 		streamed = protowire.SizeTag(streamedBodyResponseBody) + protowire.SizeBytes(len(a.Body))
 	}
-	mutation := protowire.SizeTag(bodyMutationStreamedResponse) + protowire.SizeBytes(streamed)
-	common := protowire.SizeTag(commonResponseBodyMutation) + protowire.SizeBytes(mutation)
-	body := protowire.SizeTag(bodyResponseResponse) + protowire.SizeBytes(common)
-	size := protowire.SizeTag(processingResponseResponseBody) + protowire.SizeBytes(body)
+	size := streamedMutationSize(processingResponseResponseBody, streamed)
 	var b []byte
 	var buf *[]byte
 	pool := mem.DefaultBufferPool()
@@ -154,14 +140,7 @@ func (a *streamedChunk) marshal() mem.BufferSlice {
 		buf = pool.Get(size)
 		b = (*buf)[:0]
 	}
-	b = protowire.AppendTag(b, processingResponseResponseBody, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(body))
-	b = protowire.AppendTag(b, bodyResponseResponse, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(common))
-	b = protowire.AppendTag(b, commonResponseBodyMutation, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(mutation))
-	b = protowire.AppendTag(b, bodyMutationStreamedResponse, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(streamed))
+	b = appendStreamedMutationHead(b, processingResponseResponseBody, streamed)
 	if len(a.Body) > 0 {
 		b = protowire.AppendTag(b, streamedBodyResponseBody, protowire.BytesType)
 		b = protowire.AppendBytes(b, a.Body)
@@ -171,6 +150,36 @@ func (a *streamedChunk) marshal() mem.BufferSlice {
 	}
 	*buf = b
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}
+}
+
+// streamedMutationSize is the size of a ProcessingResponse whose only field, outer (request_body or response_body), is
+// a BodyResponse whose common response's only field is a streamed body mutation of size streamed.
+func streamedMutationSize(outer protowire.Number, streamed int) int {
+	answer, _, _ := streamedMutationSizes(streamed)
+	return protowire.SizeTag(outer) + protowire.SizeBytes(answer)
+}
+
+// appendStreamedMutationHead appends to b the tags and lengths that come before the fields of that streamed body
+// mutation (streamedMutationSize).
+func appendStreamedMutationHead(b []byte, outer protowire.Number, streamed int) []byte {
+	answer, common, mutation := streamedMutationSizes(streamed)
+	b = protowire.AppendTag(b, outer, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(answer))
+	b = protowire.AppendTag(b, bodyResponseResponse, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(common))
+	b = protowire.AppendTag(b, commonResponseBodyMutation, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(mutation))
+	b = protowire.AppendTag(b, bodyMutationStreamedResponse, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(streamed))
+}
+
+// streamedMutationSizes are the sizes of the BodyResponse, its CommonResponse and its BodyMutation around a
+// StreamedBodyResponse of size streamed.
+func streamedMutationSizes(streamed int) (answer, common, mutation int) {
+	mutation = protowire.SizeTag(bodyMutationStreamedResponse) + protowire.SizeBytes(streamed)
+	common = protowire.SizeTag(commonResponseBodyMutation) + protowire.SizeBytes(mutation)
+	answer = protowire.SizeTag(bodyResponseResponse) + protowire.SizeBytes(common)
+	return answer, common, mutation
 }
 
 // Unmarshal implements encoding.CodecV2.
