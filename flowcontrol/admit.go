@@ -146,10 +146,10 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	// rather than queued: the capacity before its moment is what was promised to the returns booked earlier and to
 	// new arrivals, and a queue of such early returns is what an overload's end leaves waiting (testbed/bench/
 	// scenarios/README.md, "Early returns told the rest of their wait"). A tenant under its share dispatches first,
-	// so its return is let wait as a fresh arrival. Not with peers (Peers.ReserveShare): a replica knows only the returns
-	// it turned away itself, and judges a tenant's share on its own dispatches, so at moments it refused a light
-	// tenant's return that would have started at once.
-	if !bc.RejectWhenSaturated && c.peers.ReserveShare == nil && !c.isUnderShareLocked(band, req.Tenant, now) {
+	// so its return is let wait as a fresh arrival. Not at one of several replicas (Deps.Replica): a replica knows only
+	// the returns it turned away itself, and judges a tenant's share on its own dispatches, so at moments it refused a
+	// light tenant's return that would have started at once.
+	if !bc.RejectWhenSaturated && !c.replica && !c.isUnderShareLocked(band, req.Tenant, now) {
 		if left := c.promises[band].early(req.ReturnKey, now); left > 0 {
 			c.earlyReturnLocked(&d, left)
 			return d, nil, false, nil

@@ -56,6 +56,9 @@ type Deps struct {
 	// controller's callers need, such as a discrete-event simulation's clock driven from one goroutine; real clocks
 	// and k8s.io/utils/clock/testing's FakeClock (which holds its lock while running callbacks) need the default.
 	SynchronousTimers bool
+	// Replica says the controller is one of several EPP replicas (endpoint ownership, with or without the peer
+	// exchange): it turns away, and judges tenants on, only its own part of the traffic.
+	Replica bool
 }
 
 // Controller decides when each request may proceed to the scheduler. See the package documentation for the
@@ -66,6 +69,8 @@ type Controller struct {
 	recorder Recorder
 	// onTimer runs a timer event: in a new goroutine by default, inline with Deps.SynchronousTimers.
 	onTimer func(event func())
+	// replica: Deps.Replica.
+	replica bool
 
 	mu sync.Mutex // guards everything below
 
@@ -165,6 +170,7 @@ func New(cfg *Config, deps Deps) (*Controller, error) {
 	}
 	c := &Controller{
 		cfg:            cfg,
+		replica:        deps.Replica,
 		clock:          deps.Clock,
 		recorder:       deps.Recorder,
 		rng:            deps.Rand,

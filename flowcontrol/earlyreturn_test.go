@@ -24,10 +24,10 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 		left     time.Duration // how long before the moment it was told the return comes
 		sameKey  bool          // the return carries the turned-away request's key (false: a fresh request)
 		emptyAll bool          // every queued request leaves and the endpoint frees: headroom, nobody ahead
-		// livePeers: a peer is live when the return comes; a replica knows only the returns it turned away itself and
-		// judges shares on its own dispatches, so it decides the return as a fresh arrival.
-		livePeers bool
-		want      string // "told the rest" (429), "waits" (left in the queue) or "dispatched"
+		// replica: the controller is one of several replicas (Deps.Replica); it knows only the returns it turned away
+		// itself and judges shares on its own dispatches, so it decides the return as a fresh arrival.
+		replica bool
+		want    string // "told the rest" (429), "waits" (left in the queue) or "dispatched"
 	}{
 		{name: "9 s early", left: 9 * time.Second, sameKey: true, want: "told the rest"},
 		{name: "4.5 s early", left: 4500 * time.Millisecond, sameKey: true, want: "told the rest"},
@@ -37,7 +37,7 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 		{name: "on time", sameKey: true, want: "waits"},
 		{name: "a fresh request", left: 9 * time.Second, want: "waits"},
 		{name: "9 s early to headroom and nobody ahead", left: 9 * time.Second, sameKey: true, emptyAll: true, want: "dispatched"},
-		{name: "9 s early, a peer live", left: 9 * time.Second, sameKey: true, livePeers: true, want: "waits"},
+		{name: "9 s early at one of several replicas", left: 9 * time.Second, sameKey: true, replica: true, want: "waits"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +46,7 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 					oneSlot(c)
 					c.Bands[Standard].MaxQueueTime = maxQueueTime
 				}))
+				h.c.replica = tt.replica // Deps.Replica, set before the first request
 				tenantDrainHarness(t, h, 10, false)
 				h.scrape(ep("a", 1))
 				var queued []*call
@@ -97,9 +98,6 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 				key := turned.req.ReturnKey
 				if !tt.sameKey {
 					key = 1
-				}
-				if tt.livePeers {
-					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }})
 				}
 				ret := h.admitReq(Request{ID: "return", Tenant: "heavy", Bytes: 100, EstimatedCost: 1200, ReturnKey: key})
 				switch tt.want {

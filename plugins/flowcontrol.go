@@ -259,7 +259,7 @@ func NewFlowControl(cfg *flowcontrol.Config, opts FlowControlOptions, deps FlowC
 		cfg = flowcontrol.DefaultConfig()
 	}
 	ctrl, err := flowcontrol.New(cfg, flowcontrol.Deps{Clock: deps.Clock, Rand: deps.Rand, Recorder: deps.Recorder,
-		SynchronousTimers: deps.SynchronousTimers})
+		SynchronousTimers: deps.SynchronousTimers, Replica: deps.Ownership != nil || deps.Peers != nil})
 	if err != nil {
 		return nil, err
 	}
