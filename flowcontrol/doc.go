@@ -176,8 +176,14 @@
 // would be gone within the band's MaxQueueTime (loadFallingLocked). A client cannot forge a promise: only a request
 // turned away earns one, only its own content claims it, and only once (promises.go; measured in testbed/bench/scenarios/README.md, overload-recovery). Promises are kept
 // by each replica, not exchanged with its peers: a return that the proxy sends to another replica is a new arrival
-// there. The ledger is bounded as a whole, not per tenant, so one tenant turned away with many distinct bodies can
-// fill it, and later refusals then keep no promise until entries expire.
+// there. Each band's promises are bounded as a whole, not per tenant, so one tenant turned away with many distinct
+// bodies can fill them, and later refusals then keep no promise until entries expire.
+//
+// A band that queues keeps promises too, for one use: a client that comes back more than a second before the moment
+// it was told, and would wait, is answered 429 at once with the time left (a client that caps its wait below the
+// Retry-After it was told), unless its tenant is under its share. The promise is then used up, since another client
+// may send the same content. Without this, the returns an overload's end leaves queue behind its backlog and are
+// still waiting when the load ends. Not at one of several replicas (Deps.Replica), which knows only its own refusals.
 //
 // # Invariants
 //

@@ -27,7 +27,10 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 		// replica: the controller is one of several replicas (Deps.Replica); it knows only the returns it turned away
 		// itself and judges shares on its own dispatches, so it decides the return as a fresh arrival.
 		replica bool
-		want    string // "told the rest" (429), "waits" (left in the queue) or "dispatched"
+		// again: a second request of the same content comes at once after the told one; the key is the content, which
+		// another client may send too, so it is decided as a fresh arrival.
+		again bool
+		want  string // "told the rest" (429), "waits" (left in the queue) or "dispatched"
 	}{
 		{name: "9 s early", left: 9 * time.Second, sameKey: true, want: "told the rest"},
 		{name: "4.5 s early", left: 4500 * time.Millisecond, sameKey: true, want: "told the rest"},
@@ -38,6 +41,7 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 		{name: "a fresh request", left: 9 * time.Second, want: "waits"},
 		{name: "9 s early to headroom and nobody ahead", left: 9 * time.Second, sameKey: true, emptyAll: true, want: "dispatched"},
 		{name: "9 s early at one of several replicas", left: 9 * time.Second, sameKey: true, replica: true, want: "waits"},
+		{name: "9 s early, the same content again", left: 9 * time.Second, sameKey: true, again: true, want: "told the rest"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,6 +115,11 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 					d := ret.wantOutcome(t, Rejected, ReasonPredictedWait)
 					if want := tt.left.Round(time.Second); d.RetryAfter < tt.left || d.RetryAfter != want {
 						t.Fatalf("Retry-After %v, want the %v left of the %v told", d.RetryAfter, want, told)
+					}
+				}
+				if tt.again {
+					if again := h.admitReq(Request{ID: "again", Tenant: "heavy", Bytes: 100, EstimatedCost: 1200, ReturnKey: key}); again.finished() {
+						t.Fatalf("the same content again answered %s/%s, want it left waiting as a fresh arrival", again.d.Outcome, again.d.Reason)
 					}
 				}
 			})

@@ -82,7 +82,7 @@ func (c *Controller) mayTakeLocked(e *endpointState, band Band, reserve, strict,
 // the pool's demand, and a tenant over its share only of a seat free rate that leaves out part of the pool has its
 // share in doubt (shareInDoubtLocked), so what the rule holds here waits for a seat under its MaxQueueTime rather than
 // being shed on this replica's small drain (testbed/bench/scenarios/README.md, "lightmix17's warm-up rules with live
-// peers"; before the doubt, 429 predicted_wait for 8 light requests of tenant-fairness-mixed x2).
+// peers": before the doubt, light requests held here were answered 429 predicted_wait).
 func (c *Controller) queuedBeyondSeatsLocked(e *endpointState) bool {
 	return c.poolSlotsLocked() > 0 && e.known == 0 && e.WaitingQueue > 0 &&
 		e.inflight > 0 && e.kvRoom() > float64(e.capacity) && !e.hasSlot(true)

@@ -109,6 +109,9 @@ func (e *endpointState) learnKVCapacity(s kvScrape) {
 	if extra > 0 {
 		held += float64(extra) * s.pendingPrompt / float64(s.pending)
 	}
+	if held <= 0 { // the KV use is not of requests the EPP counts there (a gauge not yet updated): nothing to learn
+		return
+	}
 	sample := held / e.KVCacheUsage
 	if e.kvCapacity == 0 {
 		e.kvCapacity = sample
@@ -130,26 +133,28 @@ func (e *endpointState) kvKnown() bool {
 // of the EPP's there, and the new one, at its final size within the learned capacity, to the nearest request. The
 // capacity is learned from estimated sizes (a prompt's tokens from its body's bytes, its blocks rounded up by the
 // server), a few percent off (testbed/bench/scenarios/README.md, "KV room at final size"). Counted to the nearest
-// request, an error under half a request does not cost a place. An endpoint whose room is not known always fits.
+// request, an error under half a request does not cost a place. An endpoint whose room is not known, or that holds
+// none of the EPP's requests, always fits: an empty endpoint is never full (hasSlot's floor).
 func (e *endpointState) fitsFinal(final float64) bool {
-	return !e.kvKnown() || e.kvFinal+final/2 <= e.kvCapacity
+	return !e.kvKnown() || e.inflight == 0 || e.kvFinal+final/2 <= e.kvCapacity
 }
-
-// kvFinalSlack is how far beyond the learned capacity a protected request's prompt, and the requests there as they
-// grow, may add up before it is taken not to fit or not to stay: none. The learned capacity errs low (fitsFinal), so
-// this errs towards the endpoints with the most room.
-const kvFinalSlack = 0
 
 // kvFinalWeight is the weight of each dispatched request in the mean final size (kvMeanFinal).
 const kvFinalWeight = 0.05
 
-// noteKVSizeLocked folds a dispatched request's size into the mean final size unprotected requests are judged by.
-func (c *Controller) noteKVSizeLocked(s kvSize) {
+// noteKVSizeLocked folds a request's size, dispatched to an endpoint of learned KV capacity capacity (0: not learned),
+// into the mean final size unprotected requests are judged by. A size counts at most the capacity: the output part
+// comes from the client's max_tokens, which one client can set to millions of tokens.
+func (c *Controller) noteKVSizeLocked(s kvSize, capacity float64) {
+	final := s.final()
+	if capacity > 0 {
+		final = min(final, capacity)
+	}
 	if c.kvMeanFinal == 0 {
-		c.kvMeanFinal = s.final()
+		c.kvMeanFinal = final
 		return
 	}
-	c.kvMeanFinal += kvFinalWeight * (s.final() - c.kvMeanFinal)
+	c.kvMeanFinal += kvFinalWeight * (final - c.kvMeanFinal)
 }
 
 // kvKeepsRoomLocked reports whether a request of tenant in band is unprotected while protected requests are about and
@@ -169,8 +174,8 @@ func (c *Controller) kvKeepsRoomLocked(band Band, tenant string, reserve bool, n
 // was, the returns promised to Sheddable after an overload were answered 429 again in the recovery phase at half the
 // fleet's capacity, when a wave of them filled the servers' seats with nothing waiting in the EPP (idle seats were as
 // few as under the overload, so seats do not tell the two apart). Waiting for a tenth of the drain-rate window before
-// counting the pool saturated measured the same over load seeds 1-8 (testbed/bench/scenarios/README.md, "KV room at
-// final size while the pool is saturated"). A band that sheds at once shows no backlog by its 429s: only a band that
+// counting the pool saturated measured no better (testbed/bench/scenarios/README.md, "KV room at final size while
+// the pool is saturated"). A band that sheds at once shows no backlog by its 429s: only a band that
 // queues, or a promised return, shows the overload lasts.
 func (c *Controller) lowerBandsSaturatedLocked() bool {
 	return c.totalCount > int64(c.bands[Critical].count)
@@ -239,7 +244,6 @@ func kvStays(entries []kvEntry, s kvSize, capacity float64, nowNs int64, run tim
 		b += p.b
 	}
 	slices.SortFunc(parts, func(x, y part) int { return cmp.Compare(x.endNs, y.endNs) })
-	limit := capacity * (1 + kvFinalSlack)
 	gone := 0
 	check := func(t int64) bool {
 		for gone < len(parts) && parts[gone].endNs < t { // ended before t: its blocks are free again
@@ -247,7 +251,7 @@ func kvStays(entries []kvEntry, s kvSize, capacity float64, nowNs int64, run tim
 			b -= parts[gone].b
 			gone++
 		}
-		return s.at(nowNs, t, run)+a+b*float64(t-nowNs) <= limit
+		return s.at(nowNs, t, run)+a+b*float64(t-nowNs) <= capacity
 	}
 	for _, p := range parts {
 		if p.endNs > nowNs && p.endNs < endNs && !check(p.endNs) {
@@ -283,7 +287,7 @@ func (c *Controller) kvPlaceLocked(band Band, tenant string, s kvSize, best int,
 	for _, name := range names {
 		i := want[name]
 		e := &c.endpoints[i]
-		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt > e.kvCapacity*(1+kvFinalSlack) {
+		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt > e.kvCapacity {
 			continue
 		}
 		fits = append(fits, name)

@@ -86,6 +86,8 @@ func TestLearnKVCapacity(t *testing.T) {
 		{name: "low KV use: nothing learned", endpoint: Endpoint{Running: 3, KVCacheUsage: 0.3}, run: kvRun,
 			scrape: kvScrape{started: 3, held: 1800}},
 		{name: "no run time learned: nothing learned", endpoint: Endpoint{Running: 10, KVCacheUsage: 0.9625}, scrape: ten},
+		{name: "a KV use none of the EPP's requests hold: nothing learned", endpoint: Endpoint{KVCacheUsage: 0.8}, run: kvRun,
+			before: 6800, scrape: kvScrape{}, want: 6800},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,8 +101,32 @@ func TestLearnKVCapacity(t *testing.T) {
 	}
 }
 
+// TestMeanFinalSizeCapped: a request's size counts in the mean final size at most the KV capacity of the endpoint it
+// went to; its output comes from the client's max_tokens.
+func TestMeanFinalSizeCapped(t *testing.T) {
+	tests := []struct {
+		name     string
+		size     kvSize
+		capacity float64
+		want     float64
+	}{
+		{name: "a request that fits", size: kvReq, capacity: 6800, want: kvReq.final()},
+		{name: "max_tokens in the millions", size: kvSize{prompt: 512, output: 1 << 24}, capacity: 6800, want: 6800},
+		{name: "capacity not learned", size: kvSize{prompt: 512, output: 1 << 24}, want: 512 + 1<<24},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var c Controller
+			c.noteKVSizeLocked(tc.size, tc.capacity)
+			if c.kvMeanFinal != tc.want {
+				t.Fatalf("mean final size %v, want %v", c.kvMeanFinal, tc.want)
+			}
+		})
+	}
+}
+
 // TestFitsFinal: an unprotected request fits where every request there, itself included, fits at its final size, to
-// the nearest request; an endpoint whose room is not known always fits.
+// the nearest request; an endpoint whose room is not known, or that holds none of the EPP's requests, always fits.
 func TestFitsFinal(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -108,6 +134,7 @@ func TestFitsFinal(t *testing.T) {
 		capacity float64
 		foreign  int
 		noSeats  bool
+		final    float64 // the size judged; 0: kvReq's
 		want     bool
 	}{
 		{name: "the tenth of ten", inflight: 9, capacity: 6800, want: true},
@@ -117,6 +144,8 @@ func TestFitsFinal(t *testing.T) {
 		{name: "capacity not learned", inflight: 20, want: true},
 		{name: "foreign load", inflight: 20, capacity: 6800, foreign: 1, want: true},
 		{name: "no seats: a large-batch server", inflight: 20, capacity: 6800, noSeats: true, want: true},
+		{name: "empty, a mean size beyond the capacity", capacity: 6800, final: 1 << 24, want: true},
+		{name: "one there, a mean size beyond the capacity", inflight: 1, capacity: 6800, final: 1 << 24},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,8 +154,12 @@ func TestFitsFinal(t *testing.T) {
 			if tc.noSeats {
 				e.seats = 0
 			}
-			e.kvFinal = float64(tc.inflight) * kvReq.final()
-			if got := e.fitsFinal(kvReq.final()); got != tc.want {
+			e.inflight, e.kvFinal = tc.inflight, float64(tc.inflight)*kvReq.final()
+			final := kvReq.final()
+			if tc.final > 0 {
+				final = tc.final
+			}
+			if got := e.fitsFinal(final); got != tc.want {
 				t.Fatalf("fitsFinal = %v, want %v", got, tc.want)
 			}
 		})

@@ -13,7 +13,7 @@ func (c *Controller) reserveLocked(id string, streamed bool, size kvSize, i int,
 	e := &c.endpoints[i]
 	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed,
 		occupied: e.occupied(), size: size}
-	c.noteKVSizeLocked(size)
+	c.noteKVSizeLocked(size, e.kvCapacity)
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)
 	c.reservations[id] = r

@@ -132,7 +132,7 @@ func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Dura
 
 // earlyReturnLocked answers 429 for a return that came back left before the moment it was told (promiseKeeper.early):
 // Retry-After is what is left, in whole seconds up, neither jittered nor booked again (the ledger holds its return at
-// that moment already), and the promise stands.
+// that moment already).
 func (c *Controller) earlyReturnLocked(d *Decision, left time.Duration) {
 	d.Outcome, d.Reason = Rejected, ReasonPredictedWait
 	d.RetryAfter = time.Duration(math.Ceil(left.Seconds())) * time.Second

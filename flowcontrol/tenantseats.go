@@ -299,10 +299,10 @@ func (c *Controller) bandUnderShareLocked(band Band, now time.Time) bool {
 // at that most (queuedAtMostRun): the mixed fleet's 24-slot server, whose limit no two scrapes showed yet, took twelve
 // requests beyond its slots in the 0.2 s after its first queue, two of them the light tenant's, which waited 2.3 s
 // there (the bench README). A large server that is still growing admits what waits at its next step and shows more
-// running, which opens it again. With live peers too, like queuedBeyondSeatsLocked: on the mixed fleet at x2 the
-// heavy tenant's requests queued inside the 24-slot server ahead of the light tenant's next ones waiting at the replica
-// (light P99 2.1 s with queuedBeyondSeatsLocked alone, 1.9 s with both; one replica's 1.8 s), and the heavy tenant
-// pays what it pays at one replica. A KV-bound endpoint's capacity (what its KV cache holds of the current mix, moving
+// running, which opens it again. With live peers too, like queuedBeyondSeatsLocked: without it, on the mixed fleet
+// the heavy tenant's requests queued inside the 24-slot server ahead of the light tenant's next ones waiting at the
+// replica (the bench README, "lightmix17's warm-up rules with live peers"), and the heavy tenant pays what it pays at
+// one replica. A KV-bound endpoint's capacity (what its KV cache holds of the current mix, moving
 // with it) does not bound it: kept to it, the heavy tenant of the tenant-fairness scenario's KV-bound shape left the
 // light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An endpoint holding none of the
 // EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close it for as long as that load
