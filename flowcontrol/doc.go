@@ -179,11 +179,14 @@
 // there. Each band's promises are bounded as a whole, not per tenant, so one tenant turned away with many distinct
 // bodies can fill them, and later refusals then keep no promise until entries expire.
 //
-// A band that queues keeps promises too, for one use: a client that comes back more than a second before the moment
-// it was told, and would wait, is answered 429 at once with the time left (a client that caps its wait below the
-// Retry-After it was told), unless its tenant is under its share. The promise is then used up, since another client
-// may send the same content. Without this, the returns an overload's end leaves queue behind its backlog and are
-// still waiting when the load ends. Not at one of several replicas (Deps.Replica), which knows only its own refusals.
+// A band that queues, below Critical, keeps promises too: a client that comes back more than a second before the
+// moment it was told, and would wait, is answered 429 at once with the time left (a client that caps its wait below
+// the Retry-After it was told), unless its tenant is under its share. Without this, the returns an overload's end
+// leaves queue behind its backlog and are still waiting when the load ends. The key is the content, so another client
+// of the tenant sending the same body (a load test's fixed body) before that moment, and that would wait, is told the
+// same; used up at the first return, the promise would let a client that caps its wait twice queue behind the
+// backlog again (measured: testbed/bench/scenarios/README.md, "Early returns
+// told the rest of their wait"). Not at one of several replicas (Deps.Replica), which knows only its own refusals.
 //
 // # Invariants
 //

@@ -27,8 +27,9 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 		// replica: the controller is one of several replicas (Deps.Replica); it knows only the returns it turned away
 		// itself and judges shares on its own dispatches, so it decides the return as a fresh arrival.
 		replica bool
-		// again: a second request of the same content comes at once after the told one; the key is the content, which
-		// another client may send too, so it is decided as a fresh arrival.
+		// again: a second request of the same content comes at once after the told one (its client capped its wait
+		// twice, or another client sends the same body): it is told the rest too, so that it does not queue behind
+		// the backlog.
 		again bool
 		want  string // "told the rest" (429), "waits" (left in the queue) or "dispatched"
 	}{
@@ -118,8 +119,9 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 					}
 				}
 				if tt.again {
-					if again := h.admitReq(Request{ID: "again", Tenant: "heavy", Bytes: 100, EstimatedCost: 1200, ReturnKey: key}); again.finished() {
-						t.Fatalf("the same content again answered %s/%s, want it left waiting as a fresh arrival", again.d.Outcome, again.d.Reason)
+					again := h.admitReq(Request{ID: "again", Tenant: "heavy", Bytes: 100, EstimatedCost: 1200, ReturnKey: key})
+					if d := again.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter != tt.left.Round(time.Second) {
+						t.Fatalf("the same content again: Retry-After %v, want the %v left", d.RetryAfter, tt.left.Round(time.Second))
 					}
 				}
 			})

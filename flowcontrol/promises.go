@@ -40,7 +40,7 @@ func (l *returnLedger) book(now time.Time, retry, hi time.Duration, cost, budget
 // once the backlog the overload built drains (Controller.recoveringLocked):
 // clients told to come back just as a backlog drains otherwise meet its last seconds and are shed a second time.
 //
-// A band that queues tells a return that comes back well before its moment the rest of its wait, once
+// A band that queues, below Critical, tells a return that comes back well before its moment the rest of its wait
 // (Controller.admitLocked, early).
 //
 // Recognition needs no token a client could forge: a promise is only made to a request that was turned away, only
@@ -82,19 +82,18 @@ func (p *promiseKeeper) promise(key uint64, now time.Time, retry, ttl time.Durat
 }
 
 // early reports how long before the moment it was told a request with key arriving at now comes back, if that is
-// more than promiseEarly (a client that caps its wait below the Retry-After it was told), else 0. Either way the
-// promise is used up: the key is the request's content, which another client may send too (a load test's fixed
-// body, a templated batch), so an early return is told the rest of its wait once, and what comes after is decided as
-// a fresh arrival.
+// more than promiseEarly (a client that caps its wait below the Retry-After it was told), keeping the promise; any
+// other return uses the promise up and reports 0. The key is the request's content, which another client may send
+// too (a load test's fixed body): such a request is told the same moment (doc.go says what that costs).
 func (p *promiseKeeper) early(key uint64, now time.Time) time.Duration {
 	at, ok := p.due[key]
 	if !ok || key == 0 {
 		return 0
 	}
-	delete(p.due, key)
 	if left := at.Sub(now); left > promiseEarly {
 		return left
 	}
+	delete(p.due, key)
 	return 0
 }
 
