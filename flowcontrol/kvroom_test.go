@@ -317,7 +317,7 @@ func TestKVKeepsRoom(t *testing.T) {
 		want     bool
 	}{
 		{name: "Standard under the reserve, Standard waits", band: Standard, critical: true, waiting: Standard},
-		{name: "Sheddable under the reserve, a Sheddable return waits", band: Sheddable, critical: true, waiting: Sheddable},
+		{name: "Sheddable under the reserve, Sheddable waits", band: Sheddable, critical: true, waiting: Sheddable},
 		{name: "Standard under the reserve, nothing waits", band: Standard, critical: true, waiting: NumBands, want: true},
 		{name: "Sheddable under the reserve, nothing waits", band: Sheddable, critical: true, waiting: NumBands, want: true},
 		{name: "Standard under the reserve, only Critical waits", band: Standard, critical: true, waiting: Critical, want: true},
@@ -369,7 +369,7 @@ func TestLowerBandsSaturated(t *testing.T) {
 		steps []step
 	}{
 		{name: "a Standard request waits", steps: []step{{admit: 0, want: true}}},
-		{name: "a Sheddable return waits", steps: []step{{admit: -1, want: true}}},
+		{name: "a Sheddable request waits", steps: []step{{admit: -1, want: true}}},
 		{name: "Critical alone never", steps: []step{{admit: 1, want: false}, {admit: 1, want: false}}},
 		{name: "the last to leave ends it", steps: []step{
 			{admit: 0, want: true},
