@@ -148,9 +148,9 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	// scenarios/README.md, "Early returns told the rest of their wait"). A tenant under its share dispatches first,
 	// so its return is let wait as a fresh arrival. Not at one of several replicas (Deps.Replica): a replica knows only
 	// the returns it turned away itself, and judges a tenant's share on its own dispatches, so at moments it refused a
-	// light tenant's return that would have started at once.
-	// Critical is never told to wait for a promise: no Critical request is shed but by its own predicted wait.
-	if !bc.RejectWhenSaturated && band != Critical && !c.replica && !c.isUnderShareLocked(band, req.Tenant, now) {
+	// light tenant's return that would have started at once. Not for Critical, which is shed only by its own
+	// predicted wait (keepsEarlyPromises).
+	if c.keepsEarlyPromises(band) && !c.isUnderShareLocked(band, req.Tenant, now) {
 		if left := c.promises[band].early(req.ReturnKey, now); left > 0 {
 			c.earlyReturnLocked(&d, left)
 			return d, nil, false, nil

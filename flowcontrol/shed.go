@@ -118,8 +118,8 @@ func (c *Controller) trackBlockedLocked(now time.Time) {
 }
 
 // rejectLocked answers 429 for a request of cost turned away at now, with Retry-After from estimate, jittered and
-// booked in the band's ledger of returns (returnLedger); the return is promised under the request's returnKey
-// (promiseKeeper).
+// booked in the band's ledger of returns (returnLedger); where a promise is kept (a band that sheds at once, or
+// keepsEarlyPromises), the return is promised under the request's returnKey (promiseKeeper).
 func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Duration, cost float64, returnKey uint64, now time.Time) {
 	bc := &c.cfg.Bands[d.Band]
 	d.Outcome, d.Reason = Rejected, reason
@@ -127,7 +127,15 @@ func (c *Controller) rejectLocked(d *Decision, reason Reason, estimate time.Dura
 	rate, _ := c.drain.rate()
 	budget := c.recovery[d.Band].returnBudget(now, rate, c.cfg.DrainRateWindow)
 	d.RetryAfter = c.returns[d.Band].book(now, d.RetryAfter, bc.RetryAfterMax, cost, budget)
-	c.promises[d.Band].promise(returnKey, now, d.RetryAfter, promiseTTL(bc))
+	if bc.RejectWhenSaturated || c.keepsEarlyPromises(d.Band) {
+		c.promises[d.Band].promise(returnKey, now, d.RetryAfter, promiseTTL(bc))
+	}
+}
+
+// keepsEarlyPromises reports whether band tells an early return the rest of its wait (admitLocked): a band that
+// queues, below Critical, at a controller that is not one of several replicas.
+func (c *Controller) keepsEarlyPromises(band Band) bool {
+	return !c.cfg.Bands[band].RejectWhenSaturated && band != Critical && !c.replica
 }
 
 // earlyReturnLocked answers 429 for a return that came back left before the moment it was told (promiseKeeper.early):
