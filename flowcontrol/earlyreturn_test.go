@@ -128,3 +128,30 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepsEarlyPromises: the early-return rule, and the promises it reads, belong to a band that queues below
+// Critical (Critical is shed only by its own predicted wait; Sheddable, which sheds at once, keeps its promises for
+// its returns' claim) at a controller that is not one of several replicas.
+func TestKeepsEarlyPromises(t *testing.T) {
+	tests := []struct {
+		band    Band
+		replica bool
+		want    bool
+	}{
+		{band: Critical},
+		{band: Standard, want: true},
+		{band: Sheddable},
+		{band: Standard, replica: true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/replica=%v", tt.band, tt.replica), func(t *testing.T) {
+			c, err := New(DefaultConfig(), Deps{Replica: tt.replica})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.keepsEarlyPromises(tt.band); got != tt.want {
+				t.Fatalf("keepsEarlyPromises = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
