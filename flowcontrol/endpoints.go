@@ -168,15 +168,13 @@ func (e *endpointState) refresh(th EndpointThresholds) {
 	}
 }
 
-// queuedAtMostRun is the endpoint's running count when its latest scrape shows requests waiting while it runs the most
-// it has run, its own limit not known and its KV cache not nearly full (requests there wait for a slot, not for
-// blocks); 0 otherwise. One such scrape is no slot limit (a request sent just before a step waits for it, and a large
-// server's prompts wait for the token budget), but a request sent there now would likely wait inside the server.
-func (e *endpointState) queuedAtMostRun() int {
-	if e.known > 0 || e.WaitingQueue == 0 || e.Running == 0 || e.Running < e.learner.maxRunning || e.KVCacheUsage >= kvQueueUsage {
-		return 0
-	}
-	return e.Running
+// queuedAtMostRun reports whether the endpoint's latest scrape shows requests waiting while it runs the most it has
+// run, its own limit not known and its KV cache not nearly full (requests there wait for a slot, not for blocks).
+// One such scrape is no slot limit (a request sent just before a step waits for it, and a large server's prompts
+// wait for the token budget), but a request sent there now would likely wait inside the server.
+func (e *endpointState) queuedAtMostRun() bool {
+	return e.known == 0 && e.WaitingQueue > 0 && e.Running > 0 && e.Running >= e.learner.maxRunning &&
+		e.KVCacheUsage < kvQueueUsage
 }
 
 // occupancy is how many requests the endpoint holds by the EPP's count: its own in flight there and the foreign ones

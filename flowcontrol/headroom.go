@@ -113,11 +113,11 @@ func (c *Controller) poolSlotsCapLocked(e *endpointState) bool {
 
 // beyondMostRunLocked reports whether one more request would take e beyond the most it has been seen running, in a
 // pool where a slot limit has been learned, while e's own limit is not known and it has no tentative seats (it has run
-// more than the pool's limit, and largeBatchRunning or more, so concurrencyLearner gives it none): under the Critical reserve a lower
-// band sends it no more. Such an endpoint may be a slot-limited server larger than the pool's limit (the mixed fleet's
-// 24-slot server, whose limit no scrape shows before a request waits there): in the warm-up lower bands sent it
-// requests beyond its 24 slots, and those, not the Critical requests waiting in the EPP, took its first freed seats
-// (testbed/bench/scenarios/README.md). Critical may still go beyond, as beyond the pool's slot limit
+// more than the pool's limit, and largeBatchRunning or more, so concurrencyLearner gives it none): under the Critical
+// reserve a lower band sends it no more. Such an endpoint may be a slot-limited server larger than the pool's limit
+// (the mixed fleet's 24-slot server, whose limit no scrape shows before a request waits there): in the warm-up lower
+// bands sent it requests beyond its 24 slots, and those, not the Critical requests waiting in the EPP, took its first
+// freed seats (testbed/bench/scenarios/README.md). Critical may still go beyond, as beyond the pool's slot limit
 // (poolSlotsCapLocked); a request that starts at once there raises the most it has run, and the lower bands follow.
 func (c *Controller) beyondMostRunLocked(e *endpointState) bool {
 	pool := c.poolSlotsLocked()

@@ -175,8 +175,8 @@ func (c *Controller) kvKeepsRoomLocked(band Band, tenant string, reserve bool, n
 // fleet's capacity, when a wave of them filled the servers' seats with nothing waiting in the EPP (idle seats were as
 // few as under the overload, so seats do not tell the two apart). Waiting for a tenth of the drain-rate window before
 // counting the pool saturated measured no better (testbed/bench/scenarios/README.md, "KV room at final size while
-// the pool is saturated"). A band that sheds at once shows no backlog by its 429s: only a band that
-// queues, or a promised return, shows the overload lasts.
+// the pool is saturated"). A band that sheds at once shows no backlog by its 429s: only a band that queues, or a
+// promised return, shows the overload lasts.
 func (c *Controller) lowerBandsSaturatedLocked() bool {
 	return c.totalCount > int64(c.bands[Critical].count)
 }

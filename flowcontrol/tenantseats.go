@@ -295,23 +295,22 @@ func (c *Controller) bandUnderShareLocked(band Band, now time.Time) bool {
 // it starts at once as far as the EPP can tell, which is its capacity (concurrencyLearner.limits: the most it has run
 // and a ramp beyond, or its slot limit without a probe beyond it), or, where its own limit is not known and it never
 // ran more, the pool's slot limit (poolSlotsCapLocked), or, in a pool with a slot limit where it has no capacity
-// either (a large batch, 16 or more running), the most it has run while its latest scrape shows requests waiting there
-// at that most (queuedAtMostRun): the mixed fleet's 24-slot server, whose limit no two scrapes showed yet, took twelve
-// requests beyond its slots in the 0.2 s after its first queue, two of them the light tenant's, which waited 2.3 s
-// there (the bench README). A large server that is still growing admits what waits at its next step and shows more
-// running, which opens it again. With live peers too, like queuedBeyondSeatsLocked: without it, on the mixed fleet
-// the heavy tenant's requests queued inside the 24-slot server ahead of the light tenant's next ones waiting at the
-// replica (the bench README, "lightmix17's warm-up rules with live peers"), and the heavy tenant pays what it pays at
-// one replica. A KV-bound endpoint's capacity (what its KV cache holds of the current mix, moving
-// with it) does not bound it: kept to it, the heavy tenant of the tenant-fairness scenario's KV-bound shape left the
-// light one waiting longer inside the servers (testbed/bench/scenarios/README.md). An endpoint holding none of the
-// EPP's requests is never full (hasSlot's floor): load the EPP did not send must not close it for as long as that load
-// lasts.
+// either (a large batch, largeBatchRunning or more running), the most it has run while its latest scrape shows
+// requests waiting there at that most (queuedAtMostRun): in the warm-up the mixed fleet's 24-slot server, whose limit
+// no two scrapes had shown yet, took requests beyond its slots right after its first queue, the light tenant's among
+// them, which then waited there (testbed/bench/scenarios/README.md, "The mixed fleet's light tenant kept out of
+// servers' queues in the warm-up"). A large server that is still growing admits what waits at its next step and shows
+// more running, which opens it again. With live peers too, like queuedBeyondSeatsLocked: without it, on the mixed
+// fleet the heavy tenant's requests queued inside the 24-slot server ahead of the light tenant's next ones waiting at
+// the replica (the bench README, "lightmix17's warm-up rules with live peers"), and the heavy tenant pays what it pays
+// at one replica. A KV-bound endpoint's capacity (what its KV cache holds of the current mix, moving with it) does not
+// bound it: kept to it, the heavy tenant of the tenant-fairness scenario's KV-bound shape left the light one waiting
+// longer inside the servers (testbed/bench/scenarios/README.md). An endpoint holding none of the EPP's requests is
+// never full (hasSlot's floor): load the EPP did not send must not close it for as long as that load lasts.
 func (c *Controller) yieldedFullLocked(e *endpointState) bool {
 	if e.inflight == 0 && e.peer == 0 {
 		return false
 	}
 	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e) ||
-		c.poolSlotsLocked() > 0 && e.seats == 0 && e.queuedAtMostRun() > 0 &&
-			e.occupancy() >= e.learner.maxRunning
+		c.poolSlotsLocked() > 0 && e.seats == 0 && e.queuedAtMostRun() && e.occupancy() >= e.learner.maxRunning
 }
