@@ -180,7 +180,7 @@
 // bodies can fill them, and later refusals then keep no promise until entries expire.
 //
 // A band that queues, below Critical, keeps promises too: a client that comes back more than a second before the
-// moment it was told, and would wait, is answered 429 at once with the time left (a client that caps its wait below
+// moment it was told, and would wait, is answered 429 at once with the time left (ReasonEarlyReturn; a client that caps its wait below
 // the Retry-After it was told), unless its tenant is under its share. Without this, the returns an overload's end
 // leaves queue behind its backlog and are still waiting when the load ends. The key is the content, so another client
 // of the tenant sending the same body (a load test's fixed body) before that moment, and that would wait, is told the

@@ -113,14 +113,14 @@ func TestEarlyReturnToldTheRest(t *testing.T) {
 				case "dispatched":
 					ret.wantOutcome(t, Dispatched, ReasonNone)
 				case "told the rest":
-					d := ret.wantOutcome(t, Rejected, ReasonPredictedWait)
+					d := ret.wantOutcome(t, Rejected, ReasonEarlyReturn)
 					if want := tt.left.Round(time.Second); d.RetryAfter < tt.left || d.RetryAfter != want {
 						t.Fatalf("Retry-After %v, want the %v left of the %v told", d.RetryAfter, want, told)
 					}
 				}
 				if tt.again {
 					again := h.admitReq(Request{ID: "again", Tenant: "heavy", Bytes: 100, EstimatedCost: 1200, ReturnKey: key})
-					if d := again.wantOutcome(t, Rejected, ReasonPredictedWait); d.RetryAfter != tt.left.Round(time.Second) {
+					if d := again.wantOutcome(t, Rejected, ReasonEarlyReturn); d.RetryAfter != tt.left.Round(time.Second) {
 						t.Fatalf("the same content again: Retry-After %v, want the %v left", d.RetryAfter, tt.left.Round(time.Second))
 					}
 				}

@@ -72,6 +72,10 @@ const (
 	// ReasonBandNotAllowed: the request's priority maps above its tenant's maxBand and the policy rejects such
 	// requests rather than lowering them (Config.AboveMaxBand CapReject; Outcome Rejected, HTTP 403, no Retry-After).
 	ReasonBandNotAllowed
+	// ReasonEarlyReturn: the request came back more than a second before the moment an earlier 429's Retry-After
+	// named for it and would have waited, so it was told the rest of that wait (a band that queues, below Critical, at
+	// a controller that is not one of several replicas).
+	ReasonEarlyReturn
 )
 
 var reasonNames = [...]string{
@@ -86,6 +90,7 @@ var reasonNames = [...]string{
 	ReasonCancelled:      "cancelled",
 	ReasonInvalidRequest: "invalid_request",
 	ReasonBandNotAllowed: "band_not_allowed",
+	ReasonEarlyReturn:    "early_return",
 }
 
 // String returns the reason's header and label value ("" for ReasonNone).

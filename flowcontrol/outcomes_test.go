@@ -41,7 +41,7 @@ func checkDecision(cfg *Config, d Decision, err error) error {
 		}
 	case Rejected:
 		switch d.Reason {
-		case ReasonSaturated, ReasonQueueFull, ReasonDisplaced, ReasonPredictedWait, ReasonQueueTimeout:
+		case ReasonSaturated, ReasonQueueFull, ReasonDisplaced, ReasonPredictedWait, ReasonQueueTimeout, ReasonEarlyReturn:
 			return shed()
 		default:
 			return fmt.Errorf("rejected with reason %q", d.Reason)

@@ -142,7 +142,7 @@ func (c *Controller) keepsEarlyPromises(band Band) bool {
 // Retry-After is what is left, in whole seconds up, neither jittered nor booked again (the ledger holds its return at
 // that moment already).
 func (c *Controller) earlyReturnLocked(d *Decision, left time.Duration) {
-	d.Outcome, d.Reason = Rejected, ReasonPredictedWait
+	d.Outcome, d.Reason = Rejected, ReasonEarlyReturn
 	d.RetryAfter = time.Duration(math.Ceil(left.Seconds())) * time.Second
 }
 

@@ -53,6 +53,8 @@ func shedMessage(d flowcontrol.Decision, err error) string {
 		why = "the request was displaced from the " + d.Band.String() + " queue by higher-priority traffic"
 	case flowcontrol.ReasonPredictedWait:
 		why = "the predicted wait exceeds the " + d.Band.String() + " band's maximum queue time"
+	case flowcontrol.ReasonEarlyReturn:
+		why = "the request came back before the time an earlier answer's Retry-After named for it"
 	case flowcontrol.ReasonQueueTimeout:
 		why = "the request waited the " + d.Band.String() + " band's maximum queue time"
 	case flowcontrol.ReasonNoEndpoints:

@@ -148,7 +148,7 @@ func closedLabelValues() map[string][]string {
 	for _, b := range flowcontrol.AllBands() {
 		bands = append(bands, b.String())
 	}
-	for r := flowcontrol.ReasonSaturated; r <= flowcontrol.ReasonInvalidRequest; r++ {
+	for r := flowcontrol.ReasonSaturated; r <= flowcontrol.ReasonEarlyReturn; r++ {
 		reasons = append(reasons, r.String())
 	}
 	return map[string][]string{"band": bands, "reason": reasons}
