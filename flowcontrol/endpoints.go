@@ -41,8 +41,11 @@ type endpointState struct {
 	// foreign is how many more requests the last two scrapes both showed here than the EPP had sent (another EPP
 	// replica's, or requests sent around the gateway): the endpoint's occupancy counts them too.
 	foreign int
-	// peer is how many requests other EPP replicas said they sent here and still run (Peers.Load).
-	peer int
+	// peer is how many requests other EPP replicas said they sent here and still run (Peers.Load); peerKV the KV size in
+	// tokens they reach at their ends (Peers.LoadKV), and peerUnsized how many of them are of unknown size
+	// (Peers.LoadUnsized).
+	peer, peerUnsized int
+	peerKV            float64
 	// seats and capacity are concurrencyLearner.limits: the requests the endpoint is known to start at once (0 while
 	// unknown) and the most admission keeps there under the Critical reserve (0: no bound).
 	seats, capacity int

@@ -32,8 +32,11 @@ import (
 //     preempted nor leaves a prompt waiting inside the server; the room left between what the requests hold now and
 //     what they will hold is the protected requests' (kvTakesLocked). Below saturation it takes what the seats allow.
 //
-// Nothing applies to an endpoint whose capacity or run time is not learned, or that carries load the EPP did not send
-// (foreign or a peer's): its size is unknown to the EPP.
+// With live peers each replica counts its own endpoints so: the requests its peers sent there count at the final sizes
+// the peers told (Peers.LoadKV; the EPP does not know when they started, and a final size is the most a request holds),
+// and whether the pool is saturated is judged over the peers' waiting requests too (lowerBandsSaturatedLocked).
+// Nothing applies to an endpoint whose capacity or run time is not learned, or that carries load of unknown size
+// (foreign beyond its peers' requests, or a peer's that did not tell its sizes).
 
 // kvSize is a request's KV size in tokens: its prompt, held from its start, and its expected output, which it grows
 // into while it decodes.
@@ -45,6 +48,13 @@ func sizeOf(req Request) kvSize {
 	out := math.Min(float64(req.OutputTokens), cost)
 	return kvSize{prompt: cost - out, output: out}
 }
+
+// FinalKVTokens is req's KV size at its end, in tokens: its prompt and expected output (Request.EstimatedCost). A
+// replica that sends req to a peer's endpoint tells the owner this (Peers.LoadKV), which counts its KV room with it.
+func FinalKVTokens(req Request) int { return tokensOf(sizeOf(req)) }
+
+// tokensOf is s's final size in whole tokens, as the peer exchange tells it.
+func tokensOf(s kvSize) int { return int(math.Round(s.final())) }
 
 // final is the size at the request's end.
 func (s kvSize) final() float64 { return s.prompt + s.output }
@@ -123,20 +133,23 @@ func (e *endpointState) learnKVCapacity(s kvScrape) {
 // kvKnown reports whether the endpoint's KV room is counted: it has seats (a small server that queued while running
 // few requests, or a stated or learned slot limit: large-batch servers, whose requests contend in prefill long before
 // they run out of places, keep the saturation thresholds alone, as they do for seats), its capacity and run time are
-// learned, and it carries only the EPP's own load. Counted on the large-batch fleet, the A10G-like servers' KV room
-// cost its Sheddable band throughput (testbed/bench/scenarios/README.md, "KV room at final size").
+// learned, and every request on it is of a size the EPP knows: its own, and its peers' where they told their sizes
+// (Peers.LoadKV; peerUnsized counts those of peers that did not), with no load its scrapes show beyond those (foreign
+// over the peers' count). Counted on the large-batch fleet, the A10G-like servers' KV room cost its Sheddable band
+// throughput (testbed/bench/scenarios/README.md, "KV room at final size").
 func (e *endpointState) kvKnown() bool {
-	return e.seats > 0 && e.kvCapacity > 0 && e.runTime > 0 && e.foreign == 0 && e.peer == 0
+	return e.seats > 0 && e.kvCapacity > 0 && e.runTime > 0 && e.foreign <= e.peer && e.peerUnsized == 0
 }
 
 // fitsFinal reports whether one more request of final size final fits at the endpoint's final sizes: every request
-// of the EPP's there, and the new one, at its final size within the learned capacity, to the nearest request. The
+// of the EPP's there and of its peers', and the new one, at its final size within the learned capacity, to the nearest
+// request. The
 // capacity is learned from estimated sizes (a prompt's tokens from its body's bytes, its blocks rounded up by the
 // server), a few percent off (testbed/bench/scenarios/README.md, "KV room at final size"). Counted to the nearest
 // request, an error under half a request does not cost a place. An endpoint whose room is not known, or that holds
-// none of the EPP's requests, always fits: an empty endpoint is never full (hasSlot's floor).
+// none of the EPP's requests nor its peers', always fits: an empty endpoint is never full (hasSlot's floor).
 func (e *endpointState) fitsFinal(final float64) bool {
-	return !e.kvKnown() || e.inflight == 0 || e.kvFinal+final/2 <= e.kvCapacity
+	return !e.kvKnown() || e.inflight+e.peer == 0 || e.kvFinal+e.peerKV+final/2 <= e.kvCapacity
 }
 
 // kvFinalWeight is the weight of each dispatched request in the mean final size (kvMeanFinal).
@@ -162,7 +175,7 @@ func (c *Controller) noteKVSizeLocked(s kvSize, capacity float64) {
 // the Critical reserve, or in a band with a tenant under its share, not itself under its share, and while the lower
 // bands are saturated (lowerBandsSaturatedLocked).
 func (c *Controller) kvKeepsRoomLocked(band Band, tenant string, reserve bool, now time.Time) bool {
-	if band == Critical || c.peers.ReserveShare != nil || !c.lowerBandsSaturatedLocked() {
+	if band == Critical || !c.lowerBandsSaturatedLocked() {
 		return false
 	}
 	return (reserve || c.bandUnderShareLocked(band, now)) && !c.isUnderShareLocked(band, tenant, now)
@@ -179,6 +192,14 @@ func (c *Controller) kvKeepsRoomLocked(band Band, tenant string, reserve bool, n
 // promised return, shows the overload lasts.
 func (c *Controller) lowerBandsSaturatedLocked() bool {
 	return c.totalCount > int64(c.bands[Critical].count)
+}
+
+// ReservedKVTokens is the KV size at its end, in tokens, of request id, which holds a reservation here (0 when it holds
+// none): a request the scheduler places on a peer's endpoint is told to the owner with it (Peers.LoadKV).
+func (c *Controller) ReservedKVTokens(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return tokensOf(c.reservations[id].size)
 }
 
 // kvTakesLocked reports whether e may take an unprotected request (keep: kvKeepsRoomLocked) as far as KV room goes.
@@ -264,10 +285,10 @@ func kvStays(entries []kvEntry, s kvSize, capacity float64, nowNs int64, run tim
 // kvPlaceLocked narrows where a protected request of size s goes among names (the endpoints with headroom; best the
 // one headroomLocked picked): to those where its prompt fits now and it stays (kvStays), else to those where it fits
 // now, else leaves them as they are. It leaves them alone too when any of them has room that cannot be counted
-// (kvKnown), with live peers, and for a request that is not protected. best becomes the least saturated endpoint kept
+// (kvKnown), and for a request that is not protected. A peer's requests there count at their final sizes. best becomes the least saturated endpoint kept
 // (best itself if kept).
 func (c *Controller) kvPlaceLocked(band Band, tenant string, s kvSize, best int, names []string, now time.Time) (int, []string) {
-	if len(names) < 2 || c.peers.ReserveShare != nil {
+	if len(names) < 2 {
 		return best, names
 	}
 	if !(band == Critical && c.criticalReserveLocked(now) || band != Critical && c.isUnderShareLocked(band, tenant, now)) {
@@ -287,11 +308,12 @@ func (c *Controller) kvPlaceLocked(band Band, tenant string, s kvSize, best int,
 	for _, name := range names {
 		i := want[name]
 		e := &c.endpoints[i]
-		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt > e.kvCapacity {
+		capacity := e.kvCapacity - e.peerKV // the peers' requests there, at the most they hold
+		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt > capacity {
 			continue
 		}
 		fits = append(fits, name)
-		if kvStays(entries[i], s, e.kvCapacity, nowNs, e.runTime) {
+		if kvStays(entries[i], s, capacity, nowNs, e.runTime) {
 			stays = append(stays, name)
 		}
 	}

@@ -133,9 +133,11 @@ func TestFitsFinal(t *testing.T) {
 		inflight int
 		capacity float64
 		foreign  int
-		noSeats  bool
-		final    float64 // the size judged; 0: kvReq's
-		want     bool
+		// peer requests of kvReq's size, of which peerUnsized are of peers that did not tell their sizes
+		peer, peerUnsized int
+		noSeats           bool
+		final             float64 // the size judged; 0: kvReq's
+		want              bool
 	}{
 		{name: "the tenth of ten", inflight: 9, capacity: 6800, want: true},
 		{name: "the tenth, capacity learned a few percent low", inflight: 9, capacity: 6600, want: true},
@@ -146,6 +148,12 @@ func TestFitsFinal(t *testing.T) {
 		{name: "no seats: a large-batch server", inflight: 20, capacity: 6800, noSeats: true, want: true},
 		{name: "empty, a mean size beyond the capacity", capacity: 6800, final: 1 << 24, want: true},
 		{name: "one there, a mean size beyond the capacity", inflight: 1, capacity: 6800, final: 1 << 24},
+		{name: "the tenth with a peer's request: counted at its size", inflight: 8, peer: 1, foreign: 1, capacity: 6800, want: true},
+		{name: "the eleventh with a peer's request", inflight: 9, peer: 1, foreign: 1, capacity: 6800},
+		{name: "the eleventh, the peer's not scraped yet", inflight: 9, peer: 1, capacity: 6800},
+		{name: "the eleventh, a peer's of unknown size", inflight: 9, peer: 1, peerUnsized: 1, foreign: 1, capacity: 6800, want: true},
+		{name: "the eleventh, foreign load beyond the peers'", inflight: 9, peer: 1, foreign: 2, capacity: 6800, want: true},
+		{name: "only a peer's requests there, the eleventh", peer: 10, foreign: 10, capacity: 6800},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -155,6 +163,7 @@ func TestFitsFinal(t *testing.T) {
 				e.seats = 0
 			}
 			e.inflight, e.kvFinal = tc.inflight, float64(tc.inflight)*kvReq.final()
+			e.peer, e.peerUnsized, e.peerKV = tc.peer, tc.peerUnsized, float64(tc.peer-tc.peerUnsized)*kvReq.final()
 			final := kvReq.final()
 			if tc.final > 0 {
 				final = tc.final
@@ -403,6 +412,86 @@ func TestLowerBandsSaturated(t *testing.T) {
 					if got != st.want {
 						t.Fatalf("step %d: saturated %v, want %v", i, got, st.want)
 					}
+				}
+			})
+		})
+	}
+}
+
+// TestKVRoomWithLivePeers: with live peers (one of several replicas, each owning its endpoints) KV room is counted as
+// alone, with the requests peers sent to this replica's endpoints at the final sizes they told (Peers.LoadKV): a
+// protected request goes where its prompt fits now and stays, an unprotected one keeps to final sizes while a lower
+// band waits; an endpoint holding a peer's request of unknown size (an older release's) is placed as before.
+func TestKVRoomWithLivePeers(t *testing.T) {
+	s := time.Second
+	full := repeatAgo(10, 3*s)
+	young := repeatAgo(10, s/10)
+	roomy := repeatAgo(8, 2*s)
+	tests := []struct {
+		name        string
+		band        Band
+		peerOnC     int  // requests of kvReq's size a peer sent to c
+		unsized     bool // ... of a peer that does not tell their sizes
+		waiting     bool // a Standard request waits here
+		wantPlaced  []string
+		wantATakes  bool // a, ten just started, takes one more unprotected request at its final size
+		wantCTakes  bool // c takes one
+		checkTaking bool
+	}{
+		{name: "Critical: where it fits and stays", band: Critical, wantPlaced: []string{"c"}},
+		{name: "Critical: a peer's requests on c leave no room there", band: Critical, peerOnC: 2, wantPlaced: []string{"b"}},
+		{name: "Critical: a peer's requests of unknown size on c, placed as before", band: Critical, peerOnC: 2, unsized: true,
+			wantPlaced: []string{"a", "b", "c"}},
+		{name: "Standard keeps to final sizes while Standard waits", band: Standard, waiting: true, checkTaking: true,
+			wantCTakes: true},
+		{name: "Standard keeps to final sizes, a peer's requests counted", band: Standard, waiting: true, peerOnC: 3,
+			checkTaking: true},
+		{name: "Standard takes the room when nothing waits", band: Standard, checkTaking: true, wantATakes: true,
+			wantCTakes: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := kvHarness(t, map[string][]time.Duration{"a": young, "b": young, "c": roomy})
+				if tc.band == Critical {
+					h = kvHarness(t, map[string][]time.Duration{"a": full, "b": young, "c": roomy})
+				}
+				p := Peers{ReserveShare: func(pool, seats int) int { return pool / 2 }, Seats: 33}
+				if tc.peerOnC > 0 {
+					p.Load = map[string]int{"c": tc.peerOnC}
+					if tc.unsized {
+						p.LoadUnsized = map[string]int{"c": tc.peerOnC}
+					} else {
+						p.LoadKV = map[string]float64{"c": float64(tc.peerOnC) * kvReq.final()}
+					}
+				}
+				h.c.SetPeers(p)
+				h.c.mu.Lock()
+				defer h.c.mu.Unlock()
+				now := h.clk.Now()
+				h.c.lastCritical = now // the reserve is on
+				if tc.waiting {
+					h.c.bands[Standard].count++ // as a queued request counts (admitLocked), until the test ends
+					h.c.totalCount++
+					defer func() { h.c.bands[Standard].count--; h.c.totalCount-- }()
+				}
+				if tc.checkTaking {
+					keep := h.c.kvKeepsRoomLocked(tc.band, "t", h.c.criticalReserveLocked(now), now)
+					a, c := &h.c.endpoints[h.c.endpointIndex["a"]], &h.c.endpoints[h.c.endpointIndex["c"]]
+					if got := h.c.kvTakesLocked(a, keep); got != tc.wantATakes {
+						t.Errorf("a takes it: %v, want %v", got, tc.wantATakes)
+					}
+					if got := h.c.kvTakesLocked(c, keep); got != tc.wantCTakes {
+						t.Errorf("c takes it: %v, want %v", got, tc.wantCTakes)
+					}
+					return
+				}
+				best, got := h.c.kvPlaceLocked(tc.band, "t", kvReq, 0, []string{"a", "b", "c"}, now)
+				if !slices.Equal(got, tc.wantPlaced) {
+					t.Fatalf("placed among %v, want %v", got, tc.wantPlaced)
+				}
+				if name := h.c.endpoints[best].Name; !slices.Contains(got, name) {
+					t.Fatalf("best %s is not among %v", name, got)
 				}
 			})
 		})

@@ -56,8 +56,12 @@ type Peers struct {
 	// ReserveShare returns this replica's part of a pool-wide reserve of pool idle seats, given its own seat-bound
 	// seats. nil: no peer is live, the reserve is this controller's alone.
 	ReserveShare func(pool, seats int) int
-	// Load is, per endpoint of this controller, how many requests peers sent there that still run.
-	Load map[string]int
+	// Load is, per endpoint of this controller, how many requests peers sent there that still run. LoadKV is the KV
+	// size in tokens those requests reach at their ends (their prompts and expected outputs), as the peers that tell it
+	// said, and LoadUnsized how many of them are of peers that do not (older releases): an endpoint with any is of
+	// unknown KV room (kvKnown).
+	Load, LoadUnsized map[string]int
+	LoadKV            map[string]float64
 	// PoolSlots is the smallest slot limit the peers learned on their endpoints (SeatSummary.PoolSlots); 0 when none
 	// did.
 	PoolSlots int
@@ -229,6 +233,7 @@ func (c *Controller) SetPeers(p Peers) {
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
 		load := p.Load[e.Name]
+		e.peerKV, e.peerUnsized = p.LoadKV[e.Name], p.LoadUnsized[e.Name]
 		if load == e.peer {
 			continue
 		}
@@ -455,10 +460,10 @@ func (c *Controller) seatsGuessedLocked(e *endpointState) bool {
 // DispatchSpareElsewhere dispatches waiting requests of the bands below Critical that may go to a peer's endpoint
 // (mayGoToPeerLocked), in the order this replica dispatches them (bands by priority, a tenant under its share first),
 // while take finds a peer's spare place for the next (take gets the request's ID and whether its tenant is under its
-// share, which may take the places kept for such requests too, and returns the endpoint; it runs under the controller's
-// lock and must not call the controller). It returns how many went. A request waits here only when no endpoint here has
+// share, which may take the places kept for such requests too, and its KV size at its end in tokens, FinalKVTokens, for
+// the owner to count; it returns the endpoint; it runs under the controller's lock and must not call the controller). It returns how many went. A request waits here only when no endpoint here has
 // room for it, so this sends to a peer's idle place only what would otherwise wait.
-func (c *Controller) DispatchSpareElsewhere(take func(id string, protected bool) (endpoint string, ok bool)) int {
+func (c *Controller) DispatchSpareElsewhere(take func(id string, tokens int, protected bool) (endpoint string, ok bool)) int {
 	c.mu.Lock()
 	now := c.clock.Now()
 	n := 0
@@ -475,7 +480,7 @@ func (c *Controller) DispatchSpareElsewhere(take func(id string, protected bool)
 				if !protected && now.Sub(tq.head.enqueuedAt) < SpareMinWait {
 					break bands // the next in line has not waited long enough to leave its own endpoints
 				}
-				endpoint, ok := take(tq.head.id, protected)
+				endpoint, ok := take(tq.head.id, tokensOf(tq.head.size), protected)
 				if !ok {
 					break bands
 				}
@@ -588,15 +593,16 @@ func (c *Controller) DispatchedElsewhere(req Request, endpoint string) Decision 
 }
 
 // DispatchWaitingElsewhere dispatches waiting Critical requests, in their order, to peers' endpoints while take
-// finds one with an idle seat for the next (take gets the request's ID and returns the endpoint; it runs under the
-// controller's lock and must not call the controller). It returns how many went.
-func (c *Controller) DispatchWaitingElsewhere(take func(id string) (endpoint string, ok bool)) int {
+// finds one with an idle seat for the next (take gets the request's ID and its KV size at its end in tokens,
+// FinalKVTokens, and returns the endpoint; it runs under the controller's lock and must not call the controller). It
+// returns how many went.
+func (c *Controller) DispatchWaitingElsewhere(take func(id string, tokens int) (endpoint string, ok bool)) int {
 	c.mu.Lock()
 	now := c.clock.Now()
 	q := c.bands[Critical]
 	n := 0
 	for q.count > 0 {
-		endpoint, ok := take(q.active[0].head.id)
+		endpoint, ok := take(q.active[0].head.id, tokensOf(q.active[0].head.size))
 		if !ok {
 			break
 		}

@@ -124,7 +124,7 @@ func TestCriticalElsewhere(t *testing.T) {
 			cl.wantWaiting(t)
 		}
 		var offered []string
-		n := h.c.DispatchWaitingElsewhere(func(id string) (string, bool) {
+		n := h.c.DispatchWaitingElsewhere(func(id string, _ int) (string, bool) {
 			offered = append(offered, id)
 			return "peer-ep", len(offered) == 1 // one idle seat among the peers
 		})
@@ -713,7 +713,7 @@ func TestSpareElsewhere(t *testing.T) {
 				}
 				h.step(tc.waited)
 				var offered []string
-				n := h.c.DispatchSpareElsewhere(func(id string, protected bool) (string, bool) {
+				n := h.c.DispatchSpareElsewhere(func(id string, _ int, protected bool) (string, bool) {
 					if protected {
 						t.Errorf("%s offered as a protected request: one tenant is under nobody's share", id)
 					}

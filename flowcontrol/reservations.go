@@ -56,7 +56,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 	for i := range states {
 		s := &states[i]
 		newScrape[i] = s.scrapedNs != math.MinInt64
-		s.peer = c.peers.Load[s.Name]
+		s.peer, s.peerKV, s.peerUnsized = c.peers.Load[s.Name], c.peers.LoadKV[s.Name], c.peers.LoadUnsized[s.Name]
 		if j, ok := c.endpointIndex[s.Name]; ok {
 			old := &c.endpoints[j]
 			s.learner, s.recon, s.foreign = old.learner, old.recon, old.foreign

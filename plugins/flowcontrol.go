@@ -536,8 +536,12 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 		return
 	}
 	endpoint := EndpointName(primary.TargetEndpoints[0].GetMetadata())
+	tokens := 0
+	if f.peers != nil {
+		tokens = f.ctrl.ReservedKVTokens(request.RequestId)
+	}
 	f.ctrl.Bind(request.RequestId, endpoint)
-	f.routedToPeer(request.RequestId, endpoint)
+	f.routedToPeer(request.RequestId, endpoint, tokens)
 }
 
 // ResponseBody implements fwkrc.ResponseBody: a streamed response's first chunk ends the request's pending count on

@@ -117,9 +117,9 @@ func (f *FlowControl) HearPeer(s replication.Summary) {
 	f.peers.Heard(s, now)
 	f.applyPeers()
 	if f.steersElsewhere() {
-		f.ctrl.DispatchWaitingElsewhere(func(id string) (string, bool) { return f.peers.Take(id, now) })
-		f.ctrl.DispatchSpareElsewhere(func(id string, protected bool) (string, bool) {
-			return f.peers.TakeSpare(id, now, protected)
+		f.ctrl.DispatchWaitingElsewhere(func(id string, tokens int) (string, bool) { return f.peers.Take(id, tokens, now) })
+		f.ctrl.DispatchSpareElsewhere(func(id string, tokens int, protected bool) (string, bool) {
+			return f.peers.TakeSpare(id, tokens, now, protected)
 		})
 	}
 }
@@ -148,11 +148,24 @@ func (f *FlowControl) applyPeers() {
 	}
 	f.ctrl.SetPeers(flowcontrol.Peers{
 		CriticalRate: pool.CriticalRate, SeatFrees: pool.SeatFrees, Seats: pool.Seats,
-		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, PoolSlots: pool.PoolSlots, PoolRunning: pool.PoolRunning,
+		CriticalWaiting: pool.CriticalWaiting, Load: pool.Load, LoadKV: loadKV(pool.LoadTokens), LoadUnsized: pool.LoadUnsized,
+		PoolSlots: pool.PoolSlots, PoolRunning: pool.PoolRunning,
 		IdleSeats: pool.IdleSeats, ProtectedWaiting: pool.ProtectedWaiting,
 		ReserveShare: func(n, seats int) int { return pool.ReserveShare(self, n, seats) },
 		Demand:       demand,
 	})
+}
+
+// loadKV is the peers' KV sizes on this replica's endpoints in the controller's terms (nil for none).
+func loadKV(tokens map[string]int) map[string]float64 {
+	if len(tokens) == 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(tokens))
+	for e, n := range tokens {
+		out[e] = float64(n)
+	}
+	return out
 }
 
 // sendElsewhere dispatches req to a peer's endpoint with an idle seat when it is a Critical request that would wait
@@ -161,7 +174,7 @@ func (f *FlowControl) sendElsewhere(req flowcontrol.Request) (d flowcontrol.Deci
 	if f.peers == nil || !f.steersElsewhere() || !f.ctrl.CriticalWouldWait(req) {
 		return d, false
 	}
-	endpoint, ok := f.peers.Take(req.ID, f.clock.Now())
+	endpoint, ok := f.peers.Take(req.ID, flowcontrol.FinalKVTokens(req), f.clock.Now())
 	if !ok {
 		return d, false
 	}
@@ -176,10 +189,11 @@ func (f *FlowControl) mayUsePeerEndpoint(band flowcontrol.Band, name string) boo
 }
 
 // routedToPeer records request id, which the scheduler placed on endpoint, as sent to a peer's endpoint when a peer
-// owns it, so that the owner counts it.
-func (f *FlowControl) routedToPeer(id, endpoint string) {
+// owns it, so that the owner counts it, with tokens, its KV size at its end (taken from its reservation before Bind
+// moved it off this replica's endpoints).
+func (f *FlowControl) routedToPeer(id, endpoint string, tokens int) {
 	if f.peers != nil && endpoint != "" && f.ctrl.IsPeerEndpoint(endpoint) {
-		f.peers.SentTo(id, endpoint, f.clock.Now())
+		f.peers.SentTo(id, endpoint, tokens, f.clock.Now())
 	}
 }
 

@@ -40,6 +40,10 @@ type Summary struct {
 	// Sent counts, per endpoint the sender does not own, its requests running there: Critical ones sent to idle seats
 	// (Exchange.Take) and any routed there for prefix affinity (Exchange.SentTo).
 	Sent []EndpointCount
+	// SentTokens is, per entry of Sent, the KV size in tokens its requests reach at their ends (their prompts and
+	// expected outputs), for the owner to count its endpoints' KV room with them (wire version 8); nil from a sender
+	// that does not tell them (an older release), whose requests are then of unknown size to the owner.
+	SentTokens []int
 	// Acks is, per peer, the Seq of the latest of its summaries the sender has taken in: a peer's request sent to
 	// the sender's endpoint counts in the sender's Idle once the summary that first told of it is acknowledged.
 	Acks []Ack
@@ -144,6 +148,8 @@ type sentRequest struct {
 	endpoint, owner string
 	seq             uint64
 	at              time.Time
+	// tokens is the request's KV size at its end (Summary.SentTokens).
+	tokens int
 }
 
 // sentTTL is how long a request sent to a peer's endpoint is counted without its end being reported (Done). Its end
@@ -220,15 +226,22 @@ func (x *Exchange) Next(own Summary, now time.Time) Summary {
 	defer x.mu.Unlock()
 	x.liveLocked(now)
 	x.seq++
-	own.From, own.Seq, own.Sent, own.Acks = x.self, x.seq, nil, nil
-	counts := map[string]int{}
+	own.From, own.Seq, own.Sent, own.SentTokens, own.Acks = x.self, x.seq, nil, nil, nil
+	type onEndpoint struct{ n, tokens int }
+	counts := map[string]onEndpoint{}
 	for _, r := range x.sent {
-		counts[r.endpoint]++
+		c := counts[r.endpoint]
+		c.n++
+		c.tokens += r.tokens
+		counts[r.endpoint] = c
 	}
-	for e, n := range counts {
-		own.Sent = append(own.Sent, EndpointCount{Endpoint: e, N: n})
+	for e, c := range counts {
+		own.Sent = append(own.Sent, EndpointCount{Endpoint: e, N: c.n})
 	}
 	slices.SortFunc(own.Sent, func(a, b EndpointCount) int { return cmp.Compare(a.Endpoint, b.Endpoint) })
+	for _, e := range own.Sent {
+		own.SentTokens = append(own.SentTokens, counts[e.Endpoint].tokens)
+	}
 	for p, h := range x.peers {
 		own.Acks = append(own.Acks, Ack{Peer: p, Seq: h.Seq})
 	}
@@ -247,8 +260,10 @@ type Pool struct {
 	PoolRunning int
 	// ProtectedWaiting is how many requests of tenants under their share wait at the live peers.
 	ProtectedWaiting int
-	// Load is, per endpoint, the requests peers said they sent there and still run.
-	Load map[string]int
+	// Load is, per endpoint, the requests peers said they sent there and still run. LoadTokens is, per endpoint, the
+	// KV size in tokens those requests reach at their ends, of the peers that tell it (Summary.SentTokens), and
+	// LoadUnsized how many of the requests are of peers that do not (older releases): of unknown size.
+	Load, LoadTokens, LoadUnsized map[string]int
 	// seats are the live replicas' seat-bound seats, self's not included, by name (ReserveShare).
 	seats map[string]int
 	// Demand sums the Demand of the live peers that sent one (DemandPeers of them; a peer of a release from before
@@ -283,11 +298,16 @@ func (x *Exchange) Pool(now time.Time) Pool {
 		}
 		p.PoolRunning = max(p.PoolRunning, h.PoolRunning)
 		p.seats[name] = h.Seats
-		for _, s := range h.Sent {
+		for i, s := range h.Sent {
 			if p.Load == nil {
-				p.Load = map[string]int{}
+				p.Load, p.LoadTokens, p.LoadUnsized = map[string]int{}, map[string]int{}, map[string]int{}
 			}
 			p.Load[s.Endpoint] += s.N
+			if len(h.SentTokens) == len(h.Sent) {
+				p.LoadTokens[s.Endpoint] += h.SentTokens[i]
+			} else {
+				p.LoadUnsized[s.Endpoint] += s.N
+			}
 		}
 	}
 	// Demand in peer name order: sums of floats, which the same figures then give the same in every run.
@@ -351,7 +371,7 @@ func (p Pool) ReserveShare(self string, pool, seats int) int {
 	return pool*(before+seats)/total - pool*before/total
 }
 
-// Take picks, for request id, a peer's endpoint with an idle seat offered to this replica that no request of this
+// Take picks, for request id, whose KV size at its end is tokens (Summary.SentTokens), a peer's endpoint with an idle seat offered to this replica that no request of this
 // replica has taken since the peer last counted (the one with most such seats; names break ties), records the
 // request there and returns the endpoint. ok is false when no live peer offers one.
 //
@@ -359,10 +379,10 @@ func (p Pool) ReserveShare(self string, pool, seats int) int {
 // on an endpoint Idle lists is one of those seats, seatNumbers) to the (i+Seq) mod n-th of the n peers it
 // acknowledges, in name order. So two replicas never take the same idle seat
 // from one summary, and each summary (every exchange interval) offers the seats to the next replica.
-func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
+func (x *Exchange) Take(id string, tokens int, now time.Time) (endpoint string, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if endpoint, ok = x.takeLocked(id, now, func(h heardSummary) []EndpointCount { return h.Idle }); ok {
+	if endpoint, ok = x.takeLocked(id, tokens, now, func(h heardSummary) []EndpointCount { return h.Idle }); ok {
 		x.taken++
 	}
 	return endpoint, ok
@@ -374,7 +394,7 @@ func (x *Exchange) Take(id string, now time.Time) (endpoint string, ok bool) {
 // (Summary.SpareProtected). The places are offered in turn as idle seats are, so two replicas never take the same place
 // from one summary, and a replica takes a place again only once the owner acknowledges the summary that counted its
 // last one there.
-func (x *Exchange) TakeSpare(id string, now time.Time, protected bool) (endpoint string, ok bool) {
+func (x *Exchange) TakeSpare(id string, tokens int, now time.Time, protected bool) (endpoint string, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	spare := func(h heardSummary) []EndpointCount {
@@ -383,14 +403,14 @@ func (x *Exchange) TakeSpare(id string, now time.Time, protected bool) (endpoint
 		}
 		return h.Spare
 	}
-	if endpoint, ok = x.takeLocked(id, now, spare); ok {
+	if endpoint, ok = x.takeLocked(id, tokens, now, spare); ok {
 		x.spare++
 	}
 	return endpoint, ok
 }
 
 // takeLocked is Take over the list of each live peer's summary that offered gives.
-func (x *Exchange) takeLocked(id string, now time.Time, offered func(heardSummary) []EndpointCount) (endpoint string, ok bool) {
+func (x *Exchange) takeLocked(id string, tokens int, now time.Time, offered func(heardSummary) []EndpointCount) (endpoint string, ok bool) {
 	x.liveLocked(now)
 	// unseen counts this replica's requests each owner has not yet acknowledged, by endpoint.
 	unseen := map[string]int{}
@@ -422,7 +442,7 @@ func (x *Exchange) takeLocked(id string, now time.Time, offered func(heardSummar
 	if bestFree <= 0 {
 		return "", false
 	}
-	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now}
+	x.sent[id] = sentRequest{endpoint: best, owner: bestOwner, seq: x.seq + 1, at: now, tokens: tokens}
 	return best, true
 }
 
@@ -459,15 +479,15 @@ func seatNumbers(idle []EndpointCount) func(e EndpointCount) iter.Seq[int] {
 	}
 }
 
-// SentTo records request id, which this replica routed to endpoint, a peer's, without taking an offered seat (prefix
+// SentTo records request id, of KV size tokens at its end, which this replica routed to endpoint, a peer's, without taking an offered seat (prefix
 // affinity chose it): its summaries count it there (Sent), and the owner on its seats, until Done. A request already
 // recorded (Take) keeps its record. Its owner is not known here, so it does not hold back this replica's next Take of
 // that endpoint's offered seats before the owner counts it: for one exchange interval a seat may be offered twice.
-func (x *Exchange) SentTo(id, endpoint string, now time.Time) {
+func (x *Exchange) SentTo(id, endpoint string, tokens int, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if _, ok := x.sent[id]; !ok {
-		x.sent[id] = sentRequest{endpoint: endpoint, seq: x.seq + 1, at: now}
+		x.sent[id] = sentRequest{endpoint: endpoint, seq: x.seq + 1, at: now, tokens: tokens}
 		x.routed++
 	}
 }

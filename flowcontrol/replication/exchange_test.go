@@ -30,7 +30,7 @@ func TestExchangeOffersIdleSeatsInTurn(t *testing.T) {
 		{c, "c2", "b-ep2"},
 		{c, "c3", ""},
 	} {
-		got, ok := step.x.Take(step.id, t0)
+		got, ok := step.x.Take(step.id, 0, t0)
 		if got != step.want || ok != (step.want != "") {
 			t.Fatalf("%s: took %q (%v), want %q", step.id, got, ok, step.want)
 		}
@@ -41,14 +41,14 @@ func TestExchangeOffersIdleSeatsInTurn(t *testing.T) {
 		t.Fatalf("a's summary %+v, want Seq 1 telling of one request on b-ep2", own)
 	}
 	a.Heard(Summary{From: "b", Seq: 8, Idle: []EndpointCount{{"b-ep1", 1}}, Acks: []Ack{{"a", own.Seq}, {"c", 0}}}, t0)
-	if got, ok := a.Take("a3", t0); !ok || got != "b-ep1" {
+	if got, ok := a.Take("a3", 0, t0); !ok || got != "b-ep1" {
 		t.Fatalf("took %q (%v), want b-ep1", got, ok)
 	}
 	if !a.Done("a1") || a.Done("a1") || !a.Sent("a3") {
 		t.Fatal("Done or Sent do not follow the requests sent")
 	}
 	// b falls silent: nothing is offered, and a's pool has no live peer.
-	if _, ok := a.Take("a4", t0.Add(time.Second)); ok {
+	if _, ok := a.Take("a4", 0, t0.Add(time.Second)); ok {
 		t.Fatal("took a seat from a peer silent for the timeout")
 	}
 	if a.Pool(t0.Add(time.Second)).Live() {
@@ -113,7 +113,7 @@ func TestSummaryWireRoundTrip(t *testing.T) {
 		{From: "10.0.0.1:9003", Seq: 1},
 		{From: "epp-0", Seq: 1 << 40, CriticalRate: 3.5, SeatFrees: 9.25, Seats: 48, CriticalWaiting: 2,
 			Idle: []EndpointCount{{"10.0.1.1:8000", 1}, {"10.0.1.2:8000", 3}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}},
-			Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}, PoolSlots: 4, PoolRunning: 4},
+			SentTokens: []int{1 << 20}, Acks: []Ack{{"epp-1", 99}, {"epp-2", 7}}, PoolSlots: 4, PoolRunning: 4},
 		{From: "epp-2", Seq: 3, Spare: []EndpointCount{{"10.0.3.1:8000", 1}, {"10.0.3.2:8000", 2}}, SpareProtected: true,
 			ProtectedWaiting: 5},
 		{From: "epp-1", Seq: 2, Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{1, 1 << 63, 42}},
@@ -173,7 +173,7 @@ func TestExchangeSentExpires(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	a := NewExchange("a", time.Hour)
 	a.Heard(Summary{From: "b", Seq: 1, Idle: []EndpointCount{{"b-ep", 1}}, Acks: []Ack{{"a", 0}}}, t0)
-	if _, ok := a.Take("lost", t0); !ok {
+	if _, ok := a.Take("lost", 0, t0); !ok {
 		t.Fatal("took no seat")
 	}
 	if own := a.Next(Summary{}, t0.Add(sentTTL-time.Second)); len(own.Sent) != 1 || !a.Sent("lost") {
@@ -192,7 +192,7 @@ func TestSummaryWireVersions(t *testing.T) {
 		Idle: []EndpointCount{{"10.0.1.1:8000", 2}}, Sent: []EndpointCount{{"10.0.2.1:8000", 1}}, Acks: []Ack{{"epp-1", 3}},
 		Prefix: []BlockInserts{{Pod: "default/vllm-0", Hashes: []uint64{5}}}, PoolSlots: 4, PoolRunning: 3,
 		Demand: &Demand{Drain: 6, Settled: true, Unseated: true, Tenants: []TenantDemand{{Band: 1, Tenant: "light", Cost: 2, Requests: 1, Weight: 1}}},
-		Spare:  []EndpointCount{{"10.0.1.2:8000", 1}}, SpareProtected: true, ProtectedWaiting: 2}
+		Spare:  []EndpointCount{{"10.0.1.2:8000", 1}}, SpareProtected: true, ProtectedWaiting: 2, SentTokens: []int{680}}
 	seated := *s.Demand
 	seated.Unseated = false
 	wire := map[byte][]byte{}
@@ -204,6 +204,9 @@ func TestSummaryWireVersions(t *testing.T) {
 		wire[v] = b
 		want := s
 		want.Version = v
+		if v < wireVersionSentKV {
+			want.SentTokens = nil
+		}
 		if v < wireVersionUnseated {
 			want.Demand = &seated
 		}
@@ -238,6 +241,8 @@ func TestSummaryWireVersions(t *testing.T) {
 	noUnseated := s
 	noUnseated.Demand = &seated
 	v7, _ := noUnseated.AppendVersion(nil, wireVersionUnseated)
+	noUnseated.SentTokens = nil
+	v8, _ := noUnseated.AppendVersion(nil, wireVersionSentKV)
 	for _, tc := range []struct {
 		older, newer []byte
 		added        int
@@ -248,7 +253,9 @@ func TestSummaryWireVersions(t *testing.T) {
 		{wire[wireVersionDemand], wire[wireVersionRunning], 1}, // the most run: 3, one byte
 		{wire[wireVersionRunning], v6, 3},                      // no spare place, no flag, none waiting: 3 bytes
 		{wire[wireVersionRunning], wire[wireVersionSpare], len(wire[wireVersionSpare]) - len(wire[wireVersionRunning])},
-		{wire[wireVersionSpare], v7, 0}, // the same bytes: version 7 adds a demand flag, clear here
+		{wire[wireVersionSpare], v7, 0},                         // the same bytes: version 7 adds a demand flag, clear here
+		{wire[wireVersionUnseated], wire[wireVersionSentKV], 2}, // 680 tokens for the one request sent: two bytes
+		{v7, v8, 1}, // a sender that did not size its request tells 0 tokens: one byte
 	} {
 		if !reflect.DeepEqual(tc.older[1:], tc.newer[1:len(tc.newer)-tc.added]) {
 			t.Errorf("version %d is not version %d without its added fields:\n%x\n%x", tc.older[0], tc.newer[0], tc.older, tc.newer)
@@ -475,9 +482,9 @@ func TestExchangeTakeSpare(t *testing.T) {
 				var got string
 				var ok bool
 				if step.spare {
-					got, ok = a.TakeSpare(id, t0, step.protected)
+					got, ok = a.TakeSpare(id, 0, t0, step.protected)
 				} else {
-					got, ok = a.Take(id, t0)
+					got, ok = a.Take(id, 0, t0)
 				}
 				if got != step.want || ok != (step.want != "") {
 					t.Fatalf("step %d: took %q (%v), want %q", i, got, ok, step.want)
@@ -492,7 +499,7 @@ func TestExchangeTakeSpare(t *testing.T) {
 			// b acknowledges a's summary telling of the place taken, and offers one on b-ep1 to a this time.
 			own := a.Next(Summary{}, t0)
 			a.Heard(Summary{From: "b", Seq: 8, Spare: []EndpointCount{{"b-ep1", 1}}, Acks: []Ack{{"a", own.Seq}, {"c", 0}}}, t0)
-			if got, ok := a.TakeSpare("again", t0, false); !ok || got != "b-ep1" {
+			if got, ok := a.TakeSpare("again", 0, t0, false); !ok || got != "b-ep1" {
 				t.Fatalf("took %q (%v) once b counted the first, want b-ep1", got, ok)
 			}
 		})
@@ -518,9 +525,9 @@ func TestExchangeOneSeatOnePeerAcrossLists(t *testing.T) {
 					var endpoint string
 					var ok bool
 					if spare {
-						endpoint, ok = x.TakeSpare(id, t0, true)
+						endpoint, ok = x.TakeSpare(id, 0, t0, true)
 					} else {
-						endpoint, ok = x.Take(id, t0)
+						endpoint, ok = x.Take(id, 0, t0)
 					}
 					if !ok {
 						break
@@ -545,16 +552,70 @@ func TestExchangeCounts(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	a := NewExchange("a", time.Hour)
 	a.Heard(Summary{From: "b", Seq: 1, Idle: []EndpointCount{{"b-ep", 1}}, Acks: []Ack{{"a", 0}}}, t0)
-	if _, ok := a.Take("c1", t0); !ok {
+	if _, ok := a.Take("c1", 0, t0); !ok {
 		t.Fatal("took no seat")
 	}
-	a.SentTo("c1", "b-ep", t0) // already recorded by Take: neither re-recorded nor counted again
-	a.SentTo("p1", "b-ep", t0)
-	a.SentTo("p1", "b-ep", t0)
+	a.SentTo("c1", "b-ep", 0, t0) // already recorded by Take: neither re-recorded nor counted again
+	a.SentTo("p1", "b-ep", 0, t0)
+	a.SentTo("p1", "b-ep", 0, t0)
 	if got := a.Counts(); got != (Counts{IdleSeat: 1, PrefixAffinity: 1}) {
 		t.Fatalf("counts %+v, want one of each", got)
 	}
 	if own := a.Next(Summary{}, t0); len(own.Sent) != 1 || own.Sent[0].N != 2 {
 		t.Fatalf("summary tells of %v, want 2 requests on b-ep", own.Sent)
+	}
+}
+
+// TestExchangeSentTokens: a replica's summary tells, per peer's endpoint, the KV size its requests there reach at their
+// ends; the owner sums them per endpoint over its peers (Pool.LoadTokens). A peer of the release before them (version
+// 7: the rolling upgrade) tells none: its requests count in Load and, being of unknown size, in LoadUnsized.
+func TestExchangeSentTokens(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := NewExchange("b", time.Second)
+	b.SentTo("b1", "a-ep1", 680, t0)
+	b.SentTo("b2", "a-ep1", 1000, t0)
+	b.SentTo("b3", "a-ep2", 500, t0)
+	own := b.Next(Summary{}, t0)
+	if !reflect.DeepEqual(own.Sent, []EndpointCount{{"a-ep1", 2}, {"a-ep2", 1}}) || !reflect.DeepEqual(own.SentTokens, []int{1680, 500}) {
+		t.Fatalf("b tells %v with %v tokens, want a-ep1 2 (1680), a-ep2 1 (500)", own.Sent, own.SentTokens)
+	}
+	c := NewExchange("c", time.Second)
+	c.SentTo("c1", "a-ep1", 700, t0)
+	c.SentTo("c2", "a-ep3", 700, t0)
+	older := c.Next(Summary{}, t0)
+	for _, tc := range []struct {
+		name            string
+		cVersion        byte
+		tokens, unsized map[string]int
+	}{
+		{name: "both tell sizes", cVersion: WireVersion,
+			tokens: map[string]int{"a-ep1": 2380, "a-ep2": 500, "a-ep3": 700}, unsized: map[string]int{}},
+		{name: "c of the release before", cVersion: wireVersionUnseated,
+			tokens: map[string]int{"a-ep1": 1680, "a-ep2": 500}, unsized: map[string]int{"a-ep1": 1, "a-ep3": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewExchange("a", time.Second)
+			for _, s := range []struct {
+				sum Summary
+				v   byte
+			}{{own, WireVersion}, {older, tc.cVersion}} {
+				wire, err := s.sum.AppendVersion(nil, s.v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := ParseSummary(wire)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.Heard(got, t0)
+			}
+			p := a.Pool(t0)
+			if want := map[string]int{"a-ep1": 3, "a-ep2": 1, "a-ep3": 1}; !reflect.DeepEqual(p.Load, want) {
+				t.Errorf("load %v, want %v", p.Load, want)
+			}
+			if !reflect.DeepEqual(p.LoadTokens, tc.tokens) || !reflect.DeepEqual(p.LoadUnsized, tc.unsized) {
+				t.Errorf("tokens %v, unsized %v; want %v, %v", p.LoadTokens, p.LoadUnsized, tc.tokens, tc.unsized)
+			}
+		})
 	}
 }

@@ -15,7 +15,8 @@ import (
 // its name, three rates and the span they average over), version 5 the most the sender's endpoints have run after it,
 // version 6 the spare places after that (a list as Idle's: one byte while the sender has none to offer), a flags byte
 // (the places are for requests of tenants under their share only) and the sender's waiting requests of such tenants,
-// and version 7 one more demand flag (some endpoint of the sender is not seat-bound: Demand.Unseated).
+// version 7 one more demand flag (some endpoint of the sender is not seat-bound: Demand.Unseated), and version 8 the
+// KV size of the requests Sent counts after everything else (a uvarint of tokens per entry of Sent, in its order).
 // Every version is read; a replica sends each peer the newest
 // version that peer has sent (Exchange.WireVersion), so that during a rolling upgrade replicas of different releases
 // still exchange what both read: replicas from before prefix sharing refuse anything but version 1, those from before the slot limit anything
@@ -23,12 +24,15 @@ import (
 // those from before the most run anything beyond 4 (they are sent version 4 and report none: Pool.PoolRunning counts
 // the peers that do), those from before the spare places anything beyond 5 (they are sent version 5, offer none and
 // take none), those from before the unseated flag anything beyond 6 (they are sent version 6, and their seats' free
-// rate is taken as all they drain, as they take it themselves).
+// rate is taken as all they drain, as they take it themselves), those from before the KV sizes anything beyond 7
+// (they are sent version 7; their requests on a replica's endpoints are of unknown size there, whose KV room is then
+// not counted, as before).
 
 const (
 	// WireVersion is the newest wire version, the one this release sends its peers of the same release.
-	WireVersion         = 7
-	wireVersionUnseated = 7 // with the demand's unseated flag
+	WireVersion         = 8
+	wireVersionSentKV   = 8 // with the KV size of the requests Sent counts
+	wireVersionUnseated = 7 // with the demand's unseated flag, without the KV sizes
 	wireVersionSpare    = 6 // with the spare places, without the unseated flag
 	wireVersionRunning  = 5 // with the most the sender's endpoints have run, without the spare places
 	wireVersionDemand   = 4 // with the demand, without the most run
@@ -124,7 +128,18 @@ func (s Summary) AppendVersion(b []byte, v byte) ([]byte, error) {
 		flags |= spareProtected
 	}
 	b = append(b, flags)
-	return binary.AppendUvarint(b, uint64(max(0, s.ProtectedWaiting))), nil
+	b = binary.AppendUvarint(b, uint64(max(0, s.ProtectedWaiting)))
+	if v < wireVersionSentKV {
+		return b, nil
+	}
+	for i := range s.Sent {
+		tokens := 0
+		if i < len(s.SentTokens) {
+			tokens = min(max(0, s.SentTokens[i]), math.MaxInt32)
+		}
+		b = binary.AppendUvarint(b, uint64(tokens))
+	}
+	return b, nil
 }
 
 // appendCounts appends a list of endpoint counts: its length, then each endpoint's name and count.
@@ -221,6 +236,12 @@ func ParseSummary(b []byte) (Summary, error) {
 			s.SpareProtected = flags&spareProtected != 0
 		}
 		s.ProtectedWaiting = r.seats(r.count())
+	}
+	if v >= wireVersionSentKV && len(s.Sent) > 0 {
+		s.SentTokens = make([]int, len(s.Sent))
+		for i := range s.SentTokens {
+			s.SentTokens[i] = r.count()
+		}
 	}
 	switch {
 	case r.err != nil:
