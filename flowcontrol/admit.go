@@ -129,16 +129,17 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	returning := bc.RejectWhenSaturated && c.promises[band].claim(req.ReturnKey, now, promiseTTL(bc)) &&
 		c.recoveringLocked(band, now)
 	if best >= 0 && c.nobodyAheadLocked(band, req.Tenant, now) {
-		// Fast path: headroom and nobody ahead.
-		d.Outcome, d.Burst = Dispatched, burst
-		d.Endpoints = c.endpointsWithHeadroomLocked(band, req.Tenant, burst, now)
-		size := sizeOf(req)
-		best, d.Endpoints = c.kvPlaceLocked(band, req.Tenant, size, best, d.Endpoints, now)
-		c.reserveLocked(req.ID, req.Streamed, size, best, now)
-		if c.totalCount > 0 {
-			c.drain.add(cost)
+		names := c.endpointsWithHeadroomLocked(band, req.Tenant, burst, now)
+		if size := sizeOf(req); !c.kvWaitsForRoomLocked(band, req.Tenant, size, names, now) {
+			// Fast path: headroom and nobody ahead.
+			d.Outcome, d.Burst = Dispatched, burst
+			best, d.Endpoints = c.kvPlaceLocked(band, req.Tenant, size, best, names, now)
+			c.reserveLocked(req.ID, req.Streamed, size, best, now)
+			if c.totalCount > 0 {
+				c.drain.add(cost)
+			}
+			return d, nil, false, nil
 		}
-		return d, nil, false, nil
 	}
 
 	// A band that queues tells a client it turned away when its capacity is expected (Retry-After, booked in its

@@ -18,6 +18,9 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 				break
 			}
 			names := c.endpointsWithHeadroomLocked(b, tq.name, burst, now)
+			if c.kvWaitsForRoomLocked(b, tq.name, tq.head.size, names, now) {
+				break // the head, a tenant under its share, waits for KV room here or a peer's place
+			}
 			best, names = c.kvPlaceLocked(b, tq.name, tq.head.size, best, names, now)
 			it := q.popTenant(tq)
 			c.tenantLeftLocked(tq, it.cost, now)

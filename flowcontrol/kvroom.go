@@ -202,6 +202,53 @@ func (c *Controller) ReservedKVTokens(id string) int {
 	return tokensOf(c.reservations[id].size)
 }
 
+// kvWaitsForRoomLocked reports whether a protected request of tenant in band, below Critical, of size s waits in the
+// EPP rather than go to one of names (the endpoints with headroom for it) at a replica with live peers: every one has
+// its KV room counted (kvKnown) and none has room for its prompt now. One replica owning the pool places such a request
+// where its prompt fits now (kvPlaceLocked), among every endpoint of the pool; a replica owning one or two of them
+// often has none, and a request sent there waited inside the server for blocks (0.5-1.1 s on kv-bound x4; testbed/
+// bench/scenarios/README.md, "KV room with live peers"). Waiting here it counts among the requests of tenants under
+// their share waiting (SeatSummary.ProtectedWaiting), to which the peers offer the places they keep, only where such
+// a request fits (kvOffersRoomLocked); it goes here as soon as one of its own endpoints has room. Alone nothing waits:
+// with no endpoint of room, the request goes where headroom put it, as before.
+func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, names []string, now time.Time) bool {
+	if c.peers.ReserveShare == nil || band == Critical || len(names) == 0 || !c.isUnderShareLocked(band, tenant, now) {
+		return false
+	}
+	want := make(map[string]int, len(names))
+	for _, name := range names {
+		i := c.endpointIndex[name]
+		if !c.endpoints[i].kvKnown() {
+			return false
+		}
+		want[name] = i
+	}
+	entries := c.kvEntriesLocked(want)
+	nowNs := now.UnixNano()
+	for _, name := range names {
+		i := want[name]
+		e := &c.endpoints[i]
+		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
+			return false
+		}
+	}
+	return true
+}
+
+// kvOffersRoomLocked reports whether e may be offered to the peers' protected requests (offerSeatsLocked) as far as its
+// KV room goes: where it is counted, what the requests there hold now, the peers' at their final sizes, leaves room for
+// one of the mean final size (kvMeanFinal: the offer is taken by whichever request waits at a peer, whose size is not
+// known here). A seat free by count on a server whose cache is full starts a peer's request no sooner than a seat of
+// its own replica's would.
+func (c *Controller) kvOffersRoomLocked(e *endpointState, now time.Time) bool {
+	if c.kvMeanFinal == 0 || !e.kvKnown() {
+		return true
+	}
+	i := c.endpointIndex[e.Name]
+	entries := c.kvEntriesLocked(map[string]int{e.Name: i})
+	return kvHeld(entries[i], now.UnixNano(), e.runTime)+c.kvMeanFinal <= e.kvCapacity-e.peerKV
+}
+
 // kvTakesLocked reports whether e may take an unprotected request (keep: kvKeepsRoomLocked) as far as KV room goes.
 func (c *Controller) kvTakesLocked(e *endpointState, keep bool) bool {
 	return !keep || c.kvMeanFinal == 0 || e.fitsFinal(c.kvMeanFinal)

@@ -497,3 +497,71 @@ func TestKVRoomWithLivePeers(t *testing.T) {
 		})
 	}
 }
+
+// TestKVWaitsForRoomWithLivePeers: at a replica with live peers, a request of a tenant under its share waits in the
+// EPP when none of its endpoints with headroom has KV room for its prompt now (one replica owning the pool would place
+// it on another server), and a replica offers its peers' protected requests only places where one of the mean size
+// fits now. Alone, for a tenant over its share, for Critical, or where room is not counted, nothing changes.
+func TestKVWaitsForRoomWithLivePeers(t *testing.T) {
+	s := time.Second
+	full := repeatAgo(10, 3*s)
+	roomy := repeatAgo(8, 2*s)
+	tests := []struct {
+		name      string
+		band      Band
+		tenant    string
+		alone     bool
+		c         []time.Duration // c's requests; a and b are full
+		unsizedOn string          // an endpoint holding a peer's request of unknown size
+		peerOnC   int             // requests of kvReq's size a peer sent to c
+		wantWaits bool
+		wantOffer map[string]bool // whether each endpoint may be offered to a peer's protected request
+	}{
+		{name: "no room anywhere: the light request waits", band: Standard, tenant: "light", c: full, wantWaits: true,
+			wantOffer: map[string]bool{"a": false, "b": false, "c": false}},
+		{name: "room on c: it goes", band: Standard, tenant: "light", c: roomy,
+			wantOffer: map[string]bool{"a": false, "b": false, "c": true}},
+		{name: "a peer's requests fill c: it waits", band: Standard, tenant: "light", c: roomy, peerOnC: 3, wantWaits: true,
+			wantOffer: map[string]bool{"a": false, "b": false, "c": false}},
+		{name: "alone: placed as before", band: Standard, tenant: "light", c: full, alone: true,
+			wantOffer: map[string]bool{"a": false, "b": false, "c": false}},
+		{name: "the heavy tenant is not protected", band: Standard, tenant: "heavy", c: full,
+			wantOffer: map[string]bool{"a": false, "b": false, "c": false}},
+		{name: "Critical has its own rules", band: Critical, tenant: "light", c: full,
+			wantOffer: map[string]bool{"a": false, "b": false, "c": false}},
+		{name: "room not counted on a: it goes", band: Standard, tenant: "light", c: full, unsizedOn: "a",
+			wantOffer: map[string]bool{"a": true, "b": false, "c": false}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := kvHarness(t, map[string][]time.Duration{"a": full, "b": full, "c": tc.c})
+				if !tc.alone {
+					p := Peers{ReserveShare: func(pool, seats int) int { return pool / 2 }, Seats: 33,
+						Load: map[string]int{}, LoadKV: map[string]float64{}, LoadUnsized: map[string]int{}}
+					if tc.peerOnC > 0 {
+						p.Load["c"], p.LoadKV["c"] = tc.peerOnC, float64(tc.peerOnC)*kvReq.final()
+					}
+					if tc.unsizedOn != "" {
+						p.Load[tc.unsizedOn], p.LoadUnsized[tc.unsizedOn] = 1, 1
+					}
+					h.c.SetPeers(p)
+				}
+				h.c.mu.Lock()
+				defer h.c.mu.Unlock()
+				now := h.clk.Now()
+				h.c.kvMeanFinal = kvReq.final()
+				h.c.underShare = map[tenantKey]tenantArrivals{{Standard, "light"}: {here: 1, pool: 2}, {Critical, "light"}: {here: 1, pool: 2}}
+				h.c.underShareAt = now
+				if got := h.c.kvWaitsForRoomLocked(tc.band, tc.tenant, kvReq, []string{"a", "b", "c"}, now); got != tc.wantWaits {
+					t.Errorf("waits: %v, want %v", got, tc.wantWaits)
+				}
+				for name, want := range tc.wantOffer {
+					if got := h.c.kvOffersRoomLocked(&h.c.endpoints[h.c.endpointIndex[name]], now); got != want {
+						t.Errorf("%s offered: %v, want %v", name, got, want)
+					}
+				}
+			})
+		})
+	}
+}

@@ -407,7 +407,8 @@ func (c *Controller) spareLocked(now time.Time, protectedWaiting int) (spare []E
 // unseated, one place on an endpoint without a seat count.
 //
 // Places offered to requests of tenants under their share only (protected) are judged as those requests are
-// (headroomLocked's strict): by seats, not by the KV cache's use, against the endpoint's capacity. Judged as any
+// (headroomLocked's strict): by seats, not by the KV cache's use, against the endpoint's capacity, and, where KV room is
+// counted, by whether a request of the mean size fits there now (kvOffersRoomLocked). Judged as any
 // Standard request, a KV-bound endpoint whose tenants over their share left seats idle for them (its KV use near the
 // ceiling that leaves room above it for whatever has priority) offered none of them, and the peers' protected requests
 // waited for a seat of their own replica's to free.
@@ -420,7 +421,8 @@ func (c *Controller) offerSeatsLocked(now time.Time, skip, limit int, unseated, 
 			break
 		}
 		e := &c.endpoints[i]
-		if !e.usable(cutoff) || !e.hasSlot(protected) || e.saturationFor(protected) >= ceiling || c.seatsGuessedLocked(e) {
+		if !e.usable(cutoff) || !e.hasSlot(protected) || e.saturationFor(protected) >= ceiling || c.seatsGuessedLocked(e) ||
+			protected && !c.kvOffersRoomLocked(e, now) {
 			continue
 		}
 		n := 0
