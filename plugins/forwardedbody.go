@@ -3,9 +3,7 @@ package plugins
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
-	"math/bits"
 	"slices"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
@@ -97,9 +95,10 @@ func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]jso
 // appendCompact appends to dst the valid JSON value v as json.Marshal writes a json.RawMessage (without whitespace
 // outside strings, and with <, >, & and the line and paragraph separators U+2028 and U+2029 escaped as \u003c ...
 // inside them): spans of v itself (what compaction keeps as it is, nearly all of a long prompt) and the escapes that
-// replace what it changes. A long string (of more than plainFrom bytes) without anything to escape is one span: its
-// end is found with bytes.IndexByte, and four more IndexByte reads of it, each a fraction of a byte loop's cost, show
-// that nothing in it needs escaping. In any other string the next byte to act on is found eight bytes at a time.
+// replace what it changes. Inside a string only those four characters change: an escape's backslash needs no
+// attention, since the byte after it and a \u escape's hex digits are never one of them, and the string's end is
+// found by skipString. A long string (of more than plainFrom bytes) is read by appendCompactString; a short one a
+// byte at a time.
 func appendCompact(dst, v []byte, plainFrom int) []byte {
 	start := 0
 	for i := 0; i < len(v); i++ {
@@ -109,32 +108,17 @@ func appendCompact(dst, v []byte, plainFrom int) []byte {
 			start = i + 1
 		case '"':
 			end := skipString(v, i) - 1 // the closing quote
-			if end-i > plainFrom && !needsEscape(v[i+1:end]) {
+			if end-i > plainFrom {
+				dst, start = appendCompactString(dst, v, start, i+1, end)
 				i = end
 				continue
 			}
 			for i++; i < end; i++ {
-				for i+8 <= end { // a real prompt's string has escapes every few dozen bytes: skip to the next
-					if m := compactSpecials(binary.LittleEndian.Uint64(v[i:])); m != 0 {
-						i += bits.TrailingZeros64(m) / 8
-						break
-					}
-					i += 8
-				}
-				if i >= end {
-					break
-				}
-				c := v[i]
-				if !inStringSpecial[c] {
-					continue
-				}
-				switch {
-				case c == '\\':
-					i++ // the escaped byte; a \u escape's hex digits need nothing
+				switch c := v[i]; {
 				case c == '<' || c == '>' || c == '&':
 					dst = append(append(dst, v[start:i]...), jsonEscapes[c]...)
 					start = i + 1
-				case i+2 < len(v) && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8: // c is 0xE2: U+2028 or U+2029
+				case c == 0xE2 && i+2 < end && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8: // U+2028 or U+2029
 					dst = append(append(dst, v[start:i]...), jsonEscapes[v[i+2]]...)
 					start = i + 3
 					i += 2
@@ -145,35 +129,57 @@ func appendCompact(dst, v []byte, plainFrom int) []byte {
 	return append(dst, v[start:]...)
 }
 
+// appendCompactString appends to dst the bytes of v from start up to each character of the string content v[from:to]
+// that appendCompact escapes, and that character's escape; it returns dst and where the bytes still to append start.
+// It keeps, for each of the four bytes it looks for (<, >, & and 0xE2, the first byte of U+2028 and U+2029, which
+// other characters start with too), the index of its next occurrence, and looks again with bytes.IndexByte only for
+// the byte it has just passed: each byte's search reads the string once, as a vector scan, and a real prompt's <, &,
+// € or em dash every few dozen bytes costs one call, not a stop of a byte-at-a-time or word-at-a-time loop.
+func appendCompactString(dst, v []byte, start, from, to int) ([]byte, int) {
+	s := v[:to]
+	var next [len(compactedBytes)]int
+	for k, c := range compactedBytes {
+		next[k] = indexByteFrom(s, from, c)
+	}
+	for {
+		k := 0
+		for j := 1; j < len(next); j++ {
+			if next[j] < next[k] {
+				k = j
+			}
+		}
+		i := next[k]
+		if i == to {
+			return dst, start
+		}
+		switch c := compactedBytes[k]; {
+		case c != 0xE2:
+			dst = append(append(dst, v[start:i]...), jsonEscapes[c]...)
+			start = i + 1
+		case i+2 < to && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8: // U+2028 or U+2029
+			dst = append(append(dst, v[start:i]...), jsonEscapes[v[i+2]]...)
+			start = i + 3
+		}
+		next[k] = indexByteFrom(s, i+1, compactedBytes[k])
+	}
+}
+
+// compactedBytes are the bytes appendCompactString looks for in a string.
+var compactedBytes = [...]byte{'<', '>', '&', 0xE2}
+
+// indexByteFrom is the index of the first c in s at or after from, or len(s).
+func indexByteFrom(s []byte, from int, c byte) int {
+	if i := bytes.IndexByte(s[from:], c); i >= 0 {
+		return from + i
+	}
+	return len(s)
+}
+
 // jsonEscapes are the escapes appendCompact writes, by the byte they replace (the last byte of U+2028 and U+2029).
 var jsonEscapes = [256][]byte{
 	'<': []byte(`\u003c`), '>': []byte(`\u003e`), '&': []byte(`\u0026`), 0xA8: []byte(`\u2028`), 0xA9: []byte(`\u2029`),
 }
 
 // plainStringMin is the string length from which appendCompact looks for the bytes it escapes with
-// bytes.IndexByte rather than a byte at a time.
+// bytes.IndexByte (appendCompactString) rather than a byte at a time.
 const plainStringMin = 64
-
-// needsEscape reports whether the content of a JSON string holds a byte json.Marshal escapes in a raw value: <, >, &,
-// or the first byte of U+2028 or U+2029 (0xE2, which other characters start with too: appendCompact decides).
-func needsEscape(s []byte) bool {
-	for _, c := range [...]byte{'<', '>', '&', 0xE2} {
-		if bytes.IndexByte(s, c) >= 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// compactSpecials marks, with its high bit, each of the eight bytes of x (little-endian) that appendCompact acts on
-// inside a string (inStringSpecial); the lowest mark is always the first such byte (see stringSpecials).
-func compactSpecials(x uint64) uint64 {
-	var marks uint64
-	for _, c := range [...]byte{'\\', '<', '>', '&', 0xE2} {
-		marks |= byteMarks(x, c)
-	}
-	return marks & wordHighs
-}
-
-// inStringSpecial marks the bytes appendCompact acts on inside a string.
-var inStringSpecial = [256]bool{'\\': true, '<': true, '>': true, '&': true, 0xE2: true}

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
 // forwardedBodies are long bodies for the ForwardedBody cases beside requestBodies: what compaction and escaping
@@ -96,6 +98,54 @@ func sameForwardedBody(p *OpenAIParser, path string, body []byte, longFrom int) 
 	return nil
 }
 
+// TestAppendCompactAsMarshal holds appendCompact to encoding/json's encoding of a json.RawMessage on strings built
+// around each byte appendCompactString looks for: at a string's first and last byte, next to an escape's backslash
+// (which it does not stop at), U+2028 and U+2029 raw and escaped, 0xE2 starting other characters and cut short before
+// the string ends, bytes that are not UTF-8, and load generator's realistic text; each at both sides of
+// plainStringMin and read by both paths.
+func TestAppendCompactAsMarshal(t *testing.T) {
+	long := strings.Repeat("w", plainStringMin)
+	contents := []string{
+		"<" + long, long + ">", "&" + long + "&", long + "<>&",
+		long + `\\<`, long + `\"&\"`, `\\\\>` + long, long + `\u003c\u0026\u2028`, long + `\u00e2\u0080\u00a8`,
+		long + "\u2028", "\u2029" + long, long + "\u2028\u2029\u2028", long + "\u2027\u202a", long + "\u20ac\u2014—€",
+		long + "\xe2", long + "\xe2\x80", "\xe2\x80\xa8\xe2" + long, long + "\xe2\xe2\x80\xa9", long + "\xff<\xc3&",
+		long + `\ud83d\ude42<🙂&`, long + `\t\n\r\b\f\/`,
+		stringContent(loadgen.TextRealistic.Text(1, 512)), stringContent(loadgen.TextRealistic.Text(2, 16)),
+	}
+	for i, content := range contents {
+		for _, cut := range []int{0, 1, plainStringMin - 1, plainStringMin, plainStringMin + 1} {
+			if cut > len(content) {
+				continue
+			}
+			// The content from its cut on, so that every byte looked for lands at the start, the end and at each side
+			// of plainStringMin (a cut may split a character or an escape: the value is then skipped if not JSON).
+			for _, v := range []string{`"` + content[cut:] + `"`, `["` + content[:len(content)-cut] + `", "x<"]`, `{"k" : "` + content + `"}`} {
+				want, err := json.Marshal(json.RawMessage(v))
+				if err != nil {
+					continue
+				}
+				for _, plainFrom := range []int{0, plainStringMin} {
+					if got := appendCompact([]byte("x"), []byte(v), plainFrom)[1:]; !bytes.Equal(got, want) {
+						t.Errorf("content %d, cut %d, plainFrom %d: %.200q, encoding/json %.200q", i, cut, plainFrom, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// stringContent is s written as the content of a JSON string as clients write it (without HTML escapes).
+func stringContent(s string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		panic(err)
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(b.String(), "\n"), `"`)[1:]
+}
+
 // FuzzCompactPieces holds appendCompact to encoding/json's encoding of a json.RawMessage (compacted, with
 // <, >, &, U+2028 and U+2029 escaped), with every string read by the long strings' path and by the byte loop.
 func FuzzCompactPieces(f *testing.F) {
@@ -103,6 +153,8 @@ func FuzzCompactPieces(f *testing.F) {
 		f.Add([]byte(body))
 	}
 	f.Add([]byte(`[ "a\"<" , "\\", "\u2028\u2029\u2027 \u00e9" ,{"k" : "\\u003c&"}]`))
+	f.Add([]byte(`"` + strings.Repeat("w", plainStringMin) + "\\\\<\\\"&\u2028\xe2\x80\xe2\xff" + `"`))
+	f.Add([]byte(`"` + stringContent(loadgen.TextRealistic.Text(1, 64)) + `"`))
 	f.Fuzz(func(t *testing.T, v []byte) {
 		want, err := json.Marshal(json.RawMessage(v))
 		if err != nil {

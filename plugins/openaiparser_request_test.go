@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
+
+	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
 // requestPaths are the request paths the differential runs every body through: one per API upstream's parser
@@ -52,6 +54,11 @@ var requestBodies = []string{
 	`{"model":"m","m\u0065ssages":[{"role":"user","content":"escaped key"}],"tools":[{"type":"function"}]}`,
 	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"bad utf-8 \xfe\"}]}",
 	"{\"model\":\"m\",\"me\u017f\u017fages\":[{\"role\":\"user\",\"content\":\"folded key\"}]}",
+	// long prompts written as the long-prompt-text scenario writes them (the parsed contents are what the prefix
+	// cache hashes; the forwarded body escapes their <, > and &)
+	`{"model":"m","stream":true,"messages":[{"role":"system","content":"` + stringContent(loadgen.TextRealistic.Text(3, 300)) +
+		`"},{"role":"user","content":"` + stringContent(loadgen.TextRealistic.Text(4, 16<<10)) + `"}]}`,
+	`{"model":"m","prompt":"` + stringContent(loadgen.TextRealistic.Text(5, 4<<10)) + `","max_tokens":9}`,
 }
 
 // TestOpenAIParserRequestMatchesUpstream is the differential of ParseRequest against upstream's parser: see
