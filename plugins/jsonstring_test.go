@@ -2,8 +2,11 @@ package plugins
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
 func TestUnquoteStringAsUnmarshal(t *testing.T) {
@@ -28,6 +31,16 @@ func TestUnquoteStringAsUnmarshal(t *testing.T) {
 		{"truncated rune at the end", "\"abc\xe2\x82\""},
 		{"invalid UTF-8 between escapes", "\"\\n\xff\\n\x80\x80\\u00e9\""},
 		{"long prompt with escapes", `"` + long + `"`},
+		// unquoteValid's word stores: an escape and a character at each offset of a word, a string that turns out not
+		// to be valid UTF-8 after escapes were written, and the realistic text of long-prompt-text
+		{"escape at each offset of a word", `"` + strings.Repeat(`\n`, 3) + `abcdefgh\tabcdefg\"abcdef\\abcde\/abcd\babc\fab\ra\u00e9"`},
+		{"character at each offset of a word", `"é12345678€1234567🙂123456é12345€1234🙂123é12€1🙂\n"`},
+		{"surrogates among word stores", `"12345678\ud83d\ude4212345678\ud83d12345678\ude42\ud83d\ud83d\ude42x"`},
+		{"\\u escapes widening to three bytes", `"\u20ac\u2014\u2028\uffff\u0800\u07ff\u0080\u007f"`},
+		{"invalid UTF-8 after escapes", "\"" + strings.Repeat(`12345678\n`, 9) + "\xe2\x82 \xff\\t\""},
+		{"invalid UTF-8 at the end after an escape", "\"\\n12345678\xc3\""},
+		{"valid character then a cut one", "\"\\né\xc3\""},
+		{"realistic text", `"` + stringContent(loadgen.TextRealistic.Text(7, 4096)) + `"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !validJSON([]byte(tc.token)) {
@@ -48,7 +61,8 @@ func TestUnquoteStringAsUnmarshal(t *testing.T) {
 // value as eachMember hands it over, without whitespace around it): the input as a token, and the input between
 // quotes.
 func FuzzUnquoteString(f *testing.F) {
-	for _, seed := range []string{`"a\nb"`, `\uD83D\uDE00`, `\uD83D\u0041`, "\xff\\t\xe2\x82", `<&> \"x\" \/`} {
+	for _, seed := range []string{`"a\nb"`, `\uD83D\uDE00`, `\uD83D\u0041`, "\xff\\t\xe2\x82", `<&> \"x\" \/`,
+		`1234567\n12345678é1234567€\ud83d\ude42`, "12345678\\n12345678\xe2\x82", stringContent(loadgen.TextRealistic.Text(8, 64))} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -65,4 +79,29 @@ func FuzzUnquoteString(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestUnquoteStringOnRandomTokens holds unquoteString to json.Unmarshal on seeded random string tokens drawn from
+// pieces that put escapes, surrogate halves, multi-byte characters and bytes that are not UTF-8 at every offset of
+// unquoteValid's eight-byte words (the fuzz engine stalls on this machine after a few thousand inputs).
+func TestUnquoteStringOnRandomTokens(t *testing.T) {
+	pieces := []string{"a", "bc", "defgh", "12345678", ` `, `<`, `\n`, `\t`, `\"`, `\\`, `\/`, `\b`, `\u00e9`, `\u20AC`,
+		`\ud83d`, `\ude42`, `\uD800`, `\u0000`, "é", "€", "—", "🙂", "\u2028", "\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\x80"}
+	rng := rand.New(rand.NewPCG(21, 3))
+	for n := range 20000 {
+		var b strings.Builder
+		b.WriteByte('"')
+		for range rng.IntN(40) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		b.WriteByte('"')
+		token := []byte(b.String())
+		var want string
+		if err := json.Unmarshal(token, &want); err != nil {
+			t.Fatalf("token %d %q: %v", n, token, err)
+		}
+		if got := unquoteString(token); got != want {
+			t.Fatalf("token %d: unquoteString(%q) = %q, json.Unmarshal decodes %q", n, token, got, want)
+		}
+	}
 }
