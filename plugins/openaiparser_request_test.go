@@ -11,6 +11,7 @@ import (
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
+	"github.com/sluice-gw/sluice/prefixcache"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
@@ -163,4 +164,45 @@ func forwarded(payload scheduling.PayloadMap) any {
 		return fmt.Sprintf("decoding error: %v", err)
 	}
 	return v
+}
+
+// TestRealisticPromptHashesAsUpstreamParse checks that the prefix cache keys a long realistic prompt (long-prompt-text's
+// text, with every escape that text has) the same from Sluice's parse as from upstream's, whose contents are
+// encoding/json's decoding: the rendered chat's block hashes, at two block sizes, are equal. Sluice's content
+// decoding (unquoteString) is the only step between the body and the hashed strings that differs, so equal hashes
+// here are the prefix-cache scores of the base unchanged.
+func TestRealisticPromptHashesAsUpstreamParse(t *testing.T) {
+	parser := newTestOpenAIParser(t)
+	for seed := range uint64(3) {
+		body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + stringContent(loadgen.TextRealistic.Text(seed, 200)) +
+			`"},{"role":"user","content":"` + stringContent(loadgen.TextRealistic.Text(seed+10, 20<<10)) + `"}]}`)
+		headers := map[string]string{":path": "/v1/chat/completions"}
+		got, err := parser.ParseRequest(context.Background(), body, headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := parser.OpenAIParser.ParseRequest(context.Background(), body, headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chains := func(b *scheduling.LLMRequestBody) [][]uint64 {
+			var msgs []prefixcache.Message
+			for _, m := range b.ChatCompletions.Messages {
+				msgs = append(msgs, prefixcache.Message{Role: m.Role, Parts: []prefixcache.Part{{Kind: "text", Value: m.Content.Raw}}})
+			}
+			rendered, err := prefixcache.AppendChat(nil, prefixcache.Chat{Messages: msgs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out [][]uint64
+			for _, block := range []int{64, 256} {
+				out = append(out, prefixcache.AppendChain(nil, prefixcache.Salt{Model: "m"}, rendered, block, 1<<20))
+			}
+			return out
+		}
+		g, w := chains(got), chains(want)
+		if len(g[0]) < 1000 || !reflect.DeepEqual(g, w) {
+			t.Errorf("seed %d: %d and %d blocks of 64 bytes; equal: %v", seed, len(g[0]), len(w[0]), reflect.DeepEqual(g, w))
+		}
+	}
 }
