@@ -167,6 +167,9 @@ func (r *realRun) start(ctx context.Context) error {
 	}
 	simArgs := []string{"--host=127.0.0.1", "--fleet=" + r.sc.Fleet, "--base-port=" + strconv.Itoa(base),
 		"--model=" + r.sc.Model, "--seed=1", "--shutdown-timeout=2s"}
+	if r.sc.OutputLength != "" {
+		simArgs = append(simArgs, "--output-length="+string(r.sc.OutputLength))
+	}
 	if len(r.sc.Adapters) > 0 {
 		mods := make([]string, len(r.sc.Adapters))
 		for i, a := range r.sc.Adapters {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-gw/sluice/testbed/dataplane"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
+	"github.com/sluice-gw/sluice/testbed/simulator"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
 
@@ -59,6 +60,7 @@ const (
 //	title: Mixed GPU generations
 //	description: What it shows and why its parameters are what they are.
 //	fleet: h100:2,a10g:2             # vllm-sim --fleet: profile:count,...
+//	output_length: ceiling           # answers stop at a uniform length in [1, max_tokens] (vllm-sim --output-length; default exact)
 //	mix: mix.yaml                    # a loadgen mix file, or the mix inline
 //	adapters:                        # optional LoRA adapters, see AdaptersFile
 //	  {count: 40, zipf_s: 1.0, share: 0.7}
@@ -103,6 +105,11 @@ type ScenarioFile struct {
 	Title       string `json:"title,omitempty"`
 	Description string `json:"description,omitempty"`
 	Fleet       string `json:"fleet"`
+	// OutputLength is how long the simulated servers' answers to requests
+	// with max_tokens are: "exact" (the default) or "ceiling", uniform in
+	// [1, max_tokens] as when real clients set max_tokens as a bound
+	// (simulator.OutputLength).
+	OutputLength string `json:"output_length,omitempty"`
 	// Mix is a path (a YAML string) or an inline mix (a YAML mapping).
 	Mix      json.RawMessage `json:"mix"`
 	Adapters *AdaptersFile   `json:"adapters,omitempty"`
@@ -163,6 +170,8 @@ type ShapeFile struct {
 	// when the scenario has an unloaded reference.
 	UnloadedRate    float64              `json:"unloaded_rate,omitempty"`
 	ExtraContenders []ExtraContenderFile `json:"extra_contenders,omitempty"`
+	// OutputLength replaces the scenario's (see ScenarioFile.OutputLength).
+	OutputLength string `json:"output_length,omitempty"`
 }
 
 // AdaptersFile registers Count LoRA adapters, adapter-00 ... on every
@@ -273,6 +282,8 @@ type Scenario struct {
 	// its number of servers.
 	Fleet     string `json:"fleet"`
 	FleetSize int    `json:"fleet_size"`
+	// OutputLength: see ScenarioFile.OutputLength ("" is exact).
+	OutputLength simulator.OutputLength `json:"output_length,omitempty"`
 	// Model is the base model every server serves (the mix's).
 	Model string `json:"model"`
 	// Adapters are the LoRA adapters registered on every server.
@@ -518,6 +529,9 @@ func (f *ScenarioFile) shape(shape ShapeFile, base *Scenario) *ScenarioFile {
 		g.Description = shape.Description
 	}
 	g.Fleet, g.Capacity, g.ExtraContenders = shape.Fleet, shape.Capacity, shape.ExtraContenders
+	if shape.OutputLength != "" {
+		g.OutputLength = shape.OutputLength
+	}
 	if shape.Arrival != nil {
 		g.Arrival = *shape.Arrival
 	}
@@ -597,6 +611,13 @@ func (f *ScenarioFile) build(dir string) (*Scenario, error) {
 		sc.Seed = *f.Seed
 	}
 	sc.Interleave = f.Interleave
+	if f.OutputLength != "" {
+		l, err := simulator.ParseOutputLength(f.OutputLength)
+		if err != nil {
+			errs.add("output_length", err)
+		}
+		sc.OutputLength = l
+	}
 
 	if f.Fleet == "" {
 		errs.add("fleet", errors.New("required, e.g. h100:2,a10g:2"))

@@ -116,19 +116,20 @@ func VirtualConfig(sc *Scenario, c Contender) (virtualbench.Config, error) {
 	}
 	mix, arrival := sc.Load(c)
 	cfg := virtualbench.Config{
-		Fleet:       sc.Fleet,
-		Model:       sc.Model,
-		LoRAModules: sc.Adapters,
-		ServerSeed:  1, // RealTime starts vllm-sim --seed=1
-		Mix:         mix,
-		Arrival:     arrival,
-		Duration:    sc.Duration,
-		Drain:       sc.Drain,
-		Seed:        sc.Seed,
-		Retry:       sc.Retry,
-		SLO:         sc.SLO,
-		Objectives:  objectives,
-		Router:      router,
+		Fleet:        sc.Fleet,
+		Model:        sc.Model,
+		LoRAModules:  sc.Adapters,
+		ServerSeed:   1, // RealTime starts vllm-sim --seed=1
+		OutputLength: sc.OutputLength,
+		Mix:          mix,
+		Arrival:      arrival,
+		Duration:     sc.Duration,
+		Drain:        sc.Drain,
+		Seed:         sc.Seed,
+		Retry:        sc.Retry,
+		SLO:          sc.SLO,
+		Objectives:   objectives,
+		Router:       router,
 	}
 	return cfg, errors.Join(errs...)
 }

@@ -28,7 +28,9 @@
 // a registered adapter; empty means the
 // base model (vLLM's default). max_tokens (chat: max_completion_tokens or
 // max_tokens) fixes the output length exactly (finish_reason "length", as
-// with ignore_eos); without it the length is uniform in
+// with ignore_eos), or, with Options.OutputLength OutputCeiling
+// (--output-length ceiling), bounds it as real clients mean it: the answer
+// stops at a seeded uniform length in [1, max_tokens]; without it the length is uniform in
 // [1, DefaultMaxTokens], capped by the context, with finish_reason "stop".
 // Sampling parameters are accepted and ignored. load_lora_adapter only
 // registers the adapter (as vLLM, it is not put in a GPU slot until a
@@ -150,6 +152,7 @@
 //	--lora-modules a=/p,b=/q    adapters registered at start
 //	--preload-loras a,b         registered adapters resident at start
 //	--default-max-tokens N      output bound without max_tokens (128)
+//	--output-length exact|ceiling  answers with max_tokens: exactly that long, or uniform in [1, max_tokens] (exact)
 //	--max-num-seqs, --max-num-batched-tokens, --num-gpu-blocks, --block-size,
 //	--max-model-len, --max-loras, --lora-load-time, --step-base,
 //	--decode-per-seq, --prefill-per-token, --no-enable-prefix-caching

@@ -69,6 +69,9 @@ type Options struct {
 	// their length is uniform in [1, DefaultMaxTokens] (finish_reason
 	// "stop"). 0 means 128.
 	DefaultMaxTokens int
+	// OutputLength is how long an answer to a request that sets max_tokens is: exactly max_tokens ("" or
+	// OutputExact) or uniform in [1, max_tokens] (OutputCeiling).
+	OutputLength OutputLength
 	// Faults are injected from the start.
 	Faults Faults
 }
@@ -83,6 +86,9 @@ func (o *Options) validate() error {
 	}
 	if o.DefaultMaxTokens < 0 {
 		errs = append(errs, fmt.Errorf("default max tokens must not be negative, got %d", o.DefaultMaxTokens))
+	}
+	if _, err := ParseOutputLength(string(o.OutputLength)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := o.Faults.Validate(); err != nil {
 		errs = append(errs, err)
@@ -123,6 +129,7 @@ type Server struct {
 	clock            clock.Clock
 	seed             uint64
 	defaultMaxTokens int
+	outputLength     OutputLength
 	preload          []string
 	faults           *faultState
 	recorder         requestRecorder
@@ -190,6 +197,7 @@ func New(opts Options) (*Server, error) {
 		clock:            opts.Clock,
 		seed:             opts.Seed,
 		defaultMaxTokens: opts.DefaultMaxTokens,
+		outputLength:     opts.OutputLength,
 		preload:          slices.Clone(opts.PreloadLoRAs),
 		faults:           newFaultState(opts.Faults),
 		kick:             make(chan struct{}, 1),
@@ -492,7 +500,15 @@ func (s *Server) submit(g *generationRequest, adapter, echo string) (*inflight, 
 		return nil, errInjected
 	}
 	maxTokens, reason := g.maxTokens, finishReasonLength
-	if maxTokens == 0 {
+	if maxTokens > 0 {
+		if s.outputLength == OutputCeiling && len(g.prompt)+maxTokens > s.cfg.MaxModelLen {
+			// judged on the client's max_tokens, as vLLM does, not on the length drawn
+			return nil, contextLengthError(s.cfg.MaxModelLen, len(g.prompt), maxTokens, g.chat)
+		}
+		if n, stopped := s.outputLength.Draw(s.rng, maxTokens); stopped {
+			maxTokens, reason = n, finishReasonStop
+		}
+	} else {
 		room := s.cfg.MaxModelLen - len(g.prompt)
 		if room < 1 {
 			return nil, contextLengthError(s.cfg.MaxModelLen, len(g.prompt), 1, g.chat)

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-gw/sluice/flowcontrol"
 	"github.com/sluice-gw/sluice/plugins"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
+	"github.com/sluice-gw/sluice/testbed/simulator"
 	"github.com/sluice-gw/sluice/testbed/simulator/engine"
 )
 
@@ -121,6 +122,9 @@ type Config struct {
 	PreloadLoRAs []string
 	// DefaultMaxTokens bounds the output of requests without max_tokens. Default 128.
 	DefaultMaxTokens int
+	// OutputLength is how long an answer to a request that sets max_tokens is (vllm-sim --output-length): exactly
+	// max_tokens ("" or simulator.OutputExact) or uniform in [1, max_tokens] (simulator.OutputCeiling).
+	OutputLength simulator.OutputLength
 	// ServerSeed seeds the servers: server i uses ServerSeed+i (vllm-sim --seed). testbed/bench/lib.sh uses 1.
 	ServerSeed uint64
 
@@ -244,6 +248,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DefaultMaxTokens == 0 {
 		c.DefaultMaxTokens = DefaultMaxTokensWhenUnset
+	}
+	if _, err := simulator.ParseOutputLength(string(c.OutputLength)); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Mode == "" {
 		c.Mode = loadgen.ModeOpen

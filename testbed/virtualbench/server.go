@@ -26,6 +26,7 @@ type server struct {
 	model    string
 	adapters map[string]bool
 	maxOut   int // DefaultMaxTokens
+	outLen   simulator.OutputLength
 	cfg      engine.Config
 	eng      *engine.Engine
 	rng      *rand.Rand
@@ -45,6 +46,7 @@ func newServer(idx int, cfg engine.Config, c *Config, observer engine.Observer) 
 		model:    c.Model,
 		adapters: map[string]bool{},
 		maxOut:   c.DefaultMaxTokens,
+		outLen:   c.OutputLength,
 		cfg:      cfg,
 	}
 	seed := c.ServerSeed + uint64(idx)
@@ -95,7 +97,14 @@ func (s *server) accept(now time.Time, body []byte, chat bool, id uint64) (*engi
 		root = adapter
 	}
 	maxTokens := g.MaxTokens
-	if maxTokens == 0 {
+	if maxTokens > 0 {
+		if s.outLen == simulator.OutputCeiling && len(g.Prompt)+maxTokens > s.cfg.MaxModelLen {
+			// judged on the client's max_tokens, as vLLM does, not on the length drawn
+			return nil, &httpError{400, fmt.Sprintf("This model's maximum context length is %d tokens; the prompt has %d and max_tokens is %d",
+				s.cfg.MaxModelLen, len(g.Prompt), maxTokens)}
+		}
+		maxTokens, _ = s.outLen.Draw(s.rng, maxTokens)
+	} else {
 		room := s.cfg.MaxModelLen - len(g.Prompt)
 		if room < 1 {
 			return nil, &httpError{400, fmt.Sprintf("This model's maximum context length is %d tokens; the prompt has %d",

@@ -69,6 +69,7 @@ type flags struct {
 	loraModules      string
 	preloadLoRAs     string
 	defaultMaxTokens int
+	outputLength     string
 	shutdownTimeout  time.Duration
 	overrides        engine.Config
 	noPrefixCaching  bool
@@ -106,6 +107,7 @@ func newFlags(out io.Writer) *flags {
 	fs.StringVar(&f.loraModules, "lora-modules", "", "LoRA adapters to register, name=path,...")
 	fs.StringVar(&f.preloadLoRAs, "preload-loras", "", "registered adapters made GPU-resident at start, name,...")
 	fs.IntVar(&f.defaultMaxTokens, "default-max-tokens", 128, "requests without max_tokens generate uniform [1, N] tokens")
+	fs.StringVar(&f.outputLength, "output-length", "exact", "answers to requests with max_tokens: exact (max_tokens long) or ceiling (uniform in [1, max_tokens])")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, time for in-flight requests to finish")
 
 	o := &f.overrides
@@ -224,7 +226,7 @@ func plan(args []string, out io.Writer) ([]serverSpec, *flags, error) {
 		cfg.DisablePrefixCaching = f.noPrefixCaching
 		specs = append(specs, serverSpec{port: s.port, profile: s.profile, opts: simulator.Options{
 			Model: s.model, Engine: cfg, Seed: f.seed + uint64(i), LoRAModules: loras, PreloadLoRAs: preload,
-			DefaultMaxTokens: f.defaultMaxTokens, Faults: f.faults,
+			DefaultMaxTokens: f.defaultMaxTokens, OutputLength: simulator.OutputLength(f.outputLength), Faults: f.faults,
 		}})
 	}
 	return specs, f, nil
