@@ -6,7 +6,8 @@ import "time"
 // fair within a band, a tenant under its share first (tenantseats.go). A band without headroom passes to the next: a
 // lower band's ceiling is no higher, so it has none either, unless it may use the burst tier and the band above may
 // not (a band that rejects when saturated queues only the returns it promised capacity to, and what waited before a
-// policy change made it so). It returns the number dispatched.
+// policy change made it so). A head that waits for KV room (kvWaitsForRoomLocked) stops every band below it. It
+// returns the number dispatched.
 func (c *Controller) dispatchLocked(now time.Time) int {
 	n := 0
 	for _, b := range allBands {
@@ -19,7 +20,9 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			}
 			names := c.endpointsWithHeadroomLocked(b, tq.name, burst, now)
 			if c.kvWaitsForRoomLocked(b, tq.name, tq.head.size, names, now) {
-				break // the head, a tenant under its share, waits for KV room here or a peer's place
+				// The head, a tenant under its share, waits for KV room here or a peer's place; a lower band would
+				// take the same endpoints' blocks first.
+				return n
 			}
 			best, names = c.kvPlaceLocked(b, tq.name, tq.head.size, best, names, now)
 			it := q.popTenant(tq)

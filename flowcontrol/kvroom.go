@@ -33,8 +33,9 @@ import (
 //     what they will hold is the protected requests' (kvTakesLocked). Below saturation it takes what the seats allow.
 //
 // With live peers each replica counts its own endpoints so: the requests its peers sent there count at the final sizes
-// the peers told (Peers.LoadKV; the EPP does not know when they started, and a final size is the most a request holds),
-// and whether the pool is saturated is judged over the peers' waiting requests too (lowerBandsSaturatedLocked).
+// the peers told (Peers.LoadKV; the EPP does not know when they started, and a final size is the most a request holds);
+// whether the pool is saturated is judged on this replica's own queue (lowerBandsSaturatedLocked). A protected request
+// with no endpoint of room waits here for one, or for a peer's place offered with room (kvWaitsForRoomLocked).
 // Nothing applies to an endpoint whose capacity or run time is not learned, or that carries load of unknown size
 // (foreign beyond its peers' requests, or a peer's that did not tell its sizes).
 
@@ -141,13 +142,12 @@ func (e *endpointState) kvKnown() bool {
 	return e.seats > 0 && e.kvCapacity > 0 && e.runTime > 0 && e.foreign <= e.peer && e.peerUnsized == 0
 }
 
-// fitsFinal reports whether one more request of final size final fits at the endpoint's final sizes: every request
-// of the EPP's there and of its peers', and the new one, at its final size within the learned capacity, to the nearest
-// request. The
-// capacity is learned from estimated sizes (a prompt's tokens from its body's bytes, its blocks rounded up by the
-// server), a few percent off (testbed/bench/scenarios/README.md, "KV room at final size"). Counted to the nearest
-// request, an error under half a request does not cost a place. An endpoint whose room is not known, or that holds
-// none of the EPP's requests nor its peers', always fits: an empty endpoint is never full (hasSlot's floor).
+// fitsFinal reports whether one more request of final size final fits at the endpoint's final sizes: every request of
+// the EPP's there and of its peers', and the new one, at its final size within the learned capacity, to the nearest
+// request. The capacity is learned from estimated sizes (a prompt's tokens from its body's bytes, its blocks rounded up
+// by the server), a few percent off (testbed/bench/scenarios/README.md, "KV room at final size"). Counted to the
+// nearest request, an error under half a request does not cost a place. An endpoint whose room is not known, or that
+// holds none of the EPP's requests nor its peers', always fits: an empty endpoint is never full (hasSlot's floor).
 func (e *endpointState) fitsFinal(final float64) bool {
 	return !e.kvKnown() || e.inflight+e.peer == 0 || e.kvFinal+e.peerKV+final/2 <= e.kvCapacity
 }
@@ -202,17 +202,19 @@ func (c *Controller) ReservedKVTokens(id string) int {
 	return tokensOf(c.reservations[id].size)
 }
 
-// kvWaitsForRoomLocked reports whether a protected request of tenant in band, below Critical, of size s waits in the
-// EPP rather than go to one of names (the endpoints with headroom for it) at a replica with live peers: every one has
-// its KV room counted (kvKnown) and none has room for its prompt now. One replica owning the pool places such a request
+// kvWaitsForRoomLocked reports whether a protected request of tenant in band, below Critical and in a band that queues,
+// of size s waits in the EPP rather than go to one of names (the endpoints with headroom for it) at a replica with live
+// peers: every one has its KV room counted (kvKnown) and none has room for its prompt now (an endpoint holding no
+// request, the EPP's or a peer's, always has: nothing there will free any). One replica owning the pool places such a request
 // where its prompt fits now (kvPlaceLocked), among every endpoint of the pool; a replica owning one or two of them
-// often has none, and a request sent there waited inside the server for blocks (0.5-1.1 s on kv-bound x4; testbed/
-// bench/scenarios/README.md, "KV room with live peers"). Waiting here it counts among the requests of tenants under
+// often has none, and a request sent there waited inside the server for blocks (testbed/bench/scenarios/README.md,
+// "KV room with live peers"). Waiting here it counts among the requests of tenants under
 // their share waiting (SeatSummary.ProtectedWaiting), to which the peers offer the places they keep, only where such
 // a request fits (kvOffersRoomLocked); it goes here as soon as one of its own endpoints has room. Alone nothing waits:
 // with no endpoint of room, the request goes where headroom put it, as before.
 func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, names []string, now time.Time) bool {
-	if c.peers.ReserveShare == nil || band == Critical || len(names) == 0 || !c.isUnderShareLocked(band, tenant, now) {
+	if c.peers.ReserveShare == nil || band == Critical || c.cfg.Bands[band].RejectWhenSaturated || len(names) == 0 ||
+		!c.isUnderShareLocked(band, tenant, now) {
 		return false
 	}
 	want := make(map[string]int, len(names))
@@ -228,7 +230,7 @@ func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, na
 	for _, name := range names {
 		i := want[name]
 		e := &c.endpoints[i]
-		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
+		if e.inflight == 0 && e.peer == 0 || kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
 			return false
 		}
 	}
@@ -329,11 +331,11 @@ func kvStays(entries []kvEntry, s kvSize, capacity float64, nowNs int64, run tim
 	return check(endNs)
 }
 
-// kvPlaceLocked narrows where a protected request of size s goes among names (the endpoints with headroom; best the
-// one headroomLocked picked): to those where its prompt fits now and it stays (kvStays), else to those where it fits
-// now, else leaves them as they are. It leaves them alone too when any of them has room that cannot be counted
-// (kvKnown), and for a request that is not protected. A peer's requests there count at their final sizes. best becomes the least saturated endpoint kept
-// (best itself if kept).
+// kvPlaceLocked narrows where a protected request of size s goes among names (the endpoints with headroom; best the one
+// headroomLocked picked): to those where its prompt fits now and it stays (kvStays), else to those where it fits now,
+// else leaves them as they are. It leaves them alone too when any of them has room that cannot be counted (kvKnown),
+// and for a request that is not protected. A peer's requests there count at their final sizes. best becomes the least
+// saturated endpoint kept (best itself if kept).
 func (c *Controller) kvPlaceLocked(band Band, tenant string, s kvSize, best int, names []string, now time.Time) (int, []string) {
 	if len(names) < 2 {
 		return best, names
