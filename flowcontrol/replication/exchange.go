@@ -42,7 +42,8 @@ type Summary struct {
 	Sent []EndpointCount
 	// SentTokens is, per entry of Sent, the KV size in tokens its requests reach at their ends (their prompts and
 	// expected outputs), for the owner to count its endpoints' KV room with them (wire version 8); nil from a sender
-	// that does not tell them (an older release), whose requests are then of unknown size to the owner.
+	// that does not tell them (an older release), and 0 for an entry whose size the sender does not know: such
+	// requests are of unknown size to the owner.
 	SentTokens []int
 	// Acks is, per peer, the Seq of the latest of its summaries the sender has taken in: a peer's request sent to
 	// the sender's endpoint counts in the sender's Idle once the summary that first told of it is acknowledged.
@@ -303,7 +304,7 @@ func (x *Exchange) Pool(now time.Time) Pool {
 				p.Load, p.LoadTokens, p.LoadUnsized = map[string]int{}, map[string]int{}, map[string]int{}
 			}
 			p.Load[s.Endpoint] += s.N
-			if len(h.SentTokens) == len(h.Sent) {
+			if len(h.SentTokens) == len(h.Sent) && h.SentTokens[i] > 0 {
 				p.LoadTokens[s.Endpoint] += h.SentTokens[i]
 			} else {
 				p.LoadUnsized[s.Endpoint] += s.N
@@ -371,9 +372,10 @@ func (p Pool) ReserveShare(self string, pool, seats int) int {
 	return pool*(before+seats)/total - pool*before/total
 }
 
-// Take picks, for request id, whose KV size at its end is tokens (Summary.SentTokens), a peer's endpoint with an idle seat offered to this replica that no request of this
-// replica has taken since the peer last counted (the one with most such seats; names break ties), records the
-// request there and returns the endpoint. ok is false when no live peer offers one.
+// Take picks, for request id, whose KV size at its end is tokens (Summary.SentTokens), a peer's endpoint with an idle
+// seat offered to this replica that no request of this replica has taken since the peer last counted (the one with most
+// such seats; names break ties), records the request there and returns the endpoint. ok is false when no live peer
+// offers one.
 //
 // A peer's idle seats are offered in turn: seat i of its summary (counting its Idle list seat by seat; a spare place
 // on an endpoint Idle lists is one of those seats, seatNumbers) to the (i+Seq) mod n-th of the n peers it
@@ -479,10 +481,11 @@ func seatNumbers(idle []EndpointCount) func(e EndpointCount) iter.Seq[int] {
 	}
 }
 
-// SentTo records request id, of KV size tokens at its end, which this replica routed to endpoint, a peer's, without taking an offered seat (prefix
-// affinity chose it): its summaries count it there (Sent), and the owner on its seats, until Done. A request already
-// recorded (Take) keeps its record. Its owner is not known here, so it does not hold back this replica's next Take of
-// that endpoint's offered seats before the owner counts it: for one exchange interval a seat may be offered twice.
+// SentTo records request id, of KV size tokens at its end, which this replica routed to endpoint, a peer's, without
+// taking an offered seat (prefix affinity chose it): its summaries count it there (Sent), and the owner on its seats,
+// until Done. A request already recorded (Take) keeps its record. Its owner is not known here, so it does not hold back
+// this replica's next Take of that endpoint's offered seats before the owner counts it: for one exchange interval a
+// seat may be offered twice.
 func (x *Exchange) SentTo(id, endpoint string, tokens int, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()

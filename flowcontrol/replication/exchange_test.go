@@ -619,3 +619,29 @@ func TestExchangeSentTokens(t *testing.T) {
 		})
 	}
 }
+
+// TestExchangeUnknownSizeUnsized: a request whose size its sender does not know is told with 0 tokens, which the owner
+// counts as of unknown size (its endpoint's KV room then unknown), never as a request that holds nothing.
+func TestExchangeUnknownSizeUnsized(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := NewExchange("b", time.Second)
+	b.SentTo("b1", "a-ep1", 0, t0)
+	b.SentTo("b2", "a-ep2", 500, t0)
+	wire, err := b.Next(Summary{}, t0).AppendVersion(nil, WireVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseSummary(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := NewExchange("a", time.Second)
+	a.Heard(got, t0)
+	p := a.Pool(t0)
+	if want := map[string]int{"a-ep2": 500}; !reflect.DeepEqual(p.LoadTokens, want) {
+		t.Errorf("tokens %v, want %v", p.LoadTokens, want)
+	}
+	if want := map[string]int{"a-ep1": 1}; !reflect.DeepEqual(p.LoadUnsized, want) {
+		t.Errorf("unsized %v, want %v", p.LoadUnsized, want)
+	}
+}
