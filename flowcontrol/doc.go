@@ -97,7 +97,9 @@
 // every request there fits at its final size, so it never takes the blocks the running requests grow into; below
 // saturation (a recovery after an overload) it takes what the seats allow, as without KV room. A protected one goes
 // among the endpoints with headroom to those where its prompt fits now and it keeps its blocks to its end, else where
-// it fits now.
+// it fits now. With live peers a replica counts the requests its peers sent to its endpoints at the final sizes they
+// tell, and a protected request of a band that queues, with no endpoint of room for its prompt, waits here for one or
+// for a peer's place offered with room, and the bands below it wait with it.
 //
 // Foreign load does not close an endpoint: an endpoint on which the EPP has none of its own requests in flight always
 // takes one, whatever its seats and the foreign occupancy its scrapes show (endpointState.hasSlot). Load the EPP did

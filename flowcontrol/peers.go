@@ -463,8 +463,9 @@ func (c *Controller) seatsGuessedLocked(e *endpointState) bool {
 // (mayGoToPeerLocked), in the order this replica dispatches them (bands by priority, a tenant under its share first),
 // while take finds a peer's spare place for the next (take gets the request's ID and whether its tenant is under its
 // share, which may take the places kept for such requests too, and its KV size at its end in tokens, FinalKVTokens, for
-// the owner to count; it returns the endpoint; it runs under the controller's lock and must not call the controller). It returns how many went. A request waits here only when no endpoint here has
-// room for it, so this sends to a peer's idle place only what would otherwise wait.
+// the owner to count; it returns the endpoint; it runs under the controller's lock and must not call the controller).
+// It returns how many went. A request waits here only when no endpoint here has room for it, so this sends to a peer's
+// idle place only what would otherwise wait.
 func (c *Controller) DispatchSpareElsewhere(take func(id string, tokens int, protected bool) (endpoint string, ok bool)) int {
 	c.mu.Lock()
 	now := c.clock.Now()

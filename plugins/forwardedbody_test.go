@@ -113,6 +113,7 @@ func TestAppendCompactAsMarshal(t *testing.T) {
 		long + `\ud83d\ude42<🙂&`, long + `\t\n\r\b\f\/`,
 		stringContent(loadgen.TextRealistic.Text(1, 512)), stringContent(loadgen.TextRealistic.Text(2, 16)),
 	}
+	checked := 0
 	for i, content := range contents {
 		for _, cut := range []int{0, 1, plainStringMin - 1, plainStringMin, plainStringMin + 1} {
 			if cut > len(content) {
@@ -125,6 +126,7 @@ func TestAppendCompactAsMarshal(t *testing.T) {
 				if err != nil {
 					continue
 				}
+				checked++
 				for _, plainFrom := range []int{0, plainStringMin} {
 					if got := appendCompact([]byte("x"), []byte(v), plainFrom)[1:]; !bytes.Equal(got, want) {
 						t.Errorf("content %d, cut %d, plainFrom %d: %.200q, encoding/json %.200q", i, cut, plainFrom, got, want)
@@ -132,6 +134,10 @@ func TestAppendCompactAsMarshal(t *testing.T) {
 				}
 			}
 		}
+	}
+	// Most values are JSON; a change that made the contents' cuts invalid would leave the test checking nothing.
+	if least := 3 * len(contents); checked < least {
+		t.Errorf("%d values checked, want at least %d", checked, least)
 	}
 }
 

@@ -34,7 +34,7 @@ func unquoteString(v []byte) string {
 }
 
 // unquoteValid is unquoteString of the content s of a string of valid UTF-8; ok is false at the first byte that is
-// not part of valid UTF-8. A prompt's escapes come every few dozen bytes (18 at the realistic text's), so the bytes
+// not part of valid UTF-8. A prompt's escapes come every few dozen bytes, so the bytes
 // between them are copied as they are read, a word at a time: each eight bytes read are stored where the output
 // stands whether they all belong to it or not, and the output advances by the bytes that do (the next store
 // overwrites the rest), instead of a copy call per span. A valid multi-byte character is copied the same way.

@@ -83,7 +83,7 @@ func FuzzUnquoteString(f *testing.F) {
 
 // TestUnquoteStringOnRandomTokens holds unquoteString to json.Unmarshal on seeded random string tokens drawn from
 // pieces that put escapes, surrogate halves, multi-byte characters and bytes that are not UTF-8 at every offset of
-// unquoteValid's eight-byte words (the fuzz engine stalls on this machine after a few thousand inputs).
+// unquoteValid's eight-byte words: a fixed, reproducible set that covers them all, beside FuzzUnquoteString.
 func TestUnquoteStringOnRandomTokens(t *testing.T) {
 	pieces := []string{"a", "bc", "defgh", "12345678", ` `, `<`, `\n`, `\t`, `\"`, `\\`, `\/`, `\b`, `\u00e9`, `\u20AC`,
 		`\ud83d`, `\ude42`, `\uD800`, `\u0000`, "é", "€", "—", "🙂", "\u2028", "\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\x80"}
