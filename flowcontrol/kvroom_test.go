@@ -225,7 +225,13 @@ func TestKVStays(t *testing.T) {
 // room learned: capacity 6800 tokens (ten requests at their final size), run time kvRun. The caller holds no lock.
 func kvHarness(t *testing.T, ago map[string][]time.Duration) *harness {
 	t.Helper()
-	h := newHarness(t, testConfig(t, nil))
+	return kvHarnessConfig(t, nil, ago)
+}
+
+// kvHarnessConfig is kvHarness with the test configuration changed by configure.
+func kvHarnessConfig(t *testing.T, configure func(*Config), ago map[string][]time.Duration) *harness {
+	t.Helper()
+	h := newHarness(t, testConfig(t, configure))
 	h.scrape(ep("a", 0), ep("b", 0), ep("c", 0))
 	h.c.mu.Lock()
 	defer h.c.mu.Unlock()

@@ -75,30 +75,8 @@ func TestKVWaitNotInABandThatSheds(t *testing.T) {
 // request waits to find room on: a lower band never overtakes a higher one.
 func TestKVWaitStopsLowerBands(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, testConfig(t, queueingSheddable))
-		h.scrape(ep("a", 0), ep("b", 0), ep("c", 0))
 		three := repeatAgo(3, 3*time.Second)
-		h.c.mu.Lock()
-		now := h.clk.Now()
-		n := 0
-		for _, name := range []string{"a", "b", "c"} {
-			i := h.c.endpointIndex[name]
-			e := &h.c.endpoints[i]
-			e.kvCapacity, e.runTime = 6800, kvRun
-			e.learner.queued, e.learner.maxRunning = true, 11
-			for _, a := range three {
-				n++
-				id := name + string(rune('0'+n))
-				h.c.reserveLocked(id, true, kvReq, i, now)
-				r := h.c.reservations[id]
-				e.tally(r, -1)
-				r.pending, r.started, r.startedNs = false, true, now.UnixNano()-int64(a)
-				e.tally(r, +1)
-				h.c.reservations[id] = r
-			}
-			e.refresh(h.c.cfg.Endpoint)
-		}
-		h.c.mu.Unlock()
+		h := kvHarnessConfig(t, queueingSheddable, map[string][]time.Duration{"a": three, "b": three, "c": three})
 		h.c.SetPeers(Peers{ReserveShare: func(pool, seats int) int { return pool / 2 }, Seats: 33})
 		for range 20 {
 			h.c.mu.Lock()
