@@ -205,13 +205,13 @@ func (c *Controller) ReservedKVTokens(id string) int {
 // kvWaitsForRoomLocked reports whether a protected request of tenant in band, below Critical and in a band that queues,
 // of size s waits in the EPP rather than go to one of names (the endpoints with headroom for it) at a replica with live
 // peers: every one has its KV room counted (kvKnown) and none has room for its prompt now (an endpoint holding no
-// request, the EPP's or a peer's, always has: nothing there will free any). One replica owning the pool places such a request
-// where its prompt fits now (kvPlaceLocked), among every endpoint of the pool; a replica owning one or two of them
-// often has none, and a request sent there waited inside the server for blocks (testbed/bench/scenarios/README.md,
-// "KV room with live peers"). Waiting here it counts among the requests of tenants under
-// their share waiting (SeatSummary.ProtectedWaiting), to which the peers offer the places they keep, only where such
-// a request fits (kvOffersRoomLocked); it goes here as soon as one of its own endpoints has room. Alone nothing waits:
-// with no endpoint of room, the request goes where headroom put it, as before.
+// request, the EPP's or a peer's, always has: nothing there will free any). One replica owning the pool places such a
+// request where its prompt fits now (kvPlaceLocked), among every endpoint of the pool; a replica owning one or two of
+// them often has none, and a request sent there waited inside the server for blocks (testbed/bench/scenarios/README.md,
+// "KV room with live peers"). Waiting here it counts among the requests of tenants under their share waiting
+// (SeatSummary.ProtectedWaiting), to which the peers offer the places they keep, only where such a request fits
+// (kvOffersRoomLocked); it goes here as soon as one of its own endpoints has room. Alone nothing waits: with no
+// endpoint of room, the request goes where headroom put it, as before.
 func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, names []string, now time.Time) bool {
 	if c.peers.ReserveShare == nil || band == Critical || c.cfg.Bands[band].RejectWhenSaturated || len(names) == 0 ||
 		!c.isUnderShareLocked(band, tenant, now) {
@@ -230,7 +230,7 @@ func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, na
 	for _, name := range names {
 		i := want[name]
 		e := &c.endpoints[i]
-		if e.inflight == 0 && e.peer == 0 || kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
+		if (e.inflight == 0 && e.peer == 0) || kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
 			return false
 		}
 	}
