@@ -201,8 +201,12 @@ func (e *endpointState) hasSlot(seats bool) bool {
 	if seats {
 		limit = e.capacity
 	}
-	return limit == 0 || (e.inflight == 0 && e.peer == 0) || e.occupancy() < limit
+	return limit == 0 || e.holdsNone() || e.occupancy() < limit
 }
+
+// holdsNone reports whether the endpoint holds none of the EPP's requests nor any its peers said they sent there: the
+// floor at which it always takes one more (hasSlot), whatever its seats, its KV room or the load its scrapes show.
+func (e *endpointState) holdsNone() bool { return e.inflight == 0 && e.peer == 0 }
 
 // occupied is the occupancy a request sent now finds, as far as it tells of the endpoint's slot limit: 0 while the
 // EPP has nothing there, since the one request the foreign-load floor always lets in (hasSlot) waits for what is not

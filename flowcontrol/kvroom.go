@@ -149,7 +149,7 @@ func (e *endpointState) kvKnown() bool {
 // nearest request, an error under half a request does not cost a place. An endpoint whose room is not known, or that
 // holds none of the EPP's requests nor its peers', always fits: an empty endpoint is never full (hasSlot's floor).
 func (e *endpointState) fitsFinal(final float64) bool {
-	return !e.kvKnown() || e.inflight+e.peer == 0 || e.kvFinal+e.peerKV+final/2 <= e.kvCapacity
+	return !e.kvKnown() || e.holdsNone() || e.kvFinal+e.peerKV+final/2 <= e.kvCapacity
 }
 
 // kvFinalWeight is the weight of each dispatched request in the mean final size (kvMeanFinal).
@@ -230,7 +230,7 @@ func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, na
 	for _, name := range names {
 		i := want[name]
 		e := &c.endpoints[i]
-		if (e.inflight == 0 && e.peer == 0) || kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
+		if e.holdsNone() || kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
 			return false
 		}
 	}

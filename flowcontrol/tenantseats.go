@@ -308,7 +308,7 @@ func (c *Controller) bandUnderShareLocked(band Band, now time.Time) bool {
 // longer inside the servers (testbed/bench/scenarios/README.md). An endpoint holding none of the EPP's requests is
 // never full (hasSlot's floor): load the EPP did not send must not close it for as long as that load lasts.
 func (c *Controller) yieldedFullLocked(e *endpointState) bool {
-	if e.inflight == 0 && e.peer == 0 {
+	if e.holdsNone() {
 		return false
 	}
 	return e.kvRoom() > float64(e.capacity) && !e.hasSlot(true) || c.poolSlotsCapLocked(e) ||
