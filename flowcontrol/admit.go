@@ -128,9 +128,10 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 	// away is over (under one, the band is what keeps the load off the others); a promise is used up on arrival.
 	returning := bc.RejectWhenSaturated && c.promises[band].claim(req.ReturnKey, now, promiseTTL(bc)) &&
 		c.recoveringLocked(band, now)
+	size := sizeOf(req)
 	if best >= 0 && c.nobodyAheadLocked(band, req.Tenant, now) {
 		names := c.endpointsWithHeadroomLocked(band, req.Tenant, burst, now)
-		if size := sizeOf(req); !c.kvWaitsForRoomLocked(band, req.Tenant, size, names, now) {
+		if !c.kvWaitsForRoomLocked(band, req.Tenant, size, names, now) {
 			// Fast path: headroom and nobody ahead.
 			d.Outcome, d.Burst = Dispatched, burst
 			best, d.Endpoints = c.kvPlaceLocked(band, req.Tenant, size, best, names, now)
@@ -179,7 +180,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 
 	c.seq++
 	it = &item{
-		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, size: sizeOf(req), bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
+		id: req.ID, tenant: req.Tenant, band: band, capped: capped, cost: cost, size: size, bytes: req.Bytes, streamed: req.Streamed, seq: c.seq,
 		returnKey:  req.ReturnKey,
 		enqueuedAt: now, deadline: now.Add(bc.MaxQueueTime), done: make(chan struct{}),
 		underShare: c.isUnderShareLocked(band, req.Tenant, now),

@@ -217,20 +217,14 @@ func (c *Controller) kvWaitsForRoomLocked(band Band, tenant string, s kvSize, na
 		!c.isUnderShareLocked(band, tenant, now) {
 		return false
 	}
-	want := make(map[string]int, len(names))
-	for _, name := range names {
-		i := c.endpointIndex[name]
-		if !c.endpoints[i].kvKnown() {
-			return false
-		}
-		want[name] = i
+	want, entries, counted := c.kvCountedLocked(names)
+	if !counted {
+		return false
 	}
-	entries := c.kvEntriesLocked(want)
 	nowNs := now.UnixNano()
 	for _, name := range names {
 		i := want[name]
-		e := &c.endpoints[i]
-		if e.holdsNone() || kvHeld(entries[i], nowNs, e.runTime)+s.prompt <= e.kvCapacity-e.peerKV {
+		if e := &c.endpoints[i]; e.holdsNone() || e.kvFitsNow(entries[i], nowNs, s.prompt) {
 			return false
 		}
 	}
@@ -248,7 +242,7 @@ func (c *Controller) kvOffersRoomLocked(e *endpointState, now time.Time) bool {
 	}
 	i := c.endpointIndex[e.Name]
 	entries := c.kvEntriesLocked(map[string]int{e.Name: i})
-	return kvHeld(entries[i], now.UnixNano(), e.runTime)+c.kvMeanFinal <= e.kvCapacity-e.peerKV
+	return e.kvFitsNow(entries[i], now.UnixNano(), c.kvMeanFinal)
 }
 
 // kvTakesLocked reports whether e may take an unprotected request (keep: kvKeepsRoomLocked) as far as KV room goes.
@@ -271,6 +265,26 @@ func (c *Controller) kvEntriesLocked(want map[string]int) [][]kvEntry {
 		}
 	}
 	return out
+}
+
+// kvCountedLocked returns, for names, each one's endpoint index and the EPP's requests on each (kvEntriesLocked);
+// counted is false, and nothing is gathered, when any of them has KV room that cannot be counted (kvKnown).
+func (c *Controller) kvCountedLocked(names []string) (index map[string]int, entries [][]kvEntry, counted bool) {
+	index = make(map[string]int, len(names))
+	for _, name := range names {
+		i := c.endpointIndex[name]
+		if !c.endpoints[i].kvKnown() {
+			return nil, nil, false
+		}
+		index[name] = i
+	}
+	return index, c.kvEntriesLocked(index), true
+}
+
+// kvFitsNow reports whether tokens more fit now in the endpoint's KV cache, which entries (the EPP's requests there)
+// share with its peers' requests, counted at their final sizes (the most they hold).
+func (e *endpointState) kvFitsNow(entries []kvEntry, nowNs int64, tokens float64) bool {
+	return kvHeld(entries, nowNs, e.runTime)+tokens <= e.kvCapacity-e.peerKV
 }
 
 // kvHeld is what entries hold at nowNs on an endpoint whose requests run for run.
@@ -343,26 +357,21 @@ func (c *Controller) kvPlaceLocked(band Band, tenant string, s kvSize, best int,
 	if !(band == Critical && c.criticalReserveLocked(now) || band != Critical && c.isUnderShareLocked(band, tenant, now)) {
 		return best, names
 	}
-	want := make(map[string]int, len(names))
-	for _, name := range names {
-		i := c.endpointIndex[name]
-		if !c.endpoints[i].kvKnown() {
-			return best, names
-		}
-		want[name] = i
+	want, entries, counted := c.kvCountedLocked(names)
+	if !counted {
+		return best, names
 	}
-	entries := c.kvEntriesLocked(want)
 	nowNs := now.UnixNano()
 	var fits, stays []string
 	for _, name := range names {
 		i := want[name]
 		e := &c.endpoints[i]
-		capacity := e.kvCapacity - e.peerKV // the peers' requests there, at the most they hold
-		if kvHeld(entries[i], nowNs, e.runTime)+s.prompt > capacity {
+		if !e.kvFitsNow(entries[i], nowNs, s.prompt) {
 			continue
 		}
 		fits = append(fits, name)
-		if kvStays(entries[i], s, capacity, nowNs, e.runTime) {
+		// The peers' requests there count at the most they hold.
+		if kvStays(entries[i], s, e.kvCapacity-e.peerKV, nowNs, e.runTime) {
 			stays = append(stays, name)
 		}
 	}
