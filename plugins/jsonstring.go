@@ -73,18 +73,8 @@ func unquoteValid(s []byte) (out string, ok bool) {
 			i, w = i+2, w+1
 			continue
 		}
-		r := hex4(s[i+2 : i+6])
-		i += 6
-		if utf16.IsSurrogate(r) {
-			high := r
-			r = unicode.ReplacementChar
-			if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-				if pair := utf16.DecodeRune(high, hex4(s[i+2:i+6])); pair != unicode.ReplacementChar {
-					r = pair
-					i += 6
-				}
-			}
-		}
+		var r rune
+		r, i = unicodeEscape(s, i)
 		w += utf8.EncodeRune(buf[w:], r) // at most 4 bytes for the 6 or 12 read
 	}
 	if w == 0 {
@@ -130,21 +120,27 @@ func unquoteReplacing(s []byte) string {
 			i += 2
 			continue
 		}
-		r := hex4(s[i+2 : i+6])
-		i += 6
-		if utf16.IsSurrogate(r) {
-			if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-				if pair := utf16.DecodeRune(r, hex4(s[i+2:i+6])); pair != unicode.ReplacementChar {
-					out.WriteRune(pair)
-					i += 6
-					continue
-				}
-			}
-			r = unicode.ReplacementChar
-		}
+		var r rune
+		r, i = unicodeEscape(s, i)
 		out.WriteRune(r)
 	}
 	return out.String()
+}
+
+// unicodeEscape decodes the \u escape at s[i] (validJSON checked it): the character, with the escape after it when
+// the two are a surrogate pair, else U+FFFD for half a pair; next is the index after what it read.
+func unicodeEscape(s []byte, i int) (r rune, next int) {
+	r = hex4(s[i+2 : i+6])
+	i += 6
+	if !utf16.IsSurrogate(r) {
+		return r, i
+	}
+	if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
+		if pair := utf16.DecodeRune(r, hex4(s[i+2:i+6])); pair != unicode.ReplacementChar {
+			return pair, i + 6
+		}
+	}
+	return unicode.ReplacementChar, i
 }
 
 // escapesOrNonASCII marks, with its high bit, each of the eight bytes of x (little-endian) that is a backslash or not
