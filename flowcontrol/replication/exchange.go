@@ -228,12 +228,16 @@ func (x *Exchange) Next(own Summary, now time.Time) Summary {
 	x.liveLocked(now)
 	x.seq++
 	own.From, own.Seq, own.Sent, own.SentTokens, own.Acks = x.self, x.seq, nil, nil, nil
-	type onEndpoint struct{ n, tokens int }
+	type onEndpoint struct {
+		n, tokens int
+		unsized   bool // a request there of a size this replica does not know: the entry's size is unknown (0)
+	}
 	counts := map[string]onEndpoint{}
 	for _, r := range x.sent {
 		c := counts[r.endpoint]
 		c.n++
 		c.tokens += r.tokens
+		c.unsized = c.unsized || r.tokens <= 0
 		counts[r.endpoint] = c
 	}
 	for e, c := range counts {
@@ -241,7 +245,11 @@ func (x *Exchange) Next(own Summary, now time.Time) Summary {
 	}
 	slices.SortFunc(own.Sent, func(a, b EndpointCount) int { return cmp.Compare(a.Endpoint, b.Endpoint) })
 	for _, e := range own.Sent {
-		own.SentTokens = append(own.SentTokens, counts[e.Endpoint].tokens)
+		tokens := counts[e.Endpoint].tokens
+		if counts[e.Endpoint].unsized {
+			tokens = 0
+		}
+		own.SentTokens = append(own.SentTokens, tokens)
 	}
 	for p, h := range x.peers {
 		own.Acks = append(own.Acks, Ack{Peer: p, Seq: h.Seq})

@@ -621,12 +621,15 @@ func TestExchangeSentTokens(t *testing.T) {
 }
 
 // TestExchangeUnknownSizeUnsized: a request whose size its sender does not know is told with 0 tokens, which the owner
-// counts as of unknown size (its endpoint's KV room then unknown), never as a request that holds nothing.
+// counts as of unknown size (its endpoint's KV room then unknown), never as a request that holds nothing; beside
+// requests of known size on the same endpoint too, whose sum would otherwise undercount what the endpoint holds.
 func TestExchangeUnknownSizeUnsized(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := NewExchange("b", time.Second)
 	b.SentTo("b1", "a-ep1", 0, t0)
 	b.SentTo("b2", "a-ep2", 500, t0)
+	b.SentTo("b3", "a-ep3", 700, t0)
+	b.SentTo("b4", "a-ep3", 0, t0)
 	wire, err := b.Next(Summary{}, t0).AppendVersion(nil, WireVersion)
 	if err != nil {
 		t.Fatal(err)
@@ -641,7 +644,7 @@ func TestExchangeUnknownSizeUnsized(t *testing.T) {
 	if want := map[string]int{"a-ep2": 500}; !reflect.DeepEqual(p.LoadTokens, want) {
 		t.Errorf("tokens %v, want %v", p.LoadTokens, want)
 	}
-	if want := map[string]int{"a-ep1": 1}; !reflect.DeepEqual(p.LoadUnsized, want) {
+	if want := map[string]int{"a-ep1": 1, "a-ep3": 2}; !reflect.DeepEqual(p.LoadUnsized, want) {
 		t.Errorf("unsized %v, want %v", p.LoadUnsized, want)
 	}
 }
