@@ -221,6 +221,19 @@ func TestKVStays(t *testing.T) {
 	}
 }
 
+// wantPlaced checks where kvPlaceLocked sends a request of kvReq of tenant "t" in band among a, b and c (best the
+// first), at now, with the harness's lock held: among want, and its best one of them.
+func wantPlaced(t *testing.T, h *harness, band Band, now time.Time, want []string) {
+	t.Helper()
+	best, got := h.c.kvPlaceLocked(band, "t", kvReq, 0, []string{"a", "b", "c"}, now)
+	if !slices.Equal(got, want) {
+		t.Fatalf("placed among %v, want %v", got, want)
+	}
+	if name := h.c.endpoints[best].Name; !slices.Contains(got, name) {
+		t.Fatalf("best %s is not among %v", name, got)
+	}
+}
+
 // kvHarness returns a harness whose endpoints a, b and c each carry running requests of kvReq (started ago) with KV
 // room learned: capacity 6800 tokens (ten requests at their final size), run time kvRun. The caller holds no lock.
 func kvHarness(t *testing.T, ago map[string][]time.Duration) *harness {
@@ -306,13 +319,7 @@ func TestKVPlace(t *testing.T) {
 				if tc.unknown != "" {
 					h.c.endpoints[h.c.endpointIndex[tc.unknown]].kvCapacity = 0
 				}
-				best, got := h.c.kvPlaceLocked(tc.band, "t", kvReq, 0, []string{"a", "b", "c"}, now)
-				if !slices.Equal(got, tc.want) {
-					t.Fatalf("placed among %v, want %v", got, tc.want)
-				}
-				if name := h.c.endpoints[best].Name; !slices.Contains(got, name) {
-					t.Fatalf("best %s is not among %v", name, got)
-				}
+				wantPlaced(t, h, tc.band, now, tc.want)
 			})
 		})
 	}
@@ -492,13 +499,7 @@ func TestKVRoomWithLivePeers(t *testing.T) {
 					}
 					return
 				}
-				best, got := h.c.kvPlaceLocked(tc.band, "t", kvReq, 0, []string{"a", "b", "c"}, now)
-				if !slices.Equal(got, tc.wantPlaced) {
-					t.Fatalf("placed among %v, want %v", got, tc.wantPlaced)
-				}
-				if name := h.c.endpoints[best].Name; !slices.Contains(got, name) {
-					t.Fatalf("best %s is not among %v", name, got)
-				}
+				wantPlaced(t, h, tc.band, now, tc.wantPlaced)
 			})
 		})
 	}
