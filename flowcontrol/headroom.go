@@ -15,30 +15,23 @@ import (
 // are not closed by a KV ceiling meant to leave room for them. An ejected endpoint still counts as fresh: an ejection
 // never makes the pool look down.
 func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fresh, best int, burst bool) {
-	ceiling := c.cfg.Bands[band].SaturationCeiling
-	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
-	reserve := c.criticalReserveLocked(now)
-	strict := reserve || c.isUnderShareLocked(band, tenant, now)
-	tier := c.burstTierLocked(band, reserve)
-	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
-	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
-	yields := c.yieldsLocked(band, tenant, now)
-	kvKeep := c.kvKeepsRoomLocked(band, tenant, reserve, now)
+	r := c.takeRulesLocked(band, tenant, now)
+	tier := c.burstTierLocked(band, r.reserve)
 	best, bestBurst := -1, -1
 	var bestSat, burstSat float64
 	for i := range c.endpoints {
 		e := &c.endpoints[i]
-		if e.scrapedNs < cutoff {
+		if e.scrapedNs < r.cutoff {
 			continue
 		}
 		fresh++
-		if e.Ejected || !c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) || !c.kvTakesLocked(e, kvKeep) {
+		if e.Ejected || !c.takesLocked(e, &r, now) {
 			continue
 		}
-		if sat := e.saturationFor(strict); sat < ceiling && (best < 0 || sat < bestSat) {
+		if sat := e.saturationFor(r.strict); sat < r.ceiling && (best < 0 || sat < bestSat) {
 			best, bestSat = i, sat
 		}
-		if sat := e.satBurst; tier && sat < ceiling && (bestBurst < 0 || sat < burstSat) {
+		if sat := e.satBurst; tier && sat < r.ceiling && (bestBurst < 0 || sat < burstSat) {
 			bestBurst, burstSat = i, sat
 		}
 	}
@@ -46,6 +39,36 @@ func (c *Controller) headroomLocked(band Band, tenant string, now time.Time) (fr
 		return fresh, bestBurst, true
 	}
 	return fresh, best, false
+}
+
+// takeRules are what decides, for a request of a band and tenant at one moment, which endpoints may take it
+// (takesLocked): headroomLocked and endpointsWithHeadroomLocked judge every endpoint by the same rules.
+type takeRules struct {
+	band    Band
+	ceiling float64 // the band's saturation ceiling
+	cutoff  int64   // freshCutoff: older metrics are stale
+	// reserve: the Critical reserve is on; strict: seats are judged strictly (reserve, or the tenant under its
+	// share); the rest are mayTakeLocked's and kvTakesLocked's.
+	reserve, strict, seatsFull, atOnceOnly, yields, kvKeep bool
+}
+
+// takeRulesLocked returns the rules for a request of tenant in band at now.
+func (c *Controller) takeRulesLocked(band Band, tenant string, now time.Time) takeRules {
+	r := takeRules{band: band, ceiling: c.cfg.Bands[band].SaturationCeiling,
+		cutoff: freshCutoff(now, c.cfg.Endpoint.MetricsStaleness), reserve: c.criticalReserveLocked(now)}
+	r.strict = r.reserve || c.isUnderShareLocked(band, tenant, now)
+	r.seatsFull = c.seatsFullLocked(band, tenant, r.reserve, now)
+	r.atOnceOnly = c.atOnceOnlyLocked(band, r.strict, r.cutoff)
+	r.yields = c.yieldsLocked(band, tenant, now)
+	r.kvKeep = c.kvKeepsRoomLocked(band, tenant, r.reserve, now)
+	return r
+}
+
+// takesLocked reports whether one more request may go to e under r, as far as seats (mayTakeLocked) and KV room
+// (kvTakesLocked) go.
+func (c *Controller) takesLocked(e *endpointState, r *takeRules, now time.Time) bool {
+	return c.mayTakeLocked(e, r.band, r.reserve, r.strict, r.yields, r.seatsFull, r.atOnceOnly, now) &&
+		c.kvTakesLocked(e, r.kvKeep)
 }
 
 // mayTakeLocked reports whether one more request may go to e as far as seats go: it has a slot (hasSlot; strict under
@@ -174,21 +197,13 @@ func (c *Controller) burstTierLocked(band Band, reserve bool) bool {
 // endpointsWithHeadroomLocked lists the fresh endpoints below band's ceiling in the tier headroomLocked picked (burst
 // as it reported), in snapshot order.
 func (c *Controller) endpointsWithHeadroomLocked(band Band, tenant string, burst bool, now time.Time) []string {
-	ceiling := c.cfg.Bands[band].SaturationCeiling
-	cutoff := freshCutoff(now, c.cfg.Endpoint.MetricsStaleness)
-	reserve := c.criticalReserveLocked(now)
-	strict := reserve || c.isUnderShareLocked(band, tenant, now)
-	seatsFull := c.seatsFullLocked(band, tenant, reserve, now)
-	atOnceOnly := c.atOnceOnlyLocked(band, strict, cutoff)
-	yields := c.yieldsLocked(band, tenant, now)
-	kvKeep := c.kvKeepsRoomLocked(band, tenant, reserve, now)
+	r := c.takeRulesLocked(band, tenant, now)
 	has := func(e *endpointState) bool {
-		sat := e.saturationFor(strict)
+		sat := e.saturationFor(r.strict)
 		if burst {
 			sat = e.satBurst
 		}
-		return e.usable(cutoff) && sat < ceiling && c.mayTakeLocked(e, band, reserve, strict, yields, seatsFull, atOnceOnly, now) &&
-			c.kvTakesLocked(e, kvKeep)
+		return e.usable(r.cutoff) && sat < r.ceiling && c.takesLocked(e, &r, now)
 	}
 	n := 0
 	for i := range c.endpoints {
