@@ -536,12 +536,18 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 		return
 	}
 	endpoint := EndpointName(primary.TargetEndpoints[0].GetMetadata())
+	// A request on a peer's endpoint is recorded as sent there, so that its owner counts it, with its KV size at its
+	// end, read from its reservation before Bind moves it off this replica's endpoints (only then: a lock less per
+	// request on its own endpoints).
+	toPeer := f.isPeerEndpoint(endpoint)
 	tokens := 0
-	if f.peers != nil {
+	if toPeer {
 		tokens = f.ctrl.ReservedKVTokens(request.RequestId)
 	}
 	f.ctrl.Bind(request.RequestId, endpoint)
-	f.routedToPeer(request.RequestId, endpoint, tokens)
+	if toPeer {
+		f.peers.SentTo(request.RequestId, endpoint, tokens, f.clock.Now())
+	}
 }
 
 // ResponseBody implements fwkrc.ResponseBody: a streamed response's first chunk ends the request's pending count on

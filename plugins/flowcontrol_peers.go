@@ -23,7 +23,7 @@ import (
 // its peers' into its own index: each replica's index then holds what any replica routed, not only its own share. So
 // that a prompt a peer's endpoint holds can be sent there, the headroom filter keeps such an endpoint as a candidate
 // when it holds much more of the prompt than this replica's own (mayUsePeerEndpoint); a request the scheduler then
-// places there is recorded as sent to the peer's endpoint (routedToPeer), which its owner counts on its seats.
+// places there is recorded as sent to the peer's endpoint (PreRequest), which its owner counts on its seats.
 //
 // Every DemandEvery-th summary also carries what this replica's tenants ask and what it drains
 // (flowcontrol.Controller.Demand), with which each replica judges a tenant under its share over the pool.
@@ -188,13 +188,10 @@ func (f *FlowControl) mayUsePeerEndpoint(band flowcontrol.Band, name string) boo
 	return f.peers != nil && f.steersElsewhere() && f.ctrl.MayUsePeerEndpoint(band, name)
 }
 
-// routedToPeer records request id, which the scheduler placed on endpoint, as sent to a peer's endpoint when a peer
-// owns it, so that the owner counts it, with tokens, its KV size at its end (taken from its reservation before Bind
-// moved it off this replica's endpoints).
-func (f *FlowControl) routedToPeer(id, endpoint string, tokens int) {
-	if f.peers != nil && endpoint != "" && f.ctrl.IsPeerEndpoint(endpoint) {
-		f.peers.SentTo(id, endpoint, tokens, f.clock.Now())
-	}
+// isPeerEndpoint reports whether endpoint, where the scheduler placed a request, is a live peer's (PreRequest records
+// the request as sent there, which its owner counts on its seats).
+func (f *FlowControl) isPeerEndpoint(endpoint string) bool {
+	return f.peers != nil && endpoint != "" && f.ctrl.IsPeerEndpoint(endpoint)
 }
 
 // sharedBlocks counts the prefix blocks this replica's summaries carried, and those its bound dropped.
