@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/sluice-gw/sluice/internal/envteststart"
+
 	v1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 )
 
@@ -64,19 +66,21 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 		}
 		t.Fatal("KUBEBUILDER_ASSETS is unset: run `make test`, which builds kube-apiserver and etcd once and sets it")
 	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     crdPaths,
-		ErrorIfCRDPathMissing: true,
-	}
-	// A certificate folder of the test's own survives Stop, so Restart serves the same certificates and clients
-	// keep trusting the API server (a folder envtest creates itself is deleted on stop).
-	apiServer := env.ControlPlane.GetAPIServer()
-	apiServer.CertDir = t.TempDir()
-	// Without a bound, kube-apiserver's graceful stop waits for open watches (the EPP's) and envtest kills it after
-	// 20 s; with one it stops in about a second, as after an outage.
-	apiServer.Configure().Set("shutdown-watch-termination-grace-period", "1s")
-	cfg, err := env.Start()
+	env, cfg, err := envteststart.Start(func() *envtest.Environment {
+		env := &envtest.Environment{
+			BinaryAssetsDirectory: assets,
+			CRDDirectoryPaths:     crdPaths,
+			ErrorIfCRDPathMissing: true,
+		}
+		// A certificate folder of the test's own survives Stop, so Restart serves the same certificates and clients
+		// keep trusting the API server (a folder envtest creates itself is deleted on stop).
+		apiServer := env.ControlPlane.GetAPIServer()
+		apiServer.CertDir = t.TempDir()
+		// Without a bound, kube-apiserver's graceful stop waits for open watches (the EPP's) and envtest kills it
+		// after 20 s; with one it stops in about a second, as after an outage.
+		apiServer.Configure().Set("shutdown-watch-termination-grace-period", "1s")
+		return env
+	})
 	if err != nil {
 		t.Fatalf("starting envtest: %v", err)
 	}

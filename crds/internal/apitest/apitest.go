@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/sluice-gw/sluice/internal/envteststart"
 )
 
 // startTimeout is generous because the machines that run these tests are small and shared.
@@ -38,13 +40,14 @@ func Main(m *testing.M, crdDirs ...string) int {
 			return 1
 		}
 	}
-	env := &envtest.Environment{
-		CRDDirectoryPaths:        crdDirs,
-		ErrorIfCRDPathMissing:    true,
-		ControlPlaneStartTimeout: startTimeout,
-		ControlPlaneStopTimeout:  time.Minute,
-	}
-	cfg, err := env.Start()
+	env, cfg, err := envteststart.Start(func() *envtest.Environment {
+		return &envtest.Environment{
+			CRDDirectoryPaths:        crdDirs,
+			ErrorIfCRDPathMissing:    true,
+			ControlPlaneStartTimeout: startTimeout,
+			ControlPlaneStopTimeout:  time.Minute,
+		}
+	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting envtest from KUBEBUILDER_ASSETS=%s: %v\n", assets, err)
 		return 1
