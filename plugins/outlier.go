@@ -275,7 +275,13 @@ func (f *OutlierFilter) ResponseBody(ctx context.Context, req *fwksched.LLMReque
 		f.pace.End(f.clock.Now(), id)
 		return
 	}
-	if e := f.pace.Chunk(f.clock.Now(), id, EndpointName(target)); e.Reason != outlier.NotEjected {
+	f.ObserveChunk(ctx, id, EndpointName(target))
+}
+
+// ObserveChunk is ResponseBody for a non-final chunk of request id's streamed response from endpoint (EndpointName
+// of its target), for a caller that names the endpoint once per stream instead of once per chunk (the hot path).
+func (f *OutlierFilter) ObserveChunk(ctx context.Context, id, endpoint string) {
+	if e := f.pace.Chunk(f.clock.Now(), id, endpoint); e.Reason != outlier.NotEjected {
 		f.paced(ctx, e, "Endpoint ejected: its streams became slow against its usual pace")
 	}
 }

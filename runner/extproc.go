@@ -170,6 +170,9 @@ type shapingStream struct {
 	// spare (with wireChunks) is the message of the last chunk the stream answered itself (answerChunk), which nobody
 	// keeps: the next message is decoded into it (recvMessage). Nil once handed out.
 	spare *extprocv3.ProcessingRequest
+	// answer (with wireChunks) is the answer answerChunk hands gRPC's SendMsg, one per stream: the codec encodes it
+	// before SendMsg returns, so nothing keeps it, and a chunk's answer costs no allocation of its own.
+	answer streamedChunk
 	// buffered is set when the proxy sends the request body BUFFERED (bufferedbody.go), else nil.
 	buffered *bufferedBody
 	// trace (nil without --decision-trace) is the request's decision trace; traceHeader its opt-in header, or "".

@@ -12,6 +12,7 @@ import (
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 	logutil "sigs.k8s.io/gateway-api-inference-extension/pkg/common/observability/logging"
 	reqcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/request"
+	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwkrc "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requestcontrol/requestdataproducer/inflightload"
@@ -60,6 +61,10 @@ type chunkCount struct {
 	armed       bool
 	// resp is what the chunk observers are handed for the chunks the hot Director skips.
 	resp fwkrc.Response
+	// target and targetName: the endpoint the chunks the hot Director skips came from and its name, as chunkObserver
+	// takes it, named once per stream instead of once per chunk.
+	target     *fwkdl.EndpointMetadata
+	targetName string
 	// proxyHoldsBody: the proxy sends the request body BUFFERED and holds the very body upstream's handler gets (the
 	// model selector did not replace it), which it forwards unless the EPP's answer replaces it (bufferedbody.go).
 	proxyHoldsBody bool
@@ -151,6 +156,14 @@ type hotDirector struct {
 	screen usageScreen
 }
 
+// chunkObserver is a chunk observer (chunkObserverTypes) that takes a chunk of request id's streamed response by its
+// endpoint's name (plugins.EndpointName): what its ResponseBody does for a non-final chunk from a known endpoint.
+type chunkObserver interface {
+	ObserveChunk(ctx context.Context, id, endpoint string)
+}
+
+var _ chunkObserver = (*plugins.OutlierFilter)(nil)
+
 // usageScreen is a response parser that tells, without decoding them, the streamed chunks its ParseResponse answers
 // with no usage and nothing else (plugins.OpenAIParser).
 type usageScreen interface {
@@ -223,10 +236,32 @@ func (d *hotDirector) skip(ctx context.Context, c *chunkCount, reqCtx *handlers.
 			Usage:     reqCtx.Usage,
 		}
 		for _, o := range d.observers {
+			if co, ok := o.(chunkObserver); ok && reqCtx.TargetPod != nil {
+				co.ObserveChunk(ctx, c.observedID(reqCtx), c.targetNameOf(reqCtx.TargetPod))
+				continue
+			}
 			o.ResponseBody(ctx, reqCtx.SchedulingRequest, &c.resp, reqCtx.TargetPod)
 		}
 	}
 	reqCtx.Response.DynamicMetadata = nil
+}
+
+// observedID is the request ID a chunk observer's ResponseBody would take for the stream's chunk: the scheduling
+// request's, else the response's.
+func (c *chunkCount) observedID(reqCtx *handlers.RequestContext) string {
+	if r := reqCtx.SchedulingRequest; r != nil && r.RequestId != "" {
+		return r.RequestId
+	}
+	return c.requestID
+}
+
+// targetNameOf is plugins.EndpointName(md), kept for the stream's endpoint: a response's chunks all come from one
+// endpoint, whose name would otherwise be built again for each.
+func (c *chunkCount) targetNameOf(md *fwkdl.EndpointMetadata) string {
+	if md != c.target || c.targetName == "" {
+		c.target, c.targetName = md, plugins.EndpointName(md)
+	}
+	return c.targetName
 }
 
 // prepareShortcut readies the stream to answer the response's later chunks itself (answerChunk), once per stream:
@@ -270,7 +305,9 @@ func (s *shapingStream) answerChunk(req *extprocv3.ProcessingRequest) (bool, err
 		part := chunk[off:min(off+envoy.BodyByteLimit, len(chunk))]
 		var err error
 		if s.wireChunks {
-			err = s.ExternalProcessor_ProcessServer.SendMsg(&streamedChunk{Body: part})
+			s.answer.Body = part
+			err = s.ExternalProcessor_ProcessServer.SendMsg(&s.answer)
+			s.answer.Body = nil // the chunk's bytes are the spare message's, decoded into again (recvMessage)
 		} else {
 			err = s.ExternalProcessor_ProcessServer.Send(newChunkAnswer(part))
 		}

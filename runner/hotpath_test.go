@@ -471,3 +471,129 @@ func TestStreamAnswersPlainChunksItself(t *testing.T) {
 		})
 	}
 }
+
+// namedChunkRecorder is a chunk observer that takes chunks by their endpoint's name (chunkObserver) and records, for
+// each call either way, the request ID and the endpoint's name it was given.
+type namedChunkRecorder struct {
+	calls []string
+}
+
+func (r *namedChunkRecorder) TypedName() fwkplugin.TypedName {
+	return fwkplugin.TypedName{Type: plugins.OutlierFilterType, Name: "outlier"}
+}
+
+func (r *namedChunkRecorder) ResponseBody(_ context.Context, req *fwksched.LLMRequest, resp *fwkrc.Response, target *fwkdl.EndpointMetadata) {
+	id := resp.RequestId
+	if req != nil && req.RequestId != "" {
+		id = req.RequestId
+	}
+	r.calls = append(r.calls, "body "+id+" "+plugins.EndpointName(target))
+}
+
+func (r *namedChunkRecorder) ObserveChunk(_ context.Context, id, endpoint string) {
+	r.calls = append(r.calls, "named "+id+" "+endpoint)
+}
+
+// TestChunkObserversTakeTheStreamsEndpoint: the hot Director hands a chunk observer that takes chunks by name
+// (chunkObserver) the request ID and endpoint name its ResponseBody would have read (the scheduling request's ID
+// first, the endpoint named again when the target changes), and hands it the chunk itself when there is no target.
+func TestChunkObserversTakeTheStreamsEndpoint(t *testing.T) {
+	a := &fwkdl.EndpointMetadata{Address: "10.0.0.1", Port: "8000"}
+	b := &fwkdl.EndpointMetadata{Address: "fd00::2", Port: "8001"}
+	for _, tc := range []struct {
+		name    string
+		sched   *fwksched.LLMRequest
+		targets []*fwkdl.EndpointMetadata
+		want    []string
+	}{
+		{name: "the response's request ID", targets: []*fwkdl.EndpointMetadata{a, a},
+			want: []string{"named r1 10.0.0.1:8000", "named r1 10.0.0.1:8000"}},
+		{name: "the scheduling request's ID", sched: &fwksched.LLMRequest{RequestId: "s1"}, targets: []*fwkdl.EndpointMetadata{a},
+			want: []string{"named s1 10.0.0.1:8000"}},
+		{name: "the scheduling request without an ID", sched: &fwksched.LLMRequest{}, targets: []*fwkdl.EndpointMetadata{a},
+			want: []string{"named r1 10.0.0.1:8000"}},
+		{name: "another target", targets: []*fwkdl.EndpointMetadata{a, b, a},
+			want: []string{"named r1 10.0.0.1:8000", "named r1 [fd00::2]:8001", "named r1 10.0.0.1:8000"}},
+		{name: "no target", targets: []*fwkdl.EndpointMetadata{nil, a},
+			want: []string{"body r1 ", "named r1 10.0.0.1:8000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &namedChunkRecorder{}
+			d := &hotDirector{chunks: chunksFirst, observers: []fwkrc.ResponseBody{rec}}
+			_, c := withChunkCount(context.Background())
+			for _, target := range tc.targets {
+				reqCtx := &handlers.RequestContext{SchedulingRequest: tc.sched, TargetPod: target,
+					Request:  &handlers.Request{Headers: map[string]string{"x-request-id": "r1"}},
+					Response: &handlers.Response{Headers: map[string]string{}}}
+				d.skip(context.Background(), c, reqCtx)
+			}
+			if !slices.Equal(rec.calls, tc.want) {
+				t.Errorf("the observer was called %q, want %q", rec.calls, tc.want)
+			}
+		})
+	}
+}
+
+// sendCounter is gRPC's stream as the hot path's answers see it, counting the answers it is sent.
+type sendCounter struct {
+	fakeProxyStream
+	n int
+}
+
+func (s *sendCounter) SendMsg(m any) error {
+	if _, ok := m.(*streamedChunk); !ok {
+		return fmt.Errorf("sent %T, want a *streamedChunk", m)
+	}
+	s.n++
+	return nil
+}
+
+// TestStreamAnswersChunksWithoutAllocating: a plain chunk the stream answers itself (answerChunk), with the outlier
+// filter timing it, costs the stream no allocation (what gRPC's SendMsg and the codec allocate for the answer is
+// theirs): the answer handed to SendMsg is the stream's own, and the chunk's endpoint is named once per stream.
+func TestStreamAnswersChunksWithoutAllocating(t *testing.T) {
+	parser, err := plugins.OpenAIParserFactory("p", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outlierFilter, err := plugins.OutlierFilterFactory("outlier", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		observers []fwkrc.ResponseBody
+	}{
+		{name: "no chunk observer"},
+		{name: "the outlier filter", observers: []fwkrc.ResponseBody{outlierFilter.(fwkrc.ResponseBody)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &hotDirector{chunks: chunksFirst, observers: tc.observers, screen: parser.(usageScreen)}
+			ctx := context.Background()
+			chunk := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+				ResponseBody: &extprocv3.HttpBody{Body: []byte(`data: {"model":"m","choices":[{"delta":{"content":"hi"}}]}` + "\n\n")}}}
+			reqCtx := &handlers.RequestContext{RequestState: handlers.HeaderResponseResponseComplete,
+				IncomingModelName: "m", TargetModelName: "m",
+				TargetPod: &fwkdl.EndpointMetadata{Address: "10.0.0.1", Port: "8000"},
+				Request:   &handlers.Request{Headers: map[string]string{"x-request-id": "r1"}},
+				Response:  &handlers.Response{Headers: map[string]string{"content-type": "text/event-stream"}}}
+			proxy := &sendCounter{fakeProxyStream: fakeProxyStream{ctx: ctx}}
+			s := &shapingStream{ExternalProcessor_ProcessServer: proxy, ctx: ctx, hot: true, wireChunks: true}
+			ctx, s.chunks = withChunkCount(ctx)
+			d.prepareShortcut(ctx, s.chunks, reqCtx)
+			s.armShortcut(newChunkAnswer([]byte("first")))
+			answer := func() {
+				if answered, err := s.answerChunk(chunk); !answered || err != nil {
+					t.Fatalf("answered %v, %v; want the chunk answered", answered, err)
+				}
+			}
+			answer() // the stream's first chunk: the outlier filter starts timing it
+			if allocs := testing.AllocsPerRun(100, answer); allocs != 0 {
+				t.Errorf("%v allocations per chunk answered, want 0", allocs)
+			}
+			if proxy.n != 102 {
+				t.Errorf("%d answers sent, want 102", proxy.n)
+			}
+		})
+	}
+}
