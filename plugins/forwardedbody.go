@@ -45,25 +45,14 @@ func forwardedBodyOf(ctx context.Context) *ForwardedBody {
 
 // Encode returns json.Marshal of the payload map (as the Director left it) with the long members put back; ok is
 // false when the parser left no member out (the Director's own encoding is the body). The body is written once, into
-// one buffer sized for the members as they stand in the request: the short members' encodings, and the long members'
-// bytes appended span by span, less what compaction drops and with what it escapes.
+// one buffer of sizeBound: the short members' encodings, and the long members' bytes appended span by span, less what
+// compaction drops and with what it escapes.
 func (f *ForwardedBody) Encode() (body []byte, ok bool, err error) {
 	if f == nil || len(f.long) == 0 {
 		return nil, false, nil
 	}
-	keys := make([]string, 0, len(f.payload)+len(f.long))
-	size := 2
-	for k := range f.payload {
-		keys = append(keys, k)
-	}
-	for k, v := range f.long {
-		if _, dup := f.payload[k]; !dup {
-			keys = append(keys, k)
-			size += len(v)
-		}
-	}
-	slices.Sort(keys) // encoding/json orders a map's keys so
-	out := make([]byte, 0, size+size/16+64*len(keys))
+	keys := f.sortedKeys()
+	out := make([]byte, 0, f.sizeBound(keys))
 	out = append(out, '{')
 	for i, k := range keys {
 		if i > 0 {
@@ -85,6 +74,46 @@ func (f *ForwardedBody) Encode() (body []byte, ok bool, err error) {
 		out = appendCompact(out, f.long[k], plainStringMin)
 	}
 	return append(out, '}'), true, nil
+}
+
+// sortedKeys are the keys of the payload map and the long members, in encoding/json's order for a map's keys.
+func (f *ForwardedBody) sortedKeys() []string {
+	keys := make([]string, 0, len(f.payload)+len(f.long))
+	for k := range f.payload {
+		keys = append(keys, k)
+	}
+	for k := range f.long {
+		if _, dup := f.payload[k]; !dup {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// sizeBound is the size of Encode's buffer for the members keys: each raw value (every long member, and the short
+// ones the parser left raw) as it stands plus what compaction can add to it, and 64 bytes for each key with its quotes,
+// colon and comma and a short decoded value (the model, stream). An outgrown buffer is allocated and copied again at
+// the end of a long prompt.
+func (f *ForwardedBody) sizeBound(keys []string) int {
+	size := 2
+	for _, k := range keys {
+		v, short := f.payload[k]
+		raw, _ := v.(json.RawMessage)
+		if !short {
+			raw = f.long[k]
+		}
+		size += 64 + len(raw) + compactGrowth(raw)
+	}
+	return size
+}
+
+// compactGrowth is the most appendCompact can add to v: five bytes for each <, > and & (escaped as \u003c ...) and
+// three for each 0xE2 (U+2028 and U+2029 start with it). Code and markup in a prompt bring more of them than a fixed share
+// of slack covers.
+func compactGrowth(v []byte) int {
+	return 5*(bytes.Count(v, []byte{'<'})+bytes.Count(v, []byte{'>'})+bytes.Count(v, []byte{'&'})) +
+		3*bytes.Count(v, []byte{0xE2})
 }
 
 // split records the payload map and the long members ParseRequest left out of it.

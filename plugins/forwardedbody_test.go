@@ -98,6 +98,38 @@ func sameForwardedBody(p *OpenAIParser, path string, body []byte, longFrom int) 
 	return nil
 }
 
+// TestForwardedBodyFitsItsBuffer: Encode writes the body into the buffer sizeBound sized, never outgrowing it (a
+// copy of a long prompt), on bodies whose compaction escapes many <, > and & (realistic text, markup) and drops
+// whitespace, with the Director's model rewrite.
+func TestForwardedBodyFitsItsBuffer(t *testing.T) {
+	parser := newTestOpenAIParser(t)
+	bodies := append([]string{
+		`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("<&>", 2000) + `"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"` + stringContent(loadgen.TextRealistic.Text(6, 64<<10)) + `"}]}`,
+		`{"model":"m","tools":[` + strings.Repeat(`{"d":"<a href=\"x\">&amp;</a>"},`, 25) + `{}],"prompt":"` +
+			strings.Repeat(" <", 700) + `"}`,
+	}, forwardedBodies...)
+	for _, path := range requestPaths {
+		for i, body := range bodies {
+			ctx, forwarded := WithForwardedBody(context.Background())
+			parsed, err := parser.ParseRequest(ctx, []byte(body), map[string]string{":path": path})
+			if err != nil {
+				continue
+			}
+			if m := parsed.Payload.(scheduling.PayloadMap); m["model"] != nil {
+				m["model"] = "rewritten <&>"
+			}
+			got, ok, err := forwarded.Encode()
+			if err != nil || !ok {
+				continue
+			}
+			if bound := forwarded.sizeBound(forwarded.sortedKeys()); cap(got) != bound {
+				t.Errorf("path %q, body %d: body of %d bytes in a buffer of %d, sized %d", path, i, len(got), cap(got), bound)
+			}
+		}
+	}
+}
+
 // TestAppendCompactAsMarshal holds appendCompact to encoding/json's encoding of a json.RawMessage on strings built
 // around each byte appendCompactString looks for: at a string's first and last byte, next to an escape's backslash
 // (which it does not stop at), U+2028 and U+2029 raw and escaped, 0xE2 starting other characters and cut short before
