@@ -17,70 +17,128 @@ import (
 // prompt with escapes that was ~90% of the parser's CPU, more than ten times the plain prompt's. unquoteString
 // decodes a string the validation already accepted, copying the spans between escapes as they stand.
 
-// unquoteString returns what encoding/json decodes the valid JSON string token v into (validJSON accepted it): its
-// escapes decoded, a \u escape of half a surrogate pair without its other half as U+FFFD, and each byte that is not
-// part of valid UTF-8 as U+FFFD (encoding/json's unquote; held to it by TestUnquoteStringAsUnmarshal and
-// FuzzUnquoteString). A string without escapes is its bytes; another goes to unquoteValid, and a string that is not
-// valid UTF-8 (which no client's encoder writes) to unquoteReplacing.
-func unquoteString(v []byte) string {
+// unquoteString returns what encoding/json decodes the JSON string token v into: its escapes decoded, a \u escape of
+// half a surrogate pair without its other half as U+FFFD, and each byte that is not part of valid UTF-8 as U+FFFD
+// (encoding/json's unquote; held to it by TestUnquoteStringAsUnmarshal and FuzzUnquoteString). ok is false when v is
+// not a valid JSON string: a control byte, or an escape JSON does not have. v is a token as skipString delimits it
+// (its only unescaped quotes are its first and last bytes), whose content validJSONButLong may have left unchecked:
+// checking while decoding reads a long prompt once instead of twice. A string without escapes is its bytes; another
+// goes to unquoteValid, and a string that is not valid UTF-8 (which no client's encoder writes) to unquoteReplacing.
+func unquoteString(v []byte) (string, bool) {
 	s := v[1 : len(v)-1]
-	if bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
-		return string(s) // a string without escapes: its bytes, read by the two fastest scans there are
+	if bytes.IndexByte(s, '\\') < 0 {
+		if !noControlBytes(s) {
+			return "", false
+		}
+		if utf8.Valid(s) {
+			return string(s), true // a string without escapes: its bytes, read by the fastest scans there are
+		}
+		return unquoteReplacing(s), true
 	}
-	if out, ok := unquoteValid(s); ok {
-		return out
+	switch out, stop := unquoteValid(s); stop {
+	case unquoted:
+		return out, true
+	case notJSON:
+		return "", false
 	}
-	return unquoteReplacing(s)
+	if _, ok := validString(v, 0); !ok { // unquoteReplacing decodes only valid strings
+		return "", false
+	}
+	return unquoteReplacing(s), true
 }
 
-// unquoteValid is unquoteString of the content s of a string of valid UTF-8; ok is false at the first byte that is
-// not part of valid UTF-8. A prompt's escapes come every few dozen bytes, so the bytes
-// between them are copied as they are read, a word at a time: each eight bytes read are stored where the output
-// stands whether they all belong to it or not, and the output advances by the bytes that do (the next store
-// overwrites the rest), instead of a copy call per span. A valid multi-byte character is copied the same way.
-func unquoteValid(s []byte) (out string, ok bool) {
+// unquoteStop is where unquoteValid stopped: at the end of its string, or at a byte it cannot decode.
+type unquoteStop int
+
+const (
+	unquoted unquoteStop = iota // the whole string, decoded
+	notUTF8                     // a byte that is not part of valid UTF-8: unquoteReplacing decodes the string
+	notJSON                     // a control byte or an escape JSON does not have: the string is not JSON
+)
+
+// unquoteValid is unquoteString of the content s of a string with escapes, checked as it is decoded: it stops at the
+// first byte that is not part of valid UTF-8 (notUTF8) or not valid in a JSON string (notJSON). A prompt's escapes
+// come every few dozen bytes, so the bytes between them are copied as they are read, a word at a time: each eight
+// bytes read are stored where the output stands whether they all belong to it or not, and the output advances by the
+// bytes that do (the next store overwrites the rest), instead of a copy call per span. A valid multi-byte character is
+// copied the same way.
+func unquoteValid(s []byte) (out string, stop unquoteStop) {
 	buf := make([]byte, len(s)+8) // escapes only shorten; the eight bytes are the last store's overhang
 	w := 0
 	for i := 0; i < len(s); {
 		for i+8 <= len(s) {
 			x := binary.LittleEndian.Uint64(s[i:])
 			binary.LittleEndian.PutUint64(buf[w:], x)
-			if m := escapesOrNonASCII(x); m != 0 {
+			if m := unquoteStops(x); m != 0 {
 				k := bits.TrailingZeros64(m) / 8
 				i, w = i+k, w+k
 				break
 			}
 			i, w = i+8, w+8
 		}
-		for i < len(s) && s[i] != '\\' && s[i] < utf8.RuneSelf { // the last few bytes
+		for i < len(s) && s[i] != '\\' && s[i] >= 0x20 && s[i] < utf8.RuneSelf { // the last few bytes
 			buf[w] = s[i]
 			i, w = i+1, w+1
 		}
 		if i == len(s) {
 			break
 		}
-		if c := s[i]; c != '\\' {
+		switch c := s[i]; {
+		case c < 0x20:
+			return "", notJSON
+		case c != '\\':
 			r, size := utf8.DecodeRune(s[i:])
 			if r == utf8.RuneError && size == 1 {
-				return "", false
+				return "", notUTF8
 			}
 			w += copy(buf[w:], s[i:i+size])
 			i += size
 			continue
 		}
+		if i+1 == len(s) {
+			return "", notJSON
+		}
 		if e := s[i+1]; e != 'u' {
+			if jsonUnescape[e] == 0 {
+				return "", notJSON
+			}
 			buf[w] = jsonUnescape[e]
 			i, w = i+2, w+1
 			continue
+		}
+		// unicodeEscape reads the escape, and the one after it if it is another \u escape (a surrogate's other half).
+		if !validUnicodeEscape(s, i) || i+8 <= len(s) && s[i+6] == '\\' && s[i+7] == 'u' && !validUnicodeEscape(s, i+6) {
+			return "", notJSON
 		}
 		var r rune
 		r, i = unicodeEscape(s, i)
 		w += utf8.EncodeRune(buf[w:], r) // at most 4 bytes for the 6 or 12 read
 	}
 	if w == 0 {
-		return "", true
+		return "", unquoted
 	}
-	return unsafe.String(&buf[0], w), true // buf is not used again
+	return unsafe.String(&buf[0], w), unquoted // buf is not used again
+}
+
+// validUnicodeEscape reports whether s holds a \u escape with its four hexadecimal digits at i (s[i] is its backslash).
+func validUnicodeEscape(s []byte, i int) bool {
+	return i+6 <= len(s) && isHex(s[i+2]) && isHex(s[i+3]) && isHex(s[i+4]) && isHex(s[i+5])
+}
+
+// noControlBytes reports whether s has no byte below 0x20, which a JSON string may hold only escaped.
+func noControlBytes(s []byte) bool {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		if x := binary.LittleEndian.Uint64(s[i:]); (x-wordOnes*0x20)&^x&wordHighs != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] < 0x20 {
+			return false
+		}
+	}
+	return true
 }
 
 // unquoteReplacing is unquoteString of the content s of a string that is not valid UTF-8: each byte that is not part
@@ -144,10 +202,15 @@ func unicodeEscape(s []byte, i int) (r rune, next int) {
 }
 
 // escapesOrNonASCII marks, with its high bit, each of the eight bytes of x (little-endian) that is a backslash or not
-// ASCII: the bytes at which unquoteString stops copying. The lowest mark is always the first such byte (see
+// ASCII: the bytes at which unquoteReplacing stops copying. The lowest mark is always the first such byte (see
 // stringSpecials and byteMarks).
 func escapesOrNonASCII(x uint64) uint64 {
 	return (byteMarks(x, '\\') | x) & wordHighs
+}
+
+// unquoteStops is escapesOrNonASCII with the control bytes marked too: the bytes at which unquoteValid stops.
+func unquoteStops(x uint64) uint64 {
+	return (byteMarks(x, '\\') | x | (x-wordOnes*0x20)&^x) & wordHighs
 }
 
 // jsonUnescape is the byte each one-character escape stands for (validJSON admits no others).

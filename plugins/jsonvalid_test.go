@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -21,12 +22,38 @@ func TestValidJSONAsEncodingJSON(t *testing.T) {
 		strings.Repeat(`{"a":`, maxJSONDepth) + "1" + strings.Repeat("}", maxJSONDepth),
 		strings.Repeat(`{"a":`, maxJSONDepth+1) + "1" + strings.Repeat("}", maxJSONDepth+1),
 		strings.Repeat("[", maxJSONDepth) + "{}" + strings.Repeat("]", maxJSONDepth),
+		// string values validJSONButLong leaves unchecked: bad content, or not closed
+		`{"a":"` + strings.Repeat("x", 70) + "\x01" + `"}`, `{"a":["` + strings.Repeat("x", 70) + `\q"]}`, `["abcd\u12", 1]`,
+		`["abcd\\", "ok"]`, `["abc\"`, `"abcdefgh\"`, `{"a":"abcdefgh`, `["abcdefgh\\\"]`, `["abcdefgh\\\\"]`,
+		`{"` + strings.Repeat("k", 70) + "\x01" + `":1}`,
 	} {
 		want := json.Valid([]byte(doc))
 		if got := validJSON([]byte(doc)); got != want {
 			t.Errorf("validJSON(%.60q…, %d bytes) = %v, json.Valid says %v", doc, len(doc), got, want)
 		}
+		for _, longFrom := range []int{0, 3, 8, 64} {
+			if got := validButLongThenStrings([]byte(doc), longFrom); got != want {
+				t.Errorf("validJSONButLong(%.60q…, %d bytes, %d), its strings checked after, = %v, json.Valid says %v",
+					doc, len(doc), longFrom, got, want)
+			}
+		}
 	}
+}
+
+// validButLongThenStrings is validJSONButLong with the strings it left unchecked checked after by validString, as
+// decodeChat does; it also fails if one of them is not a string value of longFrom bytes or more.
+func validButLongThenStrings(doc []byte, longFrom int) bool {
+	unchecked, ok := validJSONButLong(doc, longFrom)
+	for _, at := range unchecked {
+		end, closed := stringEnd(doc, at)
+		if doc[at] != '"' || !closed || end-at < longFrom {
+			panic(fmt.Sprintf("%q: unchecked string at %d is not a closed string of %d bytes or more", doc, at, longFrom))
+		}
+		if _, valid := validString(doc, at); !valid {
+			ok = false
+		}
+	}
+	return ok
 }
 
 // FuzzValidJSON holds validJSON to json.Valid. Seeds are in testdata/fuzz/FuzzValidJSON.
@@ -37,6 +64,9 @@ func FuzzValidJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		if got, want := validJSON(doc), json.Valid(doc); got != want {
 			t.Fatalf("validJSON(%q) = %v, json.Valid says %v", doc, got, want)
+		}
+		if got, want := validButLongThenStrings(doc, 2), json.Valid(doc); got != want {
+			t.Fatalf("validJSONButLong(%q, 2), its strings checked after, = %v, json.Valid says %v", doc, got, want)
 		}
 	})
 }

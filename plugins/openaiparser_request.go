@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -99,7 +100,8 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 // decodeChat decodes a chat completions request as json.Unmarshal does into scheduling.ChatCompletionsRequest; ok
 // is false when the body is not valid JSON, does not decode, or is one decodeChat leaves to json.Unmarshal.
 func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
-	if !validJSON(body) {
+	unchecked, ok := validJSONButLong(body, longMember)
+	if !ok {
 		return nil, false
 	}
 	rest := make([]byte, 0, 256)
@@ -126,14 +128,24 @@ func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
 	if json.Unmarshal(append(rest, '}'), r) != nil {
 		return nil, false
 	}
-	if r.Messages, ok = decodeMessages(messages); !ok || len(r.Messages) == 0 {
+	var checked []*byte
+	if r.Messages, ok = decodeMessages(messages, &checked); !ok || len(r.Messages) == 0 {
 		return nil, false
+	}
+	// The long strings the decoding did not read: any other member's, or in a content that is not a string.
+	for _, at := range unchecked {
+		if !slices.Contains(checked, &body[at]) {
+			if _, ok := validString(body, at); !ok {
+				return nil, false
+			}
+		}
 	}
 	return r, true
 }
 
-// decodeMessages decodes a valid JSON array of message objects; ok is false for anything else.
-func decodeMessages(b []byte) (msgs []scheduling.Message, ok bool) {
+// decodeMessages decodes a valid JSON array of message objects (string contents checked as they are decoded); ok is
+// false for anything else. It adds to checked where each string content it decoded starts.
+func decodeMessages(b []byte, checked *[]*byte) (msgs []scheduling.Message, ok bool) {
 	if len(b) < 2 || b[0] != '[' {
 		return nil, false
 	}
@@ -143,7 +155,7 @@ func decodeMessages(b []byte) (msgs []scheduling.Message, ok bool) {
 	}
 	for {
 		end := skipValue(b, i)
-		m, ok := decodeMessage(b[i:end])
+		m, ok := decodeMessage(b[i:end], checked)
 		if !ok {
 			return nil, false
 		}
@@ -156,8 +168,9 @@ func decodeMessages(b []byte) (msgs []scheduling.Message, ok bool) {
 	}
 }
 
-// decodeMessage decodes a valid JSON object into a message; ok is false for anything else.
-func decodeMessage(b []byte) (m scheduling.Message, ok bool) {
+// decodeMessage decodes a valid JSON object into a message (a string content checked as it is decoded); ok is false
+// for anything else. It adds to checked where a string content starts.
+func decodeMessage(b []byte, checked *[]*byte) (m scheduling.Message, ok bool) {
 	var role, content []byte
 	complete := eachMember(b, func(_ []byte, key string, value []byte) bool {
 		switch {
@@ -179,7 +192,10 @@ func decodeMessage(b []byte) (m scheduling.Message, ok bool) {
 	switch {
 	case content == nil:
 	case content[0] == '"':
-		m.Content.Raw = unquoteString(content)
+		if m.Content.Raw, ok = unquoteString(content); !ok {
+			return m, false
+		}
+		*checked = append(*checked, &content[0])
 	default:
 		if m.Content.UnmarshalJSON(content) != nil {
 			return m, false
@@ -322,6 +338,12 @@ func skipSpace(b []byte, i int) int {
 // skipString returns the index just past the JSON string starting at b[i]: past the first quote after it that an
 // even number of backslashes precedes (found with bytes.IndexByte, as a prompt is one long string).
 func skipString(b []byte, i int) int {
+	end, _ := stringEnd(b, i)
+	return end
+}
+
+// stringEnd is skipString's index, and whether a quote closes the string there (else it is len(b)).
+func stringEnd(b []byte, i int) (end int, closed bool) {
 	for i++; i < len(b); i++ {
 		q := bytes.IndexByte(b[i:], '"')
 		if q < 0 {
@@ -333,10 +355,10 @@ func skipString(b []byte, i int) int {
 			escapes++
 		}
 		if escapes%2 == 0 {
-			return i + 1
+			return i + 1, true
 		}
 	}
-	return len(b)
+	return len(b), false
 }
 
 // skipValue returns the index just past the JSON value starting at b[i].

@@ -60,6 +60,19 @@ var requestBodies = []string{
 	`{"model":"m","stream":true,"messages":[{"role":"system","content":"` + stringContent(loadgen.TextRealistic.Text(3, 300)) +
 		`"},{"role":"user","content":"` + stringContent(loadgen.TextRealistic.Text(4, 16<<10)) + `"}]}`,
 	`{"model":"m","prompt":"` + stringContent(loadgen.TextRealistic.Text(5, 4<<10)) + `","max_tokens":9}`,
+	// long strings the validation leaves to the content's decoding (validJSONButLong): not JSON in the content, in
+	// another member, in a content part, in a message member no decoding reads; a content that is not UTF-8, with and
+	// without a bad escape after it
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("x\\n", 700) + "\x01\"}]}",
+	`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x\n", 700) + `\x"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("é\"", 500) + `\uD83D\u12zz"}],"max_tokens":3}`,
+	`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("ok ", 500) + `"}],"metadata":{"note":"` +
+		strings.Repeat("y\t", 600) + `\q"}}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("z\n", 600) + "\x1f" + `"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","name":"` + strings.Repeat("n\t", 600) + `\q","content":"hi"}]}`,
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("\\n\xff", 600) + "\"}]}",
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("\\n\xff", 600) + "\\q\"}]}",
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("w", 1500) + "\t\"}]}",
 }
 
 // TestOpenAIParserRequestMatchesUpstream is the differential of ParseRequest against upstream's parser: see

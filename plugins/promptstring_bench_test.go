@@ -33,7 +33,7 @@ func BenchmarkPromptStringPasses(b *testing.B) {
 			}{
 				{"validJSON", func() { validJSON(token) }},
 				{"skipString", func() { skipString(token, 0) }},
-				{"unquoteString", func() { _ = unquoteString(token) }},
+				{"unquoteString", func() { _, _ = unquoteString(token) }},
 				{"appendCompact", func() { dst = appendCompact(dst[:0], token, plainStringMin) }},
 			}
 			for _, p := range passes {
