@@ -14,8 +14,8 @@ import (
 // A real prompt is not plain text as JSON writes it: every line break is a "\n" escape, every quotation mark a "\"",
 // and code, markup and other languages bring "\t", "\u003c" and non-ASCII bytes. encoding/json decodes such a string
 // a byte at a time, twice (its validation, then its decoding), through its scanner's state functions: at a 256 KB
-// prompt with escapes that was ~90% of the parser's CPU, more than ten times the plain prompt's. unquoteString
-// decodes a string the validation already accepted, copying the spans between escapes as they stand.
+// prompt with escapes that was most of the parser's CPU, many times the plain prompt's. unquoteString checks and
+// decodes a string in one read, copying the spans between escapes as they stand.
 
 // unquoteString returns what encoding/json decodes the JSON string token v into: its escapes decoded, a \u escape of
 // half a surrogate pair without its other half as U+FFFD, and each byte that is not part of valid UTF-8 as U+FFFD

@@ -90,9 +90,10 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 
 // A chat's messages carry almost all of a long prompt's bytes, and encoding/json reads each message's content four
 // times: the document's validation and decoding, then, in upstream's Content.UnmarshalJSON, the content's own
-// validation and decoding. decodeChat reads it once after validating the document (validJSON, which accepts what
-// json.Valid accepts): it splits the messages with the byte scanners below (eachMember, skipValue) and decodes a
-// string content with unquoteString, which copies the spans between escapes as they stand; every other member,
+// validation and decoding. decodeChat validates the document but its long strings (validJSONButLong; with them
+// checked, it accepts what json.Valid accepts), splits the messages with the byte scanners below (eachMember,
+// skipValue) and decodes a string content with unquoteString, which checks it and copies the spans between escapes as
+// they stand in one read; a long string no decoding read is checked after. Every other member,
 // message and content goes through encoding/json and upstream's methods. Whatever it cannot decode exactly as encoding/json would
 // (a key that could fold onto a field name, a repeated key, a message that is not an object) leaves the body to
 // json.Unmarshal.
