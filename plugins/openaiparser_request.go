@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -133,19 +132,25 @@ func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
 	if r.Messages, ok = decodeMessages(messages, &checked); !ok || len(r.Messages) == 0 {
 		return nil, false
 	}
-	// The long strings the decoding did not read: any other member's, or in a content that is not a string.
+	// The long strings the decoding did not read: any other member's, or in a content that is not a string. Both lists
+	// are in the body's order and checked holds only long contents, so one walk pairs them (a string it fails to pair
+	// is only checked again).
+	next := 0
 	for _, at := range unchecked {
-		if !slices.Contains(checked, &body[at]) {
-			if _, ok := validString(body, at); !ok {
-				return nil, false
-			}
+		if next < len(checked) && checked[next] == &body[at] {
+			next++
+			continue
+		}
+		if _, ok := validString(body, at); !ok {
+			return nil, false
 		}
 	}
 	return r, true
 }
 
 // decodeMessages decodes a valid JSON array of message objects (string contents checked as they are decoded); ok is
-// false for anything else. It adds to checked where each string content it decoded starts.
+// false for anything else. It adds to checked, in order, where each long string content (longMember bytes or more, as
+// validJSONButLong leaves unchecked) it decoded starts.
 func decodeMessages(b []byte, checked *[]*byte) (msgs []scheduling.Message, ok bool) {
 	if len(b) < 2 || b[0] != '[' {
 		return nil, false
@@ -170,7 +175,7 @@ func decodeMessages(b []byte, checked *[]*byte) (msgs []scheduling.Message, ok b
 }
 
 // decodeMessage decodes a valid JSON object into a message (a string content checked as it is decoded); ok is false
-// for anything else. It adds to checked where a string content starts.
+// for anything else. It adds to checked where a long string content starts.
 func decodeMessage(b []byte, checked *[]*byte) (m scheduling.Message, ok bool) {
 	var role, content []byte
 	complete := eachMember(b, func(_ []byte, key string, value []byte) bool {
@@ -196,7 +201,9 @@ func decodeMessage(b []byte, checked *[]*byte) (m scheduling.Message, ok bool) {
 		if m.Content.Raw, ok = unquoteString(content); !ok {
 			return m, false
 		}
-		*checked = append(*checked, &content[0])
+		if len(content) >= longMember {
+			*checked = append(*checked, &content[0])
+		}
 	default:
 		if m.Content.UnmarshalJSON(content) != nil {
 			return m, false

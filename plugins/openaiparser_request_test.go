@@ -70,6 +70,9 @@ var requestBodies = []string{
 		strings.Repeat("y\t", 600) + `\q"}}`,
 	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("z\n", 600) + "\x1f" + `"}]}]}`,
 	`{"model":"m","messages":[{"role":"user","name":"` + strings.Repeat("n\t", 600) + `\q","content":"hi"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"user","content":"` + strings.Repeat(`a\n`, 600) +
+		`"},{"role":"user","content":"` + strings.Repeat(`b\n`, 600) + `"}],"metadata":{"note":"` + strings.Repeat(`c\t`, 600) +
+		`\q"}}`,
 	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("\\n\xff", 600) + "\"}]}",
 	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("\\n\xff", 600) + "\\q\"}]}",
 	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"" + strings.Repeat("w", 1500) + "\t\"}]}",
