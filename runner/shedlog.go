@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -66,10 +67,28 @@ func withShedQuietLogger(ctx context.Context, shed func() bool, demote bool) con
 // (log.FromContext, which calls WithValues) several times for every response
 // chunk, and each derivation would otherwise allocate a wrapper and a clone of
 // the wrapped logger.
+//
+// Values are held until a line is written (values): upstream's handler and
+// Director derive loggers with the request's values for every request
+// (handlers/server.go, requestcontrol/director.go), and zap's WithValues
+// clones its core and encodes the values at once, though at the default
+// verbosity none of the lines those loggers would write is written. A line
+// written carries the same values in the same order; a value is formatted
+// when the first line is written, not when it was given (zap and funcr format
+// at once; logr's contract does not say when): a value that is a pointer to
+// something changed in between shows the change. Upstream's per-request values
+// are strings and the objective's priority (a pointer into an object the
+// datastore replaces rather than changes).
 type shedQuietSink struct {
 	sink   logr.LogSink
 	shed   func() bool
 	demote bool
+	// values are the key/value pairs given to WithValues since sink was derived, not yet handed to it; shared
+	// with the sinks derived from this one, never appended to in place (withValues copies).
+	values []any
+	// withValues is sink with values, derived once by the first line written (written).
+	once       sync.Once
+	withValues logr.LogSink
 }
 
 var _ logr.CallDepthLogSink = (*shedQuietSink)(nil)
@@ -79,6 +98,15 @@ func (s *shedQuietSink) Init(logr.RuntimeInfo) {}
 
 func (s *shedQuietSink) Enabled(level int) bool { return s.sink.Enabled(level) }
 
+// written is the sink a line goes to: the wrapped sink with the values held.
+func (s *shedQuietSink) written() logr.LogSink {
+	if len(s.values) == 0 {
+		return s.sink
+	}
+	s.once.Do(func() { s.withValues = s.sink.WithValues(s.values...) })
+	return s.withValues
+}
+
 func (s *shedQuietSink) Info(level int, msg string, kv ...any) {
 	if s.demote && level == logutil.DEFAULT && upstreamRequestLines[msg] {
 		if !s.sink.Enabled(logutil.VERBOSE) {
@@ -86,7 +114,7 @@ func (s *shedQuietSink) Info(level int, msg string, kv ...any) {
 		}
 		level = logutil.VERBOSE
 	}
-	s.sink.Info(level, msg, kv...)
+	s.written().Info(level, msg, kv...)
 }
 
 func (s *shedQuietSink) Error(err error, msg string, kv ...any) {
@@ -94,23 +122,25 @@ func (s *shedQuietSink) Error(err error, msg string, kv ...any) {
 	if errors.As(err, &reqErr) && s.shed() {
 		return
 	}
-	s.sink.Error(err, msg, kv...)
+	s.written().Error(err, msg, kv...)
 }
 
 func (s *shedQuietSink) WithValues(kv ...any) logr.LogSink {
 	if len(kv) == 0 {
 		return s
 	}
-	return &shedQuietSink{sink: s.sink.WithValues(kv...), shed: s.shed, demote: s.demote}
+	return &shedQuietSink{sink: s.sink, shed: s.shed, demote: s.demote, values: append(s.values[:len(s.values):len(s.values)], kv...)}
 }
 
+// WithName names the wrapped sink; the values held stay held (zap and funcr keep a logger's name apart from its
+// values, so the order of the two calls does not matter to them).
 func (s *shedQuietSink) WithName(name string) logr.LogSink {
-	return &shedQuietSink{sink: s.sink.WithName(name), shed: s.shed, demote: s.demote}
+	return &shedQuietSink{sink: s.sink.WithName(name), shed: s.shed, demote: s.demote, values: s.values}
 }
 
 func (s *shedQuietSink) WithCallDepth(depth int) logr.LogSink {
 	if cd, ok := s.sink.(logr.CallDepthLogSink); ok {
-		return &shedQuietSink{sink: cd.WithCallDepth(depth), shed: s.shed, demote: s.demote}
+		return &shedQuietSink{sink: cd.WithCallDepth(depth), shed: s.shed, demote: s.demote, values: s.values}
 	}
 	return s
 }

@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -147,6 +148,80 @@ func TestHotPathDemotesUpstreamRequestLines(t *testing.T) {
 			}
 			if strings.Join(got, "|") != strings.Join(tt.want, "|") {
 				t.Errorf("logged %q, want %q (lines %q)", got, tt.want, lines)
+			}
+		})
+	}
+}
+
+// countingSink is a logr.LogSink that counts the loggers derived from it with values and records the lines written,
+// each with the values of the logger that wrote it.
+type countingSink struct {
+	derived *int
+	lines   *[]string
+	values  []any
+	name    string
+	level   int // lines above it are not written
+}
+
+func (c countingSink) Init(logr.RuntimeInfo)                  {}
+func (c countingSink) Enabled(level int) bool                 { return level <= c.level }
+func (c countingSink) Error(err error, msg string, kv ...any) { c.write(msg, kv) }
+func (c countingSink) Info(_ int, msg string, kv ...any)      { c.write(msg, kv) }
+func (c countingSink) write(msg string, kv []any) {
+	*c.lines = append(*c.lines, fmt.Sprint(c.name, " ", msg, " ", append(append([]any{}, c.values...), kv...)))
+}
+func (c countingSink) WithName(name string) logr.LogSink { c.name += name; return c }
+func (c countingSink) WithValues(kv ...any) logr.LogSink {
+	if len(kv) > 0 {
+		*c.derived++
+	}
+	c.values = append(c.values[:len(c.values):len(c.values)], kv...)
+	return c
+}
+
+// TestShedQuietLoggerHoldsValuesUntilALineIsWritten: upstream derives loggers with the request's values for every
+// request, which zap pays for at once; the shed-quiet sink hands the values to the wrapped sink only when a line is
+// written (fails without: every derivation with values reached the wrapped sink), and the lines written carry the
+// same values in the same order as without it.
+func TestShedQuietLoggerHoldsValuesUntilALineIsWritten(t *testing.T) {
+	tests := []struct {
+		name        string
+		log         func(logr.Logger)
+		wantDerived int
+		wantLines   []string
+	}{
+		{"values, nothing written", func(l logr.Logger) {
+			l.WithValues("x-request-id", "r1").WithValues("stage", "body").V(4).Info("not written")
+		}, 0, nil},
+		{"values, a line written", func(l logr.Logger) {
+			l.WithValues("x-request-id", "r1").WithValues("stage", "body").Info("written", "k", 1)
+		}, 1, []string{" written [x-request-id r1 stage body k 1]"}},
+		{"two lines from one logger derive once", func(l logr.Logger) {
+			d := l.WithValues("a", 1)
+			d.Info("one")
+			d.Error(errors.New("boom"), "two")
+		}, 1, []string{" one [a 1]", " two [a 1]"}},
+		{"a name between values", func(l logr.Logger) {
+			l.WithValues("a", 1).WithName("n").WithValues("b", 2).Info("named")
+		}, 1, []string{"n named [a 1 b 2]"}},
+		{"siblings keep their own values", func(l logr.Logger) {
+			d := l.WithValues("a", 1)
+			d.WithValues("b", 2).Info("first")
+			d.WithValues("c", 3).Info("second")
+		}, 2, []string{" first [a 1 b 2]", " second [a 1 c 3]"}},
+		{"no values", func(l logr.Logger) { l.Info("plain") }, 0, []string{" plain []"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			derived, lines := 0, []string{}
+			base := logr.New(countingSink{derived: &derived, lines: &lines, level: 2})
+			ctx := withShedQuietLogger(log.IntoContext(context.Background(), base), func() bool { return false }, false)
+			tt.log(log.FromContext(ctx))
+			if derived != tt.wantDerived {
+				t.Errorf("the wrapped sink derived %d loggers with values, want %d", derived, tt.wantDerived)
+			}
+			if fmt.Sprint(lines) != fmt.Sprint(tt.wantLines) {
+				t.Errorf("lines %q, want %q", lines, tt.wantLines)
 			}
 		})
 	}
