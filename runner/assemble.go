@@ -88,6 +88,9 @@ type kubernetes struct {
 // endpoint added before the data layer is configured gets no metrics
 // collector.
 func (r *Runner) newDatastore(ctx context.Context, opts *Options, epf datalayer.EndpointFactory, gknn common.GKNN) (datastore.Datastore, *kubernetes, error) {
+	// Each endpoint's collector takes its logger from this context, and upstream's extractor derives one with the
+	// endpoint's name at every poll (every 50 ms per endpoint) for a line written only at -v=5.
+	ctx = withHeldValues(ctx)
 	if opts.StaticMode() {
 		return datastore.NewDatastore(ctx, epf, int32(opts.ModelServerMetricsPort)), nil, nil
 	}

@@ -61,6 +61,10 @@ func withShedQuietLogger(ctx context.Context, shed func() bool, demote bool) con
 	return log.IntoContext(ctx, base.WithSink(&shedQuietSink{sink: sink, shed: shed, demote: demote}))
 }
 
+// withHeldValues returns ctx with a logger that holds the values of the loggers derived from it until a line is
+// written (shedQuietSink, which sheds nothing here), for the work that derives loggers it seldom writes with.
+func withHeldValues(ctx context.Context) context.Context { return withShedQuietLogger(ctx, nil, false) }
+
 // shedQuietSink is a logr.LogSink that drops the error lines of shed
 // requests (see withShedQuietLogger). It is used by pointer, and WithValues
 // without values returns it unchanged: upstream's handler derives a logger

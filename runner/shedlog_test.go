@@ -226,3 +226,18 @@ func TestShedQuietLoggerHoldsValuesUntilALineIsWritten(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldValuesLogger: the data store's context (its endpoints' collectors) holds the values of upstream's per-poll
+// logger (the extractor's, with the endpoint's name, for a line at -v=5) until a line is written.
+func TestHeldValuesLogger(t *testing.T) {
+	derived, lines := 0, []string{}
+	base := logr.New(countingSink{derived: &derived, lines: &lines, level: 2})
+	ctx := withHeldValues(log.IntoContext(context.Background(), base))
+	for range 3 {
+		log.FromContext(ctx).WithValues("endpoint", "default/pod-1").V(5).Info("Refreshed metrics")
+	}
+	log.FromContext(ctx).WithValues("endpoint", "default/pod-1").Error(errors.New("boom"), "poll failed")
+	if derived != 1 || fmt.Sprint(lines) != "[ poll failed [endpoint default/pod-1]]" {
+		t.Errorf("the wrapped sink derived %d loggers with values and wrote %q; want 1 and the error line with its value", derived, lines)
+	}
+}
