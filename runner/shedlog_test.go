@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -11,7 +12,10 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	uberzap "go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	crzap "sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	errcommon "sigs.k8s.io/gateway-api-inference-extension/pkg/common/error"
 )
@@ -239,5 +243,32 @@ func TestHeldValuesLogger(t *testing.T) {
 	log.FromContext(ctx).WithValues("endpoint", "default/pod-1").Error(errors.New("boom"), "poll failed")
 	if derived != 1 || fmt.Sprint(lines) != "[ poll failed [endpoint default/pod-1]]" {
 		t.Errorf("the wrapped sink derived %d loggers with values and wrote %q; want 1 and the error line with its value", derived, lines)
+	}
+}
+
+// BenchmarkRequestLoggerDerivations derives a request's loggers as upstream's handler and Director do for every
+// request (the request ID, then the objective, the models and the priority), at the default verbosity, where none of
+// their lines is written, from a zap logger as upstream's InitSetupLogging builds it: sink=zap derives from zap itself,
+// sink=held through the request path's sink.
+func BenchmarkRequestLoggerDerivations(b *testing.B) {
+	zl := crzap.New(crzap.Level(uberzap.NewAtomicLevelAt(zapcore.Level(-2))), crzap.WriteTo(io.Discard),
+		crzap.Encoder(zapcore.NewJSONEncoder(uberzap.NewProductionEncoderConfig())))
+	priority := 1
+	for _, tt := range []struct {
+		name string
+		ctx  context.Context
+	}{
+		{"zap", log.IntoContext(context.Background(), zl)},
+		{"held", withHeldValues(log.IntoContext(context.Background(), zl))},
+	} {
+		b.Run("sink="+tt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				l := log.FromContext(tt.ctx).WithValues("x-request-id", "3f2c9a1e-7d4b-4c55-9f0e-2b8d6a4c1e77")
+				l = l.WithValues("objectiveKey", "default/chat", "incomingModelName", "meta-llama/Llama-3.1-8B-Instruct",
+					"targetModelName", "meta-llama/Llama-3.1-8B-Instruct", "priority", &priority)
+				l.V(4).Info("LLM request assembled")
+			}
+		})
 	}
 }
