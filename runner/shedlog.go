@@ -88,7 +88,7 @@ type shedQuietSink struct {
 	shed   func() bool
 	demote bool
 	// values are the key/value pairs given to WithValues since sink was derived, not yet handed to it; shared
-	// with the sinks derived from this one, never appended to in place (withValues copies).
+	// with the sinks derived from this one, never appended to in place (WithValues copies).
 	values []any
 	// withValues is sink with values, derived once by the first line written (written).
 	once       sync.Once
