@@ -27,6 +27,7 @@ type ForwardedBody struct {
 	longFrom int // longMember; smaller in tests
 	payload  scheduling.PayloadMap
 	long     map[string]json.RawMessage
+	ends     stringEnds // the long strings of the body long's members are of, delimited by the parser
 }
 
 type forwardedBodyKey struct{}
@@ -71,7 +72,7 @@ func (f *ForwardedBody) Encode() (body []byte, ok bool, err error) {
 			out = append(out, value...)
 			continue
 		}
-		out = appendCompact(out, f.long[k], plainStringMin)
+		out = f.ends.appendCompact(out, f.long[k], plainStringMin)
 	}
 	return append(out, '}'), true, nil
 }
@@ -116,9 +117,9 @@ func compactGrowth(v []byte) int {
 		3*bytes.Count(v, []byte{0xE2})
 }
 
-// split records the payload map and the long members ParseRequest left out of it.
-func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]json.RawMessage) {
-	f.payload, f.long = payload, long
+// split records the payload map and the long members ParseRequest left out of it, and the body's long strings.
+func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]json.RawMessage, ends stringEnds) {
+	f.payload, f.long, f.ends = payload, long, ends
 }
 
 // appendCompact appends to dst the valid JSON value v as json.Marshal writes a json.RawMessage (without whitespace
@@ -129,6 +130,11 @@ func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]jso
 // found by skipString. A long string (of more than plainFrom bytes) is read by appendCompactString; a short one a
 // byte at a time.
 func appendCompact(dst, v []byte, plainFrom int) []byte {
+	return stringEnds(nil).appendCompact(dst, v, plainFrom)
+}
+
+// appendCompact is appendCompact, the ends of v's strings looked up in e.
+func (e stringEnds) appendCompact(dst, v []byte, plainFrom int) []byte {
 	start := 0
 	for i := 0; i < len(v); i++ {
 		switch c := v[i]; c {
@@ -136,7 +142,7 @@ func appendCompact(dst, v []byte, plainFrom int) []byte {
 			dst = append(dst, v[start:i]...)
 			start = i + 1
 		case '"':
-			end := skipString(v, i) - 1 // the closing quote
+			end := e.skipString(v, i) - 1 // the closing quote
 			if end-i > plainFrom {
 				dst, start = appendCompactString(dst, v, start, i+1, end)
 				i = end

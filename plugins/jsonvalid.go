@@ -17,27 +17,28 @@ const maxJSONDepth = 10000
 // grammar of RFC 8259, at most maxJSONDepth nested arrays and objects, strings without control bytes whose escapes
 // are valid (their other bytes, valid UTF-8 or not, are accepted).
 func validJSON(b []byte) bool {
-	_, ok := validJSONButLong(b, -1)
+	_, _, ok := validJSONButLong(b, -1)
 	return ok
 }
 
 // validJSONButLong is validJSON, except that of a string value of longFrom bytes or more (none if longFrom is
-// negative) it checks only where it ends, as skipString finds it, and returns where each such string starts: b is
-// valid JSON if and only if ok is true and each of those strings is (validString, or a decoding that checks as it
-// goes: unquoteString). A prompt's string is then read once, by its decoding, not also by validString.
-func validJSONButLong(b []byte, longFrom int) (unchecked []int, ok bool) {
+// negative) it checks only where it ends, as skipString finds it, and returns where each such string starts, and in
+// ends its length (the scans after it need not find its end again): b is valid JSON if and only if ok is true and
+// each of those strings is (validString, or a decoding that checks as it goes: unquoteString). A prompt's string is
+// then read once, by its decoding, not also by validString.
+func validJSONButLong(b []byte, longFrom int) (unchecked []int, ends stringEnds, ok bool) {
 	var open []byte // '{' or '[' of each array and object the value at i is in
 	i := skipSpace(b, 0)
 	for {
 		// A value starts at i.
 		if i >= len(b) {
-			return nil, false
+			return nil, nil, false
 		}
 		ok = true
 		switch c := b[i]; {
 		case c == '{' || c == '[':
 			if len(open) >= maxJSONDepth {
-				return nil, false
+				return nil, nil, false
 			}
 			end := byte('}')
 			if c == '[' {
@@ -51,14 +52,17 @@ func validJSONButLong(b []byte, longFrom int) (unchecked []int, ok bool) {
 			open = append(open, c)
 			if c == '{' {
 				if i, ok = validMemberKey(b, i); !ok {
-					return nil, false
+					return nil, nil, false
 				}
 			}
 			continue
 		case c == '"':
 			if longFrom >= 0 {
 				if end, closed := stringEnd(b, i); closed && end-i >= longFrom {
-					unchecked = append(unchecked, i)
+					if ends == nil {
+						ends = stringEnds{}
+					}
+					unchecked, ends[&b[i]] = append(unchecked, i), end-i
 					i = end
 					break
 				}
@@ -73,32 +77,32 @@ func validJSONButLong(b []byte, longFrom int) (unchecked []int, ok bool) {
 		case c == 'n':
 			i, ok = validLiteral(b, i, "null")
 		default:
-			return nil, false
+			return nil, nil, false
 		}
 		if !ok {
-			return nil, false
+			return nil, nil, false
 		}
 		// A value ended at i: close the arrays and objects it ends, up to the next member or element.
 		for {
 			i = skipSpace(b, i)
 			if len(open) == 0 {
-				return unchecked, i == len(b)
+				return unchecked, ends, i == len(b)
 			}
 			if i >= len(b) {
-				return nil, false
+				return nil, nil, false
 			}
 			inObject := open[len(open)-1] == '{'
 			if b[i] == ',' {
 				i = skipSpace(b, i+1)
 				if inObject {
 					if i, ok = validMemberKey(b, i); !ok {
-						return nil, false
+						return nil, nil, false
 					}
 				}
 				break
 			}
 			if inObject && b[i] != '}' || !inObject && b[i] != ']' {
-				return nil, false
+				return nil, nil, false
 			}
 			open = open[:len(open)-1]
 			i++

@@ -41,13 +41,20 @@ func TestValidJSONAsEncodingJSON(t *testing.T) {
 }
 
 // validButLongThenStrings is validJSONButLong with the strings it left unchecked checked after by validString, as
-// decodeChat does; it also fails if one of them is not a string value of longFrom bytes or more.
+// decodeChat does; it also fails if one of them is not a string value of longFrom bytes or more, or if the length
+// it records for one (ends) is not skipString's.
 func validButLongThenStrings(doc []byte, longFrom int) bool {
-	unchecked, ok := validJSONButLong(doc, longFrom)
+	unchecked, ends, ok := validJSONButLong(doc, longFrom)
+	if ok && len(ends) != len(unchecked) {
+		panic(fmt.Sprintf("%q: %d unchecked strings, %d ends", doc, len(unchecked), len(ends)))
+	}
 	for _, at := range unchecked {
 		end, closed := stringEnd(doc, at)
 		if doc[at] != '"' || !closed || end-at < longFrom {
 			panic(fmt.Sprintf("%q: unchecked string at %d is not a closed string of %d bytes or more", doc, at, longFrom))
+		}
+		if n := ends[&doc[at]]; ok && n != end-at {
+			panic(fmt.Sprintf("%q: string at %d ends at %d, recorded %d", doc, at, end, at+n))
 		}
 		if _, valid := validString(doc, at); !valid {
 			ok = false

@@ -28,7 +28,7 @@ import (
 // that no routing decision reads). A body whose API type does not decode
 // takes upstream's path, so bad requests get upstream's error word for word.
 func (p *OpenAIParser) ParseRequest(ctx context.Context, body []byte, headers map[string]string) (*scheduling.LLMRequestBody, error) {
-	parsed, ok := decodeRequestBody(body, headers)
+	parsed, ends, ok := decodeRequestBody(body, headers)
 	if !ok {
 		return p.OpenAIParser.ParseRequest(ctx, body, headers)
 	}
@@ -37,12 +37,12 @@ func (p *OpenAIParser) ParseRequest(ctx context.Context, body []byte, headers ma
 	if forwarded != nil {
 		longFrom = forwarded.longFrom
 	}
-	payload, long, ok := topLevelPayload(body, longFrom)
+	payload, long, ok := topLevelPayload(body, longFrom, ends)
 	if !ok {
 		return p.OpenAIParser.ParseRequest(ctx, body, headers)
 	}
 	if forwarded != nil {
-		forwarded.split(payload, long)
+		forwarded.split(payload, long, ends)
 	}
 	parsed.Payload = payload
 	stream, _ := payload["stream"].(bool)
@@ -53,38 +53,40 @@ func (p *OpenAIParser) ParseRequest(ctx context.Context, body []byte, headers ma
 // decodeRequestBody decodes body as the API its path names, with upstream's
 // rules for which path names which API (openai.ParseRequest) and for what
 // makes a valid request of each; ok is false for a body upstream rejects.
-func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduling.LLMRequestBody, ok bool) {
+// ends are the body's long strings as a chat's validation delimited them (nil
+// for other APIs).
+func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduling.LLMRequestBody, ends stringEnds, ok bool) {
 	switch path := requestPath(headers); {
 	case strings.HasSuffix(path, "/conversations"):
 		var r scheduling.ConversationsRequest
 		if json.Unmarshal(body, &r) == nil && len(r.Items) > 0 {
-			return &scheduling.LLMRequestBody{Conversations: &r}, true
+			return &scheduling.LLMRequestBody{Conversations: &r}, nil, true
 		}
 	case strings.HasSuffix(path, "/responses"):
 		var r scheduling.ResponsesRequest
 		if json.Unmarshal(body, &r) == nil && r.Input != nil {
-			return &scheduling.LLMRequestBody{Responses: &r}, true
+			return &scheduling.LLMRequestBody{Responses: &r}, nil, true
 		}
 	case strings.HasSuffix(path, "/chat/completions"):
-		if r, ok := decodeChat(body); ok {
-			return &scheduling.LLMRequestBody{ChatCompletions: r}, true
+		if r, ends, ok := decodeChat(body); ok {
+			return &scheduling.LLMRequestBody{ChatCompletions: r}, ends, true
 		}
 		var r scheduling.ChatCompletionsRequest
 		if json.Unmarshal(body, &r) == nil && len(r.Messages) > 0 {
-			return &scheduling.LLMRequestBody{ChatCompletions: &r}, true
+			return &scheduling.LLMRequestBody{ChatCompletions: &r}, nil, true
 		}
 	case strings.HasSuffix(path, "/embeddings"):
 		var r scheduling.EmbeddingsRequest
 		if json.Unmarshal(body, &r) == nil && r.Input != nil {
-			return &scheduling.LLMRequestBody{Embeddings: &r}, true
+			return &scheduling.LLMRequestBody{Embeddings: &r}, nil, true
 		}
 	default: // "/completions", and any other path, as upstream defaults
 		var r scheduling.CompletionsRequest
 		if json.Unmarshal(body, &r) == nil && !r.Prompt.IsEmpty() {
-			return &scheduling.LLMRequestBody{Completions: &r}, true
+			return &scheduling.LLMRequestBody{Completions: &r}, nil, true
 		}
 	}
-	return nil, false
+	return nil, nil, false
 }
 
 // A chat's messages carry almost all of a long prompt's bytes, and encoding/json reads each message's content four
@@ -98,16 +100,17 @@ func decodeRequestBody(body []byte, headers map[string]string) (parsed *scheduli
 // json.Unmarshal.
 
 // decodeChat decodes a chat completions request as json.Unmarshal does into scheduling.ChatCompletionsRequest; ok
-// is false when the body is not valid JSON, does not decode, or is one decodeChat leaves to json.Unmarshal.
-func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
-	unchecked, ok := validJSONButLong(body, longMember)
+// is false when the body is not valid JSON, does not decode, or is one decodeChat leaves to json.Unmarshal. ends are
+// the body's long strings, delimited once by the validation, for the scans of the body after it.
+func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ends stringEnds, ok bool) {
+	unchecked, ends, ok := validJSONButLong(body, longMember)
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
 	rest := make([]byte, 0, 256)
 	rest = append(rest, '{')
 	var messages []byte
-	complete := eachMember(body, func(rawKey []byte, key string, value []byte) bool {
+	complete := ends.eachMember(body, func(rawKey []byte, key string, value []byte) bool {
 		switch {
 		case key == "messages" && messages == nil:
 			messages = value
@@ -122,15 +125,15 @@ func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
 		return true
 	})
 	if !complete || messages == nil {
-		return nil, false
+		return nil, nil, false
 	}
 	r = &scheduling.ChatCompletionsRequest{}
 	if json.Unmarshal(append(rest, '}'), r) != nil {
-		return nil, false
+		return nil, nil, false
 	}
 	var checked []*byte
-	if r.Messages, ok = decodeMessages(messages, &checked); !ok || len(r.Messages) == 0 {
-		return nil, false
+	if r.Messages, ok = decodeMessages(messages, ends, &checked); !ok || len(r.Messages) == 0 {
+		return nil, nil, false
 	}
 	// The long strings the decoding did not read: any other member's, or in a content that is not a string. Both lists
 	// are in the body's order and checked holds only long contents, so one walk pairs them (a string it fails to pair
@@ -142,16 +145,16 @@ func decodeChat(body []byte) (r *scheduling.ChatCompletionsRequest, ok bool) {
 			continue
 		}
 		if _, ok := validString(body, at); !ok {
-			return nil, false
+			return nil, nil, false
 		}
 	}
-	return r, true
+	return r, ends, true
 }
 
 // decodeMessages decodes a valid JSON array of message objects (string contents checked as they are decoded); ok is
 // false for anything else. It adds to checked, in order, where each long string content (longMember bytes or more, as
-// validJSONButLong leaves unchecked) it decoded starts.
-func decodeMessages(b []byte, checked *[]*byte) (msgs []scheduling.Message, ok bool) {
+// validJSONButLong leaves unchecked) it decoded starts. ends are the long strings the validation delimited.
+func decodeMessages(b []byte, ends stringEnds, checked *[]*byte) (msgs []scheduling.Message, ok bool) {
 	if len(b) < 2 || b[0] != '[' {
 		return nil, false
 	}
@@ -160,8 +163,8 @@ func decodeMessages(b []byte, checked *[]*byte) (msgs []scheduling.Message, ok b
 		return []scheduling.Message{}, true
 	}
 	for {
-		end := skipValue(b, i)
-		m, ok := decodeMessage(b[i:end], checked)
+		end := ends.skipValue(b, i)
+		m, ok := decodeMessage(b[i:end], ends, checked)
 		if !ok {
 			return nil, false
 		}
@@ -176,9 +179,9 @@ func decodeMessages(b []byte, checked *[]*byte) (msgs []scheduling.Message, ok b
 
 // decodeMessage decodes a valid JSON object into a message (a string content checked as it is decoded); ok is false
 // for anything else. It adds to checked where a long string content starts.
-func decodeMessage(b []byte, checked *[]*byte) (m scheduling.Message, ok bool) {
+func decodeMessage(b []byte, ends stringEnds, checked *[]*byte) (m scheduling.Message, ok bool) {
 	var role, content []byte
-	complete := eachMember(b, func(_ []byte, key string, value []byte) bool {
+	complete := ends.eachMember(b, func(_ []byte, key string, value []byte) bool {
 		switch {
 		case key == "role" && role == nil:
 			role = value
@@ -242,10 +245,10 @@ func requestPath(headers map[string]string) string {
 // repeated key keeps its last value, as in encoding/json. A value of
 // longFrom bytes or more (unless longFrom is negative) goes to long instead of
 // the payload (see ForwardedBody). body must be a valid JSON document (decodeRequestBody
-// accepted it); ok is false if it is not an object.
-func topLevelPayload(body []byte, longFrom int) (payload scheduling.PayloadMap, long map[string]json.RawMessage, ok bool) {
+// accepted it, delimiting the long strings in ends); ok is false if it is not an object.
+func topLevelPayload(body []byte, longFrom int, ends stringEnds) (payload scheduling.PayloadMap, long map[string]json.RawMessage, ok bool) {
 	payload = scheduling.PayloadMap{}
-	ok = eachMember(body, func(_ []byte, key string, value []byte) bool {
+	ok = ends.eachMember(body, func(_ []byte, key string, value []byte) bool {
 		if key != "model" && key != "stream" {
 			if longFrom >= 0 && len(value) >= longFrom {
 				if long == nil {
@@ -275,6 +278,26 @@ func topLevelPayload(body []byte, longFrom int) (payload scheduling.PayloadMap, 
 // eachMember calls f with each member of a valid JSON object: its key as written, the key decoded, and its value.
 // It stops when f returns false or the object ends, and reports whether it went through the whole object.
 func eachMember(body []byte, f func(rawKey []byte, key string, value []byte) bool) bool {
+	return stringEnds(nil).eachMember(body, f)
+}
+
+// stringEnds is the length (quotes included) of each long string of a body, by its opening quote, as the validation
+// found it (validJSONButLong). A long prompt's closing quote is found by a search that stops at every escaped quote;
+// the scans of the same bytes after the validation (the chat's members, its messages, each message's members, the
+// payload's members, the forwarded body's compaction) look the string up instead of searching it again. Any other
+// string, and every string when the map is nil, is searched for as skipString does.
+type stringEnds map[*byte]int
+
+// skipString is skipString(b, i), looked up when the string at b[i] is one of e's.
+func (e stringEnds) skipString(b []byte, i int) int {
+	if n, ok := e[&b[i]]; ok {
+		return i + n
+	}
+	return skipString(b, i)
+}
+
+// eachMember is eachMember, its values' strings looked up in e.
+func (e stringEnds) eachMember(body []byte, f func(rawKey []byte, key string, value []byte) bool) bool {
 	i := skipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return false
@@ -295,7 +318,7 @@ func eachMember(body []byte, f func(rawKey []byte, key string, value []byte) boo
 			return false
 		}
 		start := skipSpace(body, i+1)
-		end := skipValue(body, start)
+		end := e.skipValue(body, start)
 		if !f(rawKey, key, body[start:end:end]) {
 			return false
 		}
@@ -371,11 +394,16 @@ func stringEnd(b []byte, i int) (end int, closed bool) {
 
 // skipValue returns the index just past the JSON value starting at b[i].
 func skipValue(b []byte, i int) int {
+	return stringEnds(nil).skipValue(b, i)
+}
+
+// skipValue is skipValue, its strings looked up in e.
+func (e stringEnds) skipValue(b []byte, i int) int {
 	depth := 0
 	for i < len(b) {
 		switch b[i] {
 		case '"':
-			i = skipString(b, i)
+			i = e.skipString(b, i)
 			if depth == 0 {
 				return i
 			}
