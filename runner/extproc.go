@@ -245,8 +245,12 @@ func (s *shapingStream) recv() (*extprocv3.ProcessingRequest, error) {
 		req := ms.queue[0]
 		ms.queue[0] = nil
 		ms.queue = ms.queue[1:]
+		ms.releaseJoined(req)
 		ms.observe(req)
 		return req, nil
+	}
+	if ms != nil {
+		ms.releaseJoined(nil)
 	}
 	if ms != nil && ms.queueErr != nil {
 		return nil, ms.queueErr

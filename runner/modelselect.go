@@ -126,6 +126,12 @@ type modelSelection struct {
 	queue    []*extprocv3.ProcessingRequest
 	queueErr error
 
+	// joined is the pooled buffer the held chunks were joined into (joinedbody.go), until upstream's handler has read
+	// past joinedMsg, the message that carries the body in their place, and copied its body; then it is put back.
+	joined       *[]byte
+	joinedMsg    *extprocv3.ProcessingRequest
+	joinedHanded bool // joinedMsg was handed to upstream's handler
+
 	done      func(ResponseOutcome)
 	received  time.Time // when the request headers arrived
 	outcome   ResponseOutcome
@@ -170,7 +176,13 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 			break
 		}
 	}
-	body := join(chunks)
+	var body []byte
+	if len(chunks) > 1 {
+		ms.joined = joinInto(chunks, int(size))
+		body = *ms.joined
+	} else {
+		body = join(chunks)
+	}
 	choice := ms.selector.SelectModel(s.Context(), headerMap(headers), body)
 	ms.done = choice.Done
 	if choice.Model != "" {
@@ -181,20 +193,34 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 		if s.chunks != nil {
 			s.chunks.proxyHoldsBody = false // the proxy holds the client's body, not this one
 		}
-		ms.replaceBody(choice.Body)
+		ms.joinedMsg = ms.replaceBody(choice.Body)
 	case len(chunks) > 1:
 		// Upstream's handler appends each body message to a buffer it grows: handed the joined body as one
 		// message, it copies the body once instead of about twice.
-		ms.replaceBody(body)
+		ms.joinedMsg = ms.replaceBody(body)
 	}
 	return true, nil
+}
+
+// releaseJoined puts the joined body's buffer back once upstream's handler has read past the message that carried it
+// (it reads the stream again only once it has copied that message's body), and notes when that message is handed.
+func (ms *modelSelection) releaseJoined(handing *extprocv3.ProcessingRequest) {
+	if ms.joined == nil {
+		return
+	}
+	if ms.joinedHanded {
+		putJoinedBuffer(ms.joined)
+		ms.joined, ms.joinedMsg, ms.joinedHanded = nil, nil, false
+		return
+	}
+	ms.joinedHanded = handing != nil && handing == ms.joinedMsg
 }
 
 // replaceBody swaps the held body chunks for one chunk holding body, keeping
 // the end-of-stream flag of the last one, its metadata (upstream's handler
 // keeps the metadata of the message that completes the body) and any
-// trailers after it.
-func (ms *modelSelection) replaceBody(body []byte) {
+// trailers after it. It returns the message that carries body.
+func (ms *modelSelection) replaceBody(body []byte) *extprocv3.ProcessingRequest {
 	kept := make([]*extprocv3.ProcessingRequest, 0, 2)
 	var replacement *extprocv3.ProcessingRequest
 	joined := &extprocv3.HttpBody{Body: body}
@@ -212,6 +238,7 @@ func (ms *modelSelection) replaceBody(body []byte) {
 		replacement.MetadataContext, replacement.Attributes = msg.MetadataContext, msg.Attributes
 	}
 	ms.queue = kept
+	return replacement
 }
 
 // sendBodyTooLarge answers 413 for a request whose body exceeds what model

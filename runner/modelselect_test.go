@@ -15,6 +15,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -171,7 +172,8 @@ func (u *recordingUpstream) Process(s extprocv3.ExternalProcessor_ProcessServer)
 			u.err = err
 			return nil
 		}
-		u.got = append(u.got, req)
+		// Copied, as upstream's handler copies a body: the stream puts a joined body's buffer back once upstream reads on.
+		u.got = append(u.got, proto.Clone(req).(*extprocv3.ProcessingRequest))
 		if req.GetRequestBody() != nil && u.answer != nil {
 			return s.Send(u.answer)
 		}
@@ -360,6 +362,81 @@ func TestModelSelectionHoldsTheRequestUntilItsBodyIsComplete(t *testing.T) {
 				t.Errorf("Done called %d times, want %d", len(sel.outcomes), tt.wantCalls)
 			}
 		})
+	}
+}
+
+// TestModelSelectionPutsTheJoinedBodyBack: a body held in several messages is joined into a pooled buffer, which the
+// stream keeps while upstream's handler holds the message that carries it and puts back when the handler reads on
+// (it has copied the body by then); a body of one message is handed as it came, with no buffer.
+func TestModelSelectionPutsTheJoinedBodyBack(t *testing.T) {
+	tests := []struct {
+		name    string
+		steps   []*extprocv3.ProcessingRequest
+		newBody string
+		want    []string // what upstream's handler read, and whether a joined buffer was held when it read it (the hold joins the body before the headers are handed)
+	}{
+		{
+			name:  "two messages",
+			steps: []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			want:  []string{"headers held", `body:{"model":"m"} held`, "end"},
+		},
+		{
+			name:  "two messages and trailers",
+			steps: []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, false), reqTrailers()},
+			want:  []string{"headers held", `body:{"model":"m"} held`, "trailers", "end"},
+		},
+		{
+			name:    "two messages, the body replaced by the selector",
+			steps:   []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			newBody: `{"model":"canary"}`,
+			want:    []string{"headers held", `body:{"model":"canary"} held`, "end"},
+		},
+		{
+			name:  "one message",
+			steps: []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":"m"}`, true)},
+			want:  []string{"headers", `body:{"model":"m"}`, "end"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			proxy := &scriptedStream{}
+			for _, m := range tt.steps {
+				proxy.steps = append(proxy.steps, step{msg: m})
+			}
+			up := &joinedBufferWatcher{}
+			srv := &shapingServer{upstream: up, selector: &fakeSelector{model: "canary", newBody: tt.newBody}, maxBodyBytes: 1 << 20,
+				clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+			if err := srv.Process(proxy); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(up.read, tt.want) {
+				t.Errorf("upstream read %q, want %q", up.read, tt.want)
+			}
+		})
+	}
+}
+
+// joinedBufferWatcher is upstream's handler noting, with each message it reads, whether the stream holds a joined
+// body's buffer.
+type joinedBufferWatcher struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	read []string
+}
+
+func (u *joinedBufferWatcher) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
+	for {
+		req, err := s.Recv()
+		read := "end"
+		if err == nil {
+			read = kinds([]*extprocv3.ProcessingRequest{req})[0]
+		}
+		if s.(*shapingStream).selection.joined != nil {
+			read += " held"
+		}
+		u.read = append(u.read, read)
+		if err != nil {
+			return nil
+		}
 	}
 }
 
