@@ -33,8 +33,12 @@ func joinedBuffer(n int) *[]byte {
 	return &b
 }
 
-// putJoinedBuffer puts back a buffer from joinedBuffer, which nothing reads any more.
+// putJoinedBuffer puts back a buffer from joinedBuffer, which nothing reads any more (cleared first in race builds,
+// poisonPutBack).
 func putJoinedBuffer(p *[]byte) {
+	if poisonPutBack {
+		clear(*p)
+	}
 	c := cap(*p)
 	if k := bits.Len(uint(c)) - 1 - joinedMinShift; k >= 0 && k < joinedClasses && c == 1<<(k+joinedMinShift) {
 		joinedBodies[k].Put(p)
