@@ -392,12 +392,7 @@ func stringEnd(b []byte, i int) (end int, closed bool) {
 	return len(b), false
 }
 
-// skipValue returns the index just past the JSON value starting at b[i].
-func skipValue(b []byte, i int) int {
-	return stringEnds(nil).skipValue(b, i)
-}
-
-// skipValue is skipValue, its strings looked up in e.
+// skipValue returns the index just past the JSON value starting at b[i], the ends of its long strings looked up in e.
 func (e stringEnds) skipValue(b []byte, i int) int {
 	depth := 0
 	for i < len(b) {
