@@ -121,6 +121,7 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 	if s.selector != nil {
 		ss.selection = &modelSelection{selector: s.selector, maxBodyBytes: s.maxBodyBytes, clock: s.clock}
 		defer ss.selection.finish()
+		defer ss.selection.putJoinedBack()
 	}
 	if s.decisions != nil {
 		ss.ctx, ss.trace = s.decisions.Start(ss.ctx)

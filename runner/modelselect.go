@@ -209,11 +209,21 @@ func (ms *modelSelection) releaseJoined(handing *extprocv3.ProcessingRequest) {
 		return
 	}
 	if ms.joinedHanded {
-		putJoinedBuffer(ms.joined)
-		ms.joined, ms.joinedMsg, ms.joinedHanded = nil, nil, false
+		ms.putJoinedBack()
 		return
 	}
 	ms.joinedHanded = handing != nil && handing == ms.joinedMsg
+}
+
+// putJoinedBack puts the joined body's buffer back once upstream's handler has returned, for a request it ended
+// without reading the stream again after the body (an answer of its own, such as a rejection, or an error): nothing
+// reads the buffer then.
+func (ms *modelSelection) putJoinedBack() {
+	if ms.joined == nil {
+		return
+	}
+	putJoinedBuffer(ms.joined)
+	ms.joined, ms.joinedMsg, ms.joinedHanded = nil, nil, false
 }
 
 // replaceBody swaps the held body chunks for one chunk holding body, keeping

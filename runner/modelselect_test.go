@@ -367,13 +367,16 @@ func TestModelSelectionHoldsTheRequestUntilItsBodyIsComplete(t *testing.T) {
 
 // TestModelSelectionPutsTheJoinedBodyBack: a body held in several messages is joined into a pooled buffer, which the
 // stream keeps while upstream's handler holds the message that carries it and puts back when the handler reads on
-// (it has copied the body by then); a body of one message is handed as it came, with no buffer.
+// (it has copied the body by then) or returns; a body of one message is handed as it came, with no buffer.
 func TestModelSelectionPutsTheJoinedBodyBack(t *testing.T) {
 	tests := []struct {
 		name    string
 		steps   []*extprocv3.ProcessingRequest
 		newBody string
-		want    []string // what upstream's handler read, and whether a joined buffer was held when it read it (the hold joins the body before the headers are handed)
+		// stopAfter ends upstream's handler after it read this many messages, as one that answers the request itself
+		// (a rejection) ends without reading on; 0 reads to the end.
+		stopAfter int
+		want      []string // what upstream's handler read, and whether a joined buffer was held when it read it (the hold joins the body before the headers are handed)
 	}{
 		{
 			name:  "two messages",
@@ -396,6 +399,12 @@ func TestModelSelectionPutsTheJoinedBodyBack(t *testing.T) {
 			steps: []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":"m"}`, true)},
 			want:  []string{"headers", `body:{"model":"m"}`, "end"},
 		},
+		{
+			name:      "two messages, upstream ends the stream after the body",
+			steps:     []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			stopAfter: 2,
+			want:      []string{"headers held", `body:{"model":"m"} held`},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -403,7 +412,7 @@ func TestModelSelectionPutsTheJoinedBodyBack(t *testing.T) {
 			for _, m := range tt.steps {
 				proxy.steps = append(proxy.steps, step{msg: m})
 			}
-			up := &joinedBufferWatcher{}
+			up := &joinedBufferWatcher{stopAfter: tt.stopAfter}
 			srv := &shapingServer{upstream: up, selector: &fakeSelector{model: "canary", newBody: tt.newBody}, maxBodyBytes: 1 << 20,
 				clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
 			if err := srv.Process(proxy); err != nil {
@@ -411,6 +420,9 @@ func TestModelSelectionPutsTheJoinedBodyBack(t *testing.T) {
 			}
 			if !slices.Equal(up.read, tt.want) {
 				t.Errorf("upstream read %q, want %q", up.read, tt.want)
+			}
+			if up.stream.selection.joined != nil {
+				t.Error("the joined buffer was not put back when the stream ended")
 			}
 		})
 	}
@@ -420,11 +432,14 @@ func TestModelSelectionPutsTheJoinedBodyBack(t *testing.T) {
 // body's buffer.
 type joinedBufferWatcher struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	read []string
+	stopAfter int // end after reading this many messages; 0 reads to the end
+	read      []string
+	stream    *shapingStream
 }
 
 func (u *joinedBufferWatcher) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
-	for {
+	u.stream = s.(*shapingStream)
+	for u.stopAfter == 0 || len(u.read) < u.stopAfter {
 		req, err := s.Recv()
 		read := "end"
 		if err == nil {
@@ -438,6 +453,7 @@ func (u *joinedBufferWatcher) Process(s extprocv3.ExternalProcessor_ProcessServe
 			return nil
 		}
 	}
+	return nil
 }
 
 // TestModelSelectionKeepsTheLastBodyMessagesMetadata: the joined body reaches upstream with the metadata and
