@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -79,17 +80,19 @@ func withHeldValues(ctx context.Context) context.Context { return withShedQuietL
 // verbosity none of the lines those loggers would write is written. A line
 // written carries the same values in the same order; a value is formatted
 // when the first line is written, not when it was given (zap and funcr format
-// at once; logr's contract does not say when): a value that is a pointer to
-// something changed in between shows the change. Upstream's per-request values
+// at once; logr's contract does not say when), on the goroutine that writes it:
+// a value that is a pointer to something changed in between shows the change,
+// and one changed by another goroutine would race. Upstream's per-request values
 // are strings and the objective's priority (a pointer into an object the
 // datastore replaces rather than changes).
 type shedQuietSink struct {
 	sink   logr.LogSink
 	shed   func() bool
 	demote bool
-	// values are the key/value pairs given to WithValues since sink was derived, not yet handed to it; shared
-	// with the sinks derived from this one, never appended to in place (WithValues copies).
-	values []any
+	// values are the key/value pairs of each WithValues call since sink was derived, not yet handed to it, one
+	// entry per call: zapr checks each call's pairs on its own, so a malformed call must not take the next call's
+	// pairs with it. Shared with the sinks derived from this one, never appended to in place (WithValues copies).
+	values [][]any
 	// withValues is sink with values, derived once by the first line written (written).
 	once       sync.Once
 	withValues logr.LogSink
@@ -107,7 +110,16 @@ func (s *shedQuietSink) written() logr.LogSink {
 	if len(s.values) == 0 {
 		return s.sink
 	}
-	s.once.Do(func() { s.withValues = s.sink.WithValues(s.values...) })
+	s.once.Do(func() {
+		// A line still goes somewhere if handing the values over panics (zap's development mode panics on a
+		// malformed pair): to the sink without them.
+		s.withValues = s.sink
+		w := s.sink
+		for _, kv := range s.values {
+			w = w.WithValues(kv...)
+		}
+		s.withValues = w
+	})
 	return s.withValues
 }
 
@@ -133,7 +145,8 @@ func (s *shedQuietSink) WithValues(kv ...any) logr.LogSink {
 	if len(kv) == 0 {
 		return s
 	}
-	return &shedQuietSink{sink: s.sink, shed: s.shed, demote: s.demote, values: append(s.values[:len(s.values):len(s.values)], kv...)}
+	values := append(s.values[:len(s.values):len(s.values)], slices.Clone(kv))
+	return &shedQuietSink{sink: s.sink, shed: s.shed, demote: s.demote, values: values}
 }
 
 // WithName names the wrapped sink; the values held stay held (zap and funcr keep a logger's name apart from its

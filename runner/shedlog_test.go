@@ -199,7 +199,7 @@ func TestShedQuietLoggerHoldsValuesUntilALineIsWritten(t *testing.T) {
 		}, 0, nil},
 		{"values, a line written", func(l logr.Logger) {
 			l.WithValues("x-request-id", "r1").WithValues("stage", "body").Info("written", "k", 1)
-		}, 1, []string{" written [x-request-id r1 stage body k 1]"}},
+		}, 2, []string{" written [x-request-id r1 stage body k 1]"}},
 		{"two lines from one logger derive once", func(l logr.Logger) {
 			d := l.WithValues("a", 1)
 			d.Info("one")
@@ -207,12 +207,12 @@ func TestShedQuietLoggerHoldsValuesUntilALineIsWritten(t *testing.T) {
 		}, 1, []string{" one [a 1]", " two [a 1]"}},
 		{"a name between values", func(l logr.Logger) {
 			l.WithValues("a", 1).WithName("n").WithValues("b", 2).Info("named")
-		}, 1, []string{"n named [a 1 b 2]"}},
+		}, 2, []string{"n named [a 1 b 2]"}},
 		{"siblings keep their own values", func(l logr.Logger) {
 			d := l.WithValues("a", 1)
 			d.WithValues("b", 2).Info("first")
 			d.WithValues("c", 3).Info("second")
-		}, 2, []string{" first [a 1 b 2]", " second [a 1 c 3]"}},
+		}, 4, []string{" first [a 1 b 2]", " second [a 1 c 3]"}},
 		{"no values", func(l logr.Logger) { l.Info("plain") }, 0, []string{" plain []"}},
 	}
 	for _, tt := range tests {
@@ -228,6 +228,25 @@ func TestShedQuietLoggerHoldsValuesUntilALineIsWritten(t *testing.T) {
 				t.Errorf("lines %q, want %q", lines, tt.wantLines)
 			}
 		})
+	}
+}
+
+// TestShedQuietLoggerHandsEachCallsValuesApart: zapr checks the pairs of each WithValues call on its own, reporting
+// and dropping an odd one; the held values reach it call by call, so a malformed call does not take the next call's
+// pairs with it.
+func TestShedQuietLoggerHandsEachCallsValuesApart(t *testing.T) {
+	var out strings.Builder
+	zl := crzap.New(crzap.WriteTo(&out), crzap.Encoder(zapcore.NewJSONEncoder(uberzap.NewProductionEncoderConfig())))
+	ctx := withHeldValues(log.IntoContext(context.Background(), zl))
+	log.FromContext(ctx).WithValues("odd").WithValues("b", 2).Info("the line")
+	var line string
+	for l := range strings.Lines(out.String()) {
+		if strings.Contains(l, `"msg":"the line"`) {
+			line = l
+		}
+	}
+	if !strings.Contains(line, `"b":2`) || strings.Contains(line, `"odd":"b"`) {
+		t.Errorf("the line %q, want b=2 and no pair made of the odd call's key and b", line)
 	}
 }
 
