@@ -110,6 +110,46 @@ func FuzzOpenAIParserRequest(f *testing.F) {
 	})
 }
 
+// longStringBodies are chat bodies with L where a string of at least longMember bytes goes: in the content, in other
+// members, as keys, repeated, and in documents that do not close.
+var longStringBodies = []string{
+	`{"model":"m","messages":[{"role":"user","content":L}]}`,
+	`{"model":"m","messages":[{"role":"user","content":L},{"role":"assistant","content":L}],"x":L}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":L}]}],"tools":[L,{"a":L}]}`,
+	`{"model":L,"messages":[{"role":L,"content":"x"}],"user":L}`,
+	`{"model":"m",L:L,"messages":[{"role":"user","content":"x",L:L}]}`,
+	`{"model":"m","messages":[{"role":"user","content":L,"content":L}],"messages":[{"role":"user","content":L}]}`,
+	` { "messages" : [ { "content" : L , "role" : "user" } ] , "model" : "m" , "stream" : L } `,
+	`{"model":"m","messages":[{"role":"user","content":L}]`,
+	`{"model":"m","messages":[{"role":"user","content":L]}`,
+}
+
+// FuzzOpenAIParserRequestLongStrings is FuzzOpenAIParserRequest for strings long enough that the validation records
+// their ends and the scans after it look them up (stringEnds): the fuzzer's bytes end each string of one of
+// longStringBodies, which a random body seldom makes that long.
+func FuzzOpenAIParserRequestLongStrings(f *testing.F) {
+	for _, tail := range []string{``, `a\"b`, `\\`, `\`, `"`, `\u00e9\ud83d\ude00`, "\x01", "\xff<&>", `\u12`, `"},{"`} {
+		for which := range longStringBodies {
+			f.Add([]byte(tail), uint8(which))
+		}
+	}
+	parser := newTestOpenAIParser(f)
+	f.Fuzz(func(t *testing.T, tail []byte, which uint8) {
+		long := `"` + strings.Repeat("p", longMember) + string(tail) + `"`
+		body := []byte(strings.ReplaceAll(longStringBodies[int(which)%len(longStringBodies)], "L", long))
+		for _, path := range requestPaths {
+			if err := sameParse(parser, path, body); err != nil {
+				t.Fatalf("path %q, body %.300q: %v", path, body, err)
+			}
+			for _, longFrom := range []int{0, longMember} {
+				if err := sameForwardedBody(parser, path, body, longFrom); err != nil {
+					t.Fatalf("path %q, body %.300q, long from %d: %v", path, body, longFrom, err)
+				}
+			}
+		}
+	})
+}
+
 func newTestOpenAIParser(tb testing.TB) *OpenAIParser {
 	p, err := OpenAIParserFactory("parser", nil, nil)
 	if err != nil {
