@@ -177,11 +177,13 @@ func (s *shapingStream) hold(headers *extprocv3.HttpHeaders) (handled bool, err 
 		}
 	}
 	var body []byte
-	if len(chunks) > 1 {
+	switch len(chunks) {
+	case 0: // trailers without a body
+	case 1:
+		body = chunks[0]
+	default:
 		ms.joined = joinInto(chunks, int(size))
 		body = *ms.joined
-	} else {
-		body = join(chunks)
 	}
 	choice := ms.selector.SelectModel(s.Context(), headerMap(headers), body)
 	ms.done = choice.Done
@@ -347,12 +349,4 @@ func setHeader(h *extprocv3.HttpHeaders, key, value string) {
 		}
 	}
 	h.Headers.Headers = append(kept, &corev3.HeaderValue{Key: strings.ToLower(key), RawValue: []byte(value)})
-}
-
-// join concatenates the body chunks (into a buffer bytes.Join does not zero first); one chunk is returned as is.
-func join(chunks [][]byte) []byte {
-	if len(chunks) == 1 {
-		return chunks[0]
-	}
-	return bytes.Join(chunks, nil)
 }
