@@ -127,13 +127,8 @@ func (f *ForwardedBody) split(payload scheduling.PayloadMap, long map[string]jso
 // inside them): spans of v itself (what compaction keeps as it is, nearly all of a long prompt) and the escapes that
 // replace what it changes. Inside a string only those four characters change: an escape's backslash needs no
 // attention, since the byte after it and a \u escape's hex digits are never one of them, and the string's end is
-// found by skipString. A long string (of more than plainFrom bytes) is read by appendCompactString; a short one a
-// byte at a time.
-func appendCompact(dst, v []byte, plainFrom int) []byte {
-	return stringEnds(nil).appendCompact(dst, v, plainFrom)
-}
-
-// appendCompact is appendCompact, the ends of v's strings looked up in e.
+// found by skipString, or looked up in e. A long string (of more than plainFrom bytes) is read by
+// appendCompactString; a short one a byte at a time.
 func (e stringEnds) appendCompact(dst, v []byte, plainFrom int) []byte {
 	start := 0
 	for i := 0; i < len(v); i++ {

@@ -160,7 +160,7 @@ func TestAppendCompactAsMarshal(t *testing.T) {
 				}
 				checked++
 				for _, plainFrom := range []int{0, plainStringMin} {
-					if got := appendCompact([]byte("x"), []byte(v), plainFrom)[1:]; !bytes.Equal(got, want) {
+					if got := stringEnds(nil).appendCompact([]byte("x"), []byte(v), plainFrom)[1:]; !bytes.Equal(got, want) {
 						t.Errorf("content %d, cut %d, plainFrom %d: %.200q, encoding/json %.200q", i, cut, plainFrom, got, want)
 					}
 				}
@@ -199,7 +199,7 @@ func FuzzCompactPieces(f *testing.F) {
 			return // not one valid JSON value: appendCompact is never given one
 		}
 		for _, plainFrom := range []int{0, plainStringMin} {
-			if got := appendCompact([]byte("x"), v, plainFrom)[1:]; !bytes.Equal(got, want) {
+			if got := stringEnds(nil).appendCompact([]byte("x"), v, plainFrom)[1:]; !bytes.Equal(got, want) {
 				t.Fatalf("strings from %d bytes read whole: %q, encoding/json %q", plainFrom, got, want)
 			}
 		}

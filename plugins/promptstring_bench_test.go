@@ -34,7 +34,7 @@ func BenchmarkPromptStringPasses(b *testing.B) {
 				{"validJSON", func() { validJSON(token) }},
 				{"skipString", func() { skipString(token, 0) }},
 				{"unquoteString", func() { _, _ = unquoteString(token) }},
-				{"appendCompact", func() { dst = appendCompact(dst[:0], token, plainStringMin) }},
+				{"appendCompact", func() { dst = stringEnds(nil).appendCompact(dst[:0], token, plainStringMin) }},
 			}
 			for _, p := range passes {
 				b.Run(fmt.Sprintf("text=%s/prompt=%dKB/pass=%s", text, kb, p.name), func(b *testing.B) {
