@@ -20,7 +20,8 @@ import (
 )
 
 // BenchmarkInFlightMemory measures what the EPP holds for requests in flight: it opens 1,000 ext_proc streams, each a
-// streamed chat with a 2 KB body (512 tokens), as Envoy sends them, and holds them all open, no response ever coming
+// streamed chat with a 2 KB body (512 tokens) or a 200 KB one (about 50k tokens, in 32 KiB messages), as Envoy sends
+// them, and holds them all open, no response ever coming
 // back from the model servers, whose metrics pages report full queues once the EPP is warm: upstream's EPP routes every
 // request, which then waits for its response; Sluice admission queues every request with its body (as many as its
 // band's limits take; the rest are answered 429 at once). Upstream's EPP and Sluice's run one
@@ -32,57 +33,64 @@ import (
 //	go test -run '^$' -bench InFlightMemory -benchtime 1x ./runner/
 func BenchmarkInFlightMemory(b *testing.B) {
 	quietLogs(b)
-	const inFlight, promptBytes, fullQueue = 1000, 2 << 10, 100
-	for _, profile := range []string{"upstream-default", "sluice"} {
-		b.Run("epp="+profile, func(b *testing.B) {
-			var servers []*runnertest.ModelServer
-			for range 4 {
-				servers = append(servers, runnertest.StartModelServer(b, "127.0.0.1:0"))
+	const inFlight, fullQueue = 1000, 100
+	for _, promptBytes := range []int{2 << 10, 200 << 10} {
+		for _, profile := range []string{"upstream-default", "sluice"} {
+			benchmarkInFlightMemory(b, profile, promptBytes, inFlight, fullQueue)
+		}
+	}
+}
+
+// benchmarkInFlightMemory is BenchmarkInFlightMemory's run of one EPP profile at one prompt size.
+func benchmarkInFlightMemory(b *testing.B, profile string, promptBytes, inFlight int, fullQueue int64) {
+	b.Run(fmt.Sprintf("prompt=%dKB/epp=%s", promptBytes>>10, profile), func(b *testing.B) {
+		var servers []*runnertest.ModelServer
+		for range 4 {
+			servers = append(servers, runnertest.StartModelServer(b, "127.0.0.1:0"))
+		}
+		h, err := startBenchEPP(b, profile, servers...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Now the servers report full queues: Sluice admission queues every request, upstream's routes them all
+		// (its legacy admission sheds only Sheddable requests when the pool is saturated).
+		for _, s := range servers {
+			s.Waiting.Store(fullQueue)
+		}
+		time.Sleep(4 * benchRefresh()) // a scrape or two of the full queues
+		chat := newStreamedChat(promptBytes, 1)
+		for range b.N {
+			heapBefore, rssBefore := liveHeap(), residentBytes(b)
+			streams := make([]*heldStream, inFlight)
+			var wg sync.WaitGroup
+			for i := range streams {
+				streams[i] = newHeldStream(chat, fmt.Sprintf("inflight-%s-%d", profile, i))
+				wg.Go(func() { _ = h.Process(streams[i]) })
 			}
-			h, err := startBenchEPP(b, profile, servers...)
-			if err != nil {
+			if err := awaitInFlight(streams, 60*time.Second); err != nil {
 				b.Fatal(err)
 			}
-			// Now the servers report full queues: Sluice admission queues every request, upstream's routes them all
-			// (its legacy admission sheds only Sheddable requests when the pool is saturated).
-			for _, s := range servers {
-				s.Waiting.Store(fullQueue)
+			heapAfter, rssAfter := liveHeap(), residentBytes(b)
+			var routed, answered int
+			for _, s := range streams {
+				switch {
+				case s.answered.Load():
+					answered++
+				case s.routed.Load():
+					routed++
+				}
 			}
-			time.Sleep(4 * benchRefresh()) // a scrape or two of the full queues
-			chat := newStreamedChat(promptBytes, 1)
-			for range b.N {
-				heapBefore, rssBefore := liveHeap(), residentBytes(b)
-				streams := make([]*heldStream, inFlight)
-				var wg sync.WaitGroup
-				for i := range streams {
-					streams[i] = newHeldStream(chat, fmt.Sprintf("inflight-%s-%d", profile, i))
-					wg.Go(func() { _ = h.Process(streams[i]) })
-				}
-				if err := awaitInFlight(streams, 60*time.Second); err != nil {
-					b.Fatal(err)
-				}
-				heapAfter, rssAfter := liveHeap(), residentBytes(b)
-				var routed, answered int
-				for _, s := range streams {
-					switch {
-					case s.answered.Load():
-						answered++
-					case s.routed.Load():
-						routed++
-					}
-				}
-				for _, s := range streams {
-					s.close()
-				}
-				wg.Wait()
-				b.ReportMetric(float64(heapAfter-heapBefore)/inFlight, "heap-B/request")
-				b.ReportMetric(float64(rssAfter-rssBefore)/inFlight, "rss-B/request")
-				b.ReportMetric(float64(routed), "routed")
-				b.ReportMetric(float64(inFlight-routed-answered), "queued")
-				b.ReportMetric(float64(answered), "answered")
+			for _, s := range streams {
+				s.close()
 			}
-		})
-	}
+			wg.Wait()
+			b.ReportMetric(float64(heapAfter-heapBefore)/float64(inFlight), "heap-B/request")
+			b.ReportMetric(float64(rssAfter-rssBefore)/float64(inFlight), "rss-B/request")
+			b.ReportMetric(float64(routed), "routed")
+			b.ReportMetric(float64(inFlight-routed-answered), "queued")
+			b.ReportMetric(float64(answered), "answered")
+		}
+	})
 }
 
 // awaitInFlight waits until every stream's request phase has reached the EPP and the EPP has had time to act on it:
@@ -160,12 +168,16 @@ type heldStream struct {
 
 func newHeldStream(chat *streamedChat, id string) *heldStream {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &heldStream{ctx: ctx, cancel: cancel, in: []*extprocv3.ProcessingRequest{
-		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-			Headers: headerList(":method", "POST", ":path", "/v1/chat/completions", ":authority", "gateway",
-				"content-type", "application/json", "x-request-id", id)}}},
-		chat.body,
-	}}
+	in := []*extprocv3.ProcessingRequest{{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: headerList(":method", "POST", ":path", "/v1/chat/completions", ":authority", "gateway",
+			"content-type", "application/json", "x-request-id", id)}}}}
+	body := chat.body.GetRequestBody().GetBody()
+	for off := 0; off < len(body); off += requestChunkBytes {
+		end := min(off+requestChunkBytes, len(body))
+		in = append(in, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}})
+	}
+	return &heldStream{ctx: ctx, cancel: cancel, in: in}
 }
 
 func (s *heldStream) close() { s.cancel() }
