@@ -269,7 +269,11 @@ func (r *Runner) newRequestPath(ctx context.Context, opts *Options, gknn common.
 	if n, ok := admission.(CandidateNarrower); ok {
 		directorCandidates, path.narrowing = n.NarrowCandidates(endpointCandidates), true
 	}
-	director := requestcontrol.NewDirectorWithConfig(directorStore, scheduler, admission, parser, directorCandidates, rcConfig)
+	directorAdmission := admission
+	if path.selector != nil {
+		directorAdmission = joinedBodyReleasingAdmission{admission}
+	}
+	director := requestcontrol.NewDirectorWithConfig(directorStore, scheduler, directorAdmission, parser, directorCandidates, rcConfig)
 	path.director = director
 	if path.hot {
 		chunks, observers := chunkInterestOf(requestPlugins)

@@ -120,6 +120,7 @@ func (s *shapingServer) Process(stream extprocv3.ExternalProcessor_ProcessServer
 	}
 	if s.selector != nil {
 		ss.selection = &modelSelection{selector: s.selector, maxBodyBytes: s.maxBodyBytes, clock: s.clock}
+		ss.ctx = context.WithValue(ss.ctx, modelSelectionKey{}, ss.selection)
 		defer ss.selection.finish()
 		defer ss.selection.putJoinedBack()
 	}

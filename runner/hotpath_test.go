@@ -3,9 +3,11 @@ package runner
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -167,6 +169,7 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 	// a long prompt with something to escape in it and a long one without).
 	sizes := []int{2 << 10, 100 << 10}
 	answers := map[string][][]*extprocv3.ProcessingResponse{}
+	var clientBodies [][]byte // by size
 	for _, profile := range []string{"sluice", "sluice-upstream-path"} {
 		// The selector sends every request with another model, whose name upstream writes back into each chunk.
 		h, err := startBenchEPPWith(t, profile, servedAs("served"))
@@ -190,6 +193,9 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 			if k == 1 {
 				body.Body = bytes.Replace(body.Body, []byte(`"stream":true`),
 					[]byte(`"stream":true,"system":"`+strings.Repeat("<a & b>\u2028 ", 2000)+`"`), 1)
+			}
+			if profile == "sluice" {
+				clientBodies = append(clientBodies, body.Body)
 			}
 			answers[profile] = append(answers[profile], nil)
 			for i := range 20 {
@@ -226,6 +232,20 @@ func TestHotPathAnswersAsUpstreamPath(t *testing.T) {
 			if !proto.Equal(hot[i], upstream[i]) {
 				t.Errorf("%d bytes, answer %d: hot path %.300v, upstream's path %.300v", size, i, hot[i], upstream[i])
 			}
+		}
+		// The forwarded body is the client's, whichever buffers held it on the way (the joined body's is put back
+		// before the request is scheduled, and cleared then in race builds).
+		var forwarded []byte
+		for _, r := range hot {
+			forwarded = append(forwarded, r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()...)
+		}
+		type chat struct{ Messages []struct{ Content string } }
+		var sent, got chat
+		if err := json.Unmarshal(clientBodies[k], &sent); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(forwarded, &got); err != nil || !reflect.DeepEqual(got, sent) {
+			t.Errorf("%d bytes: the forwarded body is not the client's (%v): %.300q", size, err, forwarded)
 		}
 	}
 }

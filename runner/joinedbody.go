@@ -7,9 +7,10 @@ import (
 
 // A long body reaches the EPP in several messages, which the model selection's hold joins into one (hold) for the
 // selector and upstream's handler; upstream's handler then copies it into a buffer of its own as it reads it. The
-// joined body lives from the hold until that copy, so its buffer is taken from a pool and put back once upstream's
-// handler has read past the message (modelSelection.joined): at a long prompt one body-sized allocation fewer per
-// request, and the collections it triggered.
+// joined body lives from the hold until that copy, so its buffer is taken from a pool and put back as admission takes
+// the request (joinedBodyReleasingAdmission), or else once upstream's handler has read past the message
+// (modelSelection.joined): at a long prompt one body-sized allocation fewer per request, and the collections it
+// triggered.
 
 // joinedMinShift and joinedClasses are the pool's size classes: every power of two from 64 KiB to 64 MiB
 // (DefaultModelSelectionMaxBodyBytes). A longer body takes a buffer of its own, as before.

@@ -18,7 +18,9 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/common"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/datastore"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 
 	"github.com/sluice-gw/sluice/plugins"
 )
@@ -126,8 +128,9 @@ type modelSelection struct {
 	queue    []*extprocv3.ProcessingRequest
 	queueErr error
 
-	// joined is the pooled buffer the held chunks were joined into (joinedbody.go), until upstream's handler has read
-	// past joinedMsg, the message that carries the body in their place, and copied its body; then it is put back.
+	// joined is the pooled buffer the held chunks were joined into (joinedbody.go), until upstream's handler has
+	// copied the body of joinedMsg, the message that carries it in their place: it is put back as admission takes the
+	// request, or once that handler reads past joinedMsg or returns.
 	joined       *[]byte
 	joinedMsg    *extprocv3.ProcessingRequest
 	joinedHanded bool // joinedMsg was handed to upstream's handler
@@ -226,6 +229,27 @@ func (ms *modelSelection) putJoinedBack() {
 	}
 	putJoinedBuffer(ms.joined)
 	ms.joined, ms.joinedMsg, ms.joinedHanded = nil, nil, false
+}
+
+// modelSelectionKey is the context key of a stream's modelSelection, in every context upstream's handler passes to the
+// Director.
+type modelSelectionKey struct{}
+
+// joinedBodyReleasingAdmission puts the stream's joined body buffer back as admission takes the request, instead of
+// when upstream's handler reads on after the request was routed. Upstream's handler copies the body before its
+// Director runs, so nothing reads the buffer by then, and a request may wait in admission for seconds: held until it
+// is routed, the buffer (up to twice the body, a power-of-two class) would stay beside the copy, outside what the
+// bands' byte limits count. Admit runs on the handler's goroutine, as every other use of the buffer does.
+type joinedBodyReleasingAdmission struct {
+	requestcontrol.AdmissionController
+}
+
+// Admit implements requestcontrol.AdmissionController.
+func (a joinedBodyReleasingAdmission) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
+	if ms, ok := ctx.Value(modelSelectionKey{}).(*modelSelection); ok {
+		ms.putJoinedBack()
+	}
+	return a.AdmissionController.Admit(ctx, reqCtx, priority)
 }
 
 // replaceBody swaps the held body chunks for one chunk holding body, keeping

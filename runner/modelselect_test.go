@@ -19,7 +19,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/requestcontrol"
 
 	"github.com/sluice-gw/sluice/plugins/decisiontrace"
 )
@@ -454,6 +456,126 @@ func (u *joinedBufferWatcher) Process(s extprocv3.ExternalProcessor_ProcessServe
 		}
 	}
 	return nil
+}
+
+// TestAdmissionPutsTheJoinedBodyBack: the joined body's buffer is back in the pool by the time admission decides on
+// the request (a queued request waits there), not when upstream's handler reads on after routing it; upstream's
+// handler keeps the body it copied, whatever admission answers.
+func TestAdmissionPutsTheJoinedBodyBack(t *testing.T) {
+	refused := errors.New("queue full")
+	tests := []struct {
+		name     string
+		steps    []*extprocv3.ProcessingRequest
+		newBody  string
+		admitErr error
+		wantBody string
+	}{
+		{
+			name:     "two messages",
+			steps:    []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			wantBody: `{"model":"m"}`,
+		},
+		{
+			name:     "two messages, refused by admission",
+			steps:    []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			admitErr: refused,
+			wantBody: `{"model":"m"}`,
+		},
+		{
+			name:     "two messages, the body replaced by the selector",
+			steps:    []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":`, false), reqBody(`"m"}`, true)},
+			newBody:  `{"model":"canary"}`,
+			wantBody: `{"model":"canary"}`,
+		},
+		{
+			name:     "one message",
+			steps:    []*extprocv3.ProcessingRequest{reqHeaders(false), reqBody(`{"model":"m"}`, true)},
+			wantBody: `{"model":"m"}`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			proxy := &scriptedStream{}
+			for _, m := range tt.steps {
+				proxy.steps = append(proxy.steps, step{msg: m})
+			}
+			inner := &joinedBufferAdmission{err: tt.admitErr}
+			up := &admittingHandler{admission: joinedBodyReleasingAdmission{inner}}
+			srv := &shapingServer{upstream: up, selector: &fakeSelector{model: "canary", newBody: tt.newBody}, maxBodyBytes: 1 << 20,
+				clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+			if err := srv.Process(proxy); err != nil {
+				t.Fatal(err)
+			}
+			if inner.calls != 1 {
+				t.Fatalf("admission was asked %d times, want once", inner.calls)
+			}
+			if inner.held {
+				t.Error("the joined buffer was still held while admission decided")
+			}
+			if !errors.Is(up.admitErr, tt.admitErr) {
+				t.Errorf("admission answered %v, want %v", up.admitErr, tt.admitErr)
+			}
+			if up.body != tt.wantBody {
+				t.Errorf("upstream's handler holds body %q after admission, want %q", up.body, tt.wantBody)
+			}
+		})
+	}
+}
+
+// TestJoinedBodyReleasingAdmissionWithoutModelSelection: a context without a stream's model selection (no selector
+// installed) reaches admission unchanged.
+func TestJoinedBodyReleasingAdmissionWithoutModelSelection(t *testing.T) {
+	refused := errors.New("queue full")
+	inner := &joinedBufferAdmission{err: refused}
+	if err := (joinedBodyReleasingAdmission{inner}).Admit(context.Background(), &handlers.RequestContext{}, 0); !errors.Is(err, refused) {
+		t.Errorf("Admit = %v, want %v", err, refused)
+	}
+	if inner.calls != 1 {
+		t.Errorf("admission was asked %d times, want once", inner.calls)
+	}
+}
+
+// admittingHandler is upstream's handler as GIE v1.5.0's is for the request phase: it appends each body message to a
+// buffer of its own and, with the body complete, asks admission in the stream's context; then it reads to the end and
+// keeps the body it copied.
+type admittingHandler struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	admission requestcontrol.AdmissionController
+	admitErr  error
+	body      string
+}
+
+func (u *admittingHandler) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
+	var body []byte
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			return nil
+		}
+		if b := req.GetRequestBody(); b != nil {
+			body = append(body, b.Body...)
+			if b.EndOfStream {
+				u.admitErr = u.admission.Admit(s.Context(), &handlers.RequestContext{}, 0)
+				u.body = string(body)
+			}
+		}
+	}
+}
+
+// joinedBufferAdmission is an admission controller noting whether the stream in its context held a joined body's
+// buffer when it was asked.
+type joinedBufferAdmission struct {
+	err   error
+	calls int
+	held  bool
+}
+
+func (a *joinedBufferAdmission) Admit(ctx context.Context, _ *handlers.RequestContext, _ int) error {
+	a.calls++
+	if ms, ok := ctx.Value(modelSelectionKey{}).(*modelSelection); ok && ms.joined != nil {
+		a.held = true
+	}
+	return a.err
 }
 
 // TestModelSelectionKeepsTheLastBodyMessagesMetadata: the joined body reaches upstream with the metadata and
