@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,6 +72,9 @@ func StartAPIServerWithCRDs(t *testing.T, crdPaths []string, installs ...func(*r
 			BinaryAssetsDirectory: assets,
 			CRDDirectoryPaths:     crdPaths,
 			ErrorIfCRDPathMissing: true,
+			// envtest's default of 20 s per start is short for kube-apiserver (and a Restart) on a busy two-core
+			// machine; a start that takes longer is slow, not broken.
+			ControlPlaneStartTimeout: 2 * time.Minute,
 		}
 		// A certificate folder of the test's own survives Stop, so Restart serves the same certificates and clients
 		// keep trusting the API server (a folder envtest creates itself is deleted on stop).
