@@ -20,15 +20,14 @@ import (
 )
 
 // BenchmarkInFlightMemory measures what the EPP holds for requests in flight: it opens 1,000 ext_proc streams, each a
-// streamed chat with a 2 KB body (512 tokens) or a 200 KB one (about 50k tokens, in 32 KiB messages), as Envoy sends
-// them, and holds them all open, no response ever coming
-// back from the model servers, whose metrics pages report full queues once the EPP is warm: upstream's EPP routes every
-// request, which then waits for its response; Sluice admission queues every request with its body (as many as its
-// band's limits take; the rest are answered 429 at once). Upstream's EPP and Sluice's run one
-// after the other in one process (startBenchEPP). It reports the live heap the EPP holds per request in flight
-// (heap-B/request: in-use heap after a GC, with the streams open, less before them), the process's resident memory
-// growth per request (rss-B/request, which includes what the first EPP left to the Go runtime), and how the requests
-// stand (routed, queued, answered at once).
+// streamed chat with a 2 KB body or a 200 KB one, sent in messages of requestChunkBytes as the data plane sends them,
+// and holds them all open, no response ever coming back from the model servers, whose metrics pages report full queues
+// once the EPP is warm: upstream's EPP routes every request, which then waits for its response; Sluice admission queues
+// every request with its body (as many as its band's limits take; the rest are answered 429 at once). Upstream's EPP
+// and Sluice's run one after the other in one process (startBenchEPP). It reports the live heap the EPP holds per
+// request in flight (heap-B/request: in-use heap after a GC, with the streams open, less before them), the process's
+// resident memory growth per request (rss-B/request, which includes what the first EPP left to the Go runtime), and how
+// the requests stand (routed, queued, answered at once).
 //
 //	go test -run '^$' -bench InFlightMemory -benchtime 1x ./runner/
 func BenchmarkInFlightMemory(b *testing.B) {

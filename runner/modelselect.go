@@ -220,9 +220,22 @@ func (ms *modelSelection) releaseJoined(handing *extprocv3.ProcessingRequest) {
 	ms.joinedHanded = handing != nil && handing == ms.joinedMsg
 }
 
-// putJoinedBack puts the joined body's buffer back once upstream's handler has returned, for a request it ended
-// without reading the stream again after the body (an answer of its own, such as a rejection, or an error): nothing
-// reads the buffer then.
+// releaseAtAdmission puts the joined body's buffer back as admission takes the request. Upstream's handler has its own
+// copy of the body by then, but it still holds the message that carried the body to it, and logs that message when the
+// request fails at debug verbosity; so the message lets go of its body first, and such a line shows it without one.
+func (ms *modelSelection) releaseAtAdmission() {
+	if ms.joined == nil {
+		return
+	}
+	if b := ms.joinedMsg.GetRequestBody(); b != nil {
+		b.Body = nil
+	}
+	ms.putJoinedBack()
+}
+
+// putJoinedBack puts the joined body's buffer back for good: once upstream's handler has returned (a request it ended
+// without reading the stream again after the body, with an answer of its own or an error), or from
+// releaseAtAdmission.
 func (ms *modelSelection) putJoinedBack() {
 	if ms.joined == nil {
 		return
@@ -232,14 +245,14 @@ func (ms *modelSelection) putJoinedBack() {
 }
 
 // modelSelectionKey is the context key of a stream's modelSelection, in every context upstream's handler passes to the
-// Director.
+// Director. Only joinedBodyReleasingAdmission reads it, in Admit, which runs on the handler's goroutine as every other
+// use of the modelSelection does; admission may keep the context while the request waits, but reads no value of it.
 type modelSelectionKey struct{}
 
 // joinedBodyReleasingAdmission puts the stream's joined body buffer back as admission takes the request, instead of
 // when upstream's handler reads on after the request was routed. Upstream's handler copies the body before its
-// Director runs, so nothing reads the buffer by then, and a request may wait in admission for seconds: held until it
-// is routed, the buffer (up to twice the body, a power-of-two class) would stay beside the copy, outside what the
-// bands' byte limits count. Admit runs on the handler's goroutine, as every other use of the buffer does.
+// Director runs, and a request may wait in admission for seconds: held until it is routed, the buffer (up to twice the
+// body, a power-of-two class) would stay beside the copy, outside what the bands' byte limits count.
 type joinedBodyReleasingAdmission struct {
 	requestcontrol.AdmissionController
 }
@@ -247,7 +260,7 @@ type joinedBodyReleasingAdmission struct {
 // Admit implements requestcontrol.AdmissionController.
 func (a joinedBodyReleasingAdmission) Admit(ctx context.Context, reqCtx *handlers.RequestContext, priority int) error {
 	if ms, ok := ctx.Value(modelSelectionKey{}).(*modelSelection); ok {
-		ms.putJoinedBack()
+		ms.releaseAtAdmission()
 	}
 	return a.AdmissionController.Admit(ctx, reqCtx, priority)
 }

@@ -14,10 +14,12 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/handlers"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
@@ -509,6 +511,9 @@ func TestAdmissionPutsTheJoinedBodyBack(t *testing.T) {
 			if inner.calls != 1 {
 				t.Fatalf("admission was asked %d times, want once", inner.calls)
 			}
+			if !inner.found {
+				t.Fatal("admission's context carries no model selection: nothing could have put the buffer back")
+			}
 			if inner.held {
 				t.Error("the joined buffer was still held while admission decided")
 			}
@@ -562,20 +567,97 @@ func (u *admittingHandler) Process(s extprocv3.ExternalProcessor_ProcessServer) 
 	}
 }
 
-// joinedBufferAdmission is an admission controller noting whether the stream in its context held a joined body's
-// buffer when it was asked.
+// joinedBufferAdmission is an admission controller noting whether its context carried the stream's model selection,
+// and whether that held a joined body's buffer, when it was asked.
 type joinedBufferAdmission struct {
 	err   error
 	calls int
+	found bool
 	held  bool
 }
 
 func (a *joinedBufferAdmission) Admit(ctx context.Context, _ *handlers.RequestContext, _ int) error {
 	a.calls++
-	if ms, ok := ctx.Value(modelSelectionKey{}).(*modelSelection); ok && ms.joined != nil {
-		a.held = true
-	}
+	ms, ok := ctx.Value(modelSelectionKey{}).(*modelSelection)
+	a.found = a.found || ok
+	a.held = a.held || (ok && ms.joined != nil)
 	return a.err
+}
+
+// TestFailedRequestLoggedWithoutAPutBackBody: upstream's handler, failing a request after admission took it, logs the
+// message that carried the body at debug verbosity. The joined body's buffer is back in the pool by then, and another
+// stream may have taken it, so that message must no longer hold it: the line shows no body, never zeros or another
+// request's prompt. Upstream's own handler runs here, with a Director that admits and then fails.
+func TestFailedRequestLoggedWithoutAPutBackBody(t *testing.T) {
+	const first, last = `{"model":"m","messages":[{"role":"user","content":"`, `secret"}]}`
+	logged := &loggedRequestBodies{}
+	ctx := log.IntoContext(context.Background(), logr.New(logged))
+	proxy := contextStream{&scriptedStream{steps: []step{
+		{msg: reqHeaders(false)}, {msg: reqBody(first, false)}, {msg: reqBody(last, true)},
+	}}, ctx}
+	director := &admitThenFail{admission: joinedBodyReleasingAdmission{&joinedBufferAdmission{}}, size: len(first + last)}
+	srv := &shapingServer{upstream: handlers.NewStreamingServer(nil, director, nil), selector: &fakeSelector{model: "canary"},
+		maxBodyBytes: 1 << 20, clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	if err := srv.Process(proxy); err == nil || !strings.Contains(err.Error(), errNoEndpoint.Error()) {
+		t.Fatalf("the stream ended with %v, want upstream's handler to end it with the Director's error", err)
+	}
+	if !director.asked {
+		t.Fatal("upstream's handler never asked the Director: the body was not complete")
+	}
+	if len(logged.bodies) != 1 {
+		t.Fatalf("upstream logged %d failed requests with their message, want 1: the path this test guards was not taken", len(logged.bodies))
+	}
+	if got := logged.bodies[0]; got != "" && got != first+last {
+		t.Errorf("the failed request's line shows body %q: a buffer put back in the pool", got)
+	}
+}
+
+// admitThenFail is a Director that asks admission, then, as another stream would, takes a joined body's buffer of the
+// request's size and writes over it, and fails the request.
+type admitThenFail struct {
+	handlers.Director
+	admission requestcontrol.AdmissionController
+	size      int
+	asked     bool
+}
+
+func (d *admitThenFail) HandleRequest(ctx context.Context, reqCtx *handlers.RequestContext) (*handlers.RequestContext, error) {
+	d.asked = true
+	if err := d.admission.Admit(ctx, reqCtx, 0); err != nil {
+		return reqCtx, err
+	}
+	other := joinedBuffer(d.size)
+	for i := range *other {
+		(*other)[i] = 'X'
+	}
+	return reqCtx, errNoEndpoint
+}
+
+var errNoEndpoint = errors.New("no endpoint to send the request to")
+
+// contextStream is a scriptedStream whose context is ctx.
+type contextStream struct {
+	*scriptedStream
+	ctx context.Context
+}
+
+func (s contextStream) Context() context.Context { return s.ctx }
+
+// loggedRequestBodies is a logr sink at every verbosity that records, as each error line is written, the request body
+// of every ext_proc message among the line's values.
+type loggedRequestBodies struct{ bodies []string }
+
+func (l *loggedRequestBodies) Init(logr.RuntimeInfo)          {}
+func (l *loggedRequestBodies) Enabled(int) bool               { return true }
+func (l *loggedRequestBodies) Info(int, string, ...any)       {}
+func (l *loggedRequestBodies) WithValues(...any) logr.LogSink { return l }
+func (l *loggedRequestBodies) WithName(string) logr.LogSink   { return l }
+func (l *loggedRequestBodies) Error(_ error, _ string, kv ...any) {
+	for _, v := range kv {
+		if m, ok := v.(*extprocv3.ProcessingRequest); ok {
+			l.bodies = append(l.bodies, string(m.GetRequestBody().GetBody()))
+		}
+	}
 }
 
 // TestModelSelectionKeepsTheLastBodyMessagesMetadata: the joined body reaches upstream with the metadata and
