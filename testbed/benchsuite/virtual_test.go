@@ -198,18 +198,21 @@ const (
 	regressionDrain    = 10 * time.Second
 )
 
+// everyShapeGuarded are the scenario files TestVirtualRegression runs on every server shape they list: the priority,
+// fairness, recovery and mixed-fleet scenarios, whose defaults must hold on slot-limited, KV-bound and mixed fleets
+// alike. The others run on their own fleet only.
+var everyShapeGuarded = map[string]bool{"priority-overload": true, "tenant-fairness": true, "overload-recovery": true, "mixed-gpu": true}
+
 // TestVirtualRegression runs every shipped scenario, shortened to 10 s of virtual load, in the virtual engine. Runs
-// are deterministic, so it compares every contender's figures (per band in priority-overload, the headline scenario:
-// TTFT, sheds, and the 429/503 answers with and without Retry-After) exactly with
-// testdata/TestVirtualRegression.golden (package golden); after an intended change, rerun it with -update and commit
-// the file with the change. The claims checked besides are the orderings Sluice is built for, which must survive an
-// -update: they are what a reader of the golden diff should not have to spot.
+// are deterministic, so it compares every contender's figures (TTFT, throughput, and the 429/503 answers with and
+// without Retry-After; per band in priority-overload, the headline scenario, and per tenant in tenant-fairness) exactly
+// with testdata/TestVirtualRegression.golden (package golden); after an intended change, rerun it with -update and
+// commit the file with the change. The claims checked besides are the orderings Sluice is built for, which must
+// survive an -update: they are what a reader of the golden diff should not have to spot.
 func TestVirtualRegression(t *testing.T) {
 	var scenarios []*Scenario
 	for _, sc := range shippedScenarios(t) {
-		// Every scenario file on its own fleet, and priority-overload on every shape (guarded below); the other
-		// shapes add minutes under -race and nothing guarded.
-		if sc.Name != sc.Family && sc.Family != "priority-overload" {
+		if sc.Name != sc.Family && !everyShapeGuarded[sc.Family] {
 			continue
 		}
 		short := *sc
@@ -245,6 +248,19 @@ func TestVirtualRegression(t *testing.T) {
 			}
 			prefix := s.Scenario.Name + "/" + run.Contender.Name
 			figs.Class(t, prefix+"/all", run.Result.Summary.Overall)
+			shed, withRetryAfter := figs.Sheds(prefix+"/all", run.Result.Records, "")
+			if run.Contender.Name == Sluice && withRetryAfter != shed {
+				t.Errorf("%s: %d of Sluice's %d 429/503 answers carry Retry-After, want all", s.Scenario.Name, withRetryAfter, shed)
+			}
+			if s.Scenario.Family == "tenant-fairness" {
+				for _, tenant := range []string{"light", "heavy"} {
+					if run.Contender.Unloaded && tenant != s.Scenario.Unloaded.Class {
+						continue // the unloaded reference sends its class alone
+					}
+					c, _ := classSummary(run.Result, tenant)
+					figs.Class(t, prefix+"/"+tenant, c)
+				}
+			}
 			if s.Scenario.Name != "priority-overload" {
 				continue
 			}
