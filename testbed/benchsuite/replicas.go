@@ -146,7 +146,9 @@ func ReplicaContenderName(n int, balance string) string {
 // writeReplicas compares every replicated sluice run with the one-replica
 // sluice run of the same session: each class's TTFT P50 and P99, the
 // throughput and the fleet's prefix hit rate as ratios (replicas over one),
-// and the 429/503 answers, with how many lacked a Retry-After.
+// with LoRA adapters the fleet's adapter loads likewise (what replicas cost
+// adapter affinity), and the 429/503 answers, with how many lacked a
+// Retry-After.
 func writeReplicas(b *bufio.Writer, s *ScenarioResult) {
 	var names []string
 	for _, run := range s.Runs {
@@ -166,8 +168,14 @@ func writeReplicas(b *bufio.Writer, s *ScenarioResult) {
 	for _, c := range classes {
 		p(" %s TTFT P50 | %s TTFT P99 |", c.Name, c.Name)
 	}
-	p(" TTFT P99 | Throughput | Prefix hit rate | 429/503 (without Retry-After) |\n|---|")
-	p("%s\n", strings.Repeat("---|", 2*len(classes)+4))
+	adapters := len(s.Scenario.Adapters) > 0
+	columns := 2*len(classes) + 4
+	p(" TTFT P99 | Throughput | Prefix hit rate |")
+	if adapters {
+		p(" Adapter loads |")
+		columns++
+	}
+	p(" 429/503 (without Retry-After) |\n|---|%s\n", strings.Repeat("---|", columns))
 	one := s.Result(Sluice)
 	for _, name := range names {
 		r := s.Result(name)
@@ -192,8 +200,16 @@ func writeReplicas(b *bufio.Writer, s *ScenarioResult) {
 				hit = FormatRatio(rn / r1)
 			}
 		}
+		p(" %s |", hit)
+		if adapters {
+			loads := "n/a"
+			if one.Fleet.AdapterLoads > 0 {
+				loads = FormatRatio(r.Fleet.AdapterLoads / one.Fleet.AdapterLoads)
+			}
+			p(" %s |", loads)
+		}
 		v, _ := s.ClassFigures(name, "")
-		p(" %s | %.0f (%.0f) |\n", hit, v[FigureShed], v[FigureShedWithoutRetryAfter])
+		p(" %.0f (%.0f) |\n", v[FigureShed], v[FigureShedWithoutRetryAfter])
 	}
 }
 

@@ -139,4 +139,48 @@ func TestReplicasAgainstOneReplica(t *testing.T) {
 	}
 }
 
+// TestReplicasAdapterLoads: with LoRA adapters in the mix, the comparison with one replica adds the fleet's adapter
+// loads as a ratio; without, it has no such column.
+func TestReplicasAdapterLoads(t *testing.T) {
+	for _, tt := range []struct {
+		name, adapters string
+		want, lacks    string
+	}{
+		{"adapters", "adapters: {count: 4, zipf_s: 1.0, share: 0.5}\n",
+			"| Prefix hit rate | Adapter loads | 429/503 (without Retry-After) |", ""},
+		{"no adapters", "", "| Prefix hit rate | 429/503 (without Retry-After) |", "Adapter loads"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sc, err := ParseScenario([]byte(minimalScenario+tt.adapters+"replicas: {counts: [2]}\n"), "/x/rep")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := ScenarioResult{Scenario: sc}
+			for _, c := range sc.Contenders {
+				run := ContenderRun{Contender: c}
+				if c.Name == Sluice || c.Name == "sluice-x2-round-robin" {
+					run.Result = fakeRun("rep", c.Name, fakeRequests{class: "chat", ttft: msOf([]int{100, 100})})
+				}
+				res.Runs = append(res.Runs, run)
+			}
+			res.Result(Sluice).Fleet.AdapterLoads = 40
+			res.Result("sluice-x2-round-robin").Fleet.AdapterLoads = 100
+			var buf bytes.Buffer
+			w := bufio.NewWriter(&buf)
+			writeReplicas(w, &res)
+			_ = w.Flush()
+			report := buf.String()
+			if !strings.Contains(report, tt.want) {
+				t.Errorf("report lacks %q:\n%s", tt.want, report)
+			}
+			if row := "| 1.00x (+0%) | 2.50x (+150%) | 0 (0) |"; strings.Contains(report, row) != (tt.adapters != "") {
+				t.Errorf("report has the adapter loads' ratio %q: %v, want %v:\n%s", row, !(tt.adapters != ""), tt.adapters != "", report)
+			}
+			if tt.lacks != "" && strings.Contains(report, tt.lacks) {
+				t.Errorf("report has %q:\n%s", tt.lacks, report)
+			}
+		})
+	}
+}
+
 func msOf(v []int) []time.Duration { return ms(v...) }

@@ -360,7 +360,9 @@ func TestShippedScenarios(t *testing.T) {
 		"bursty": {{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.1}},
 		"shared-prefix": append([]Target{{Figure: FigureTTFTP95, Versus: RoundRobin, Kind: AtMost, Bound: 0.6},
 			{Figure: FigureTTFTP99, Versus: RoundRobin, Kind: AtMost, Bound: 0.5}},
-			replicaTargets([]int{2, 4}, []string{"round-robin"}, Target{Figure: FigurePrefixHitRate, Kind: AtLeast, Bound: 0.95})...),
+			replicaTargets([]int{2, 4}, []string{"round-robin"}, Target{Figure: FigurePrefixHitRate, Kind: AtLeast, Bound: 0.95},
+				Target{Figure: FigureThroughput, Kind: AtLeast, Bound: 0.98},
+				Target{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0})...),
 		"uniform-steady": {{Figure: FigureEvery, Versus: RoundRobin, Kind: Within, Bound: 0.05}},
 		// Issue 17's, on every server shape.
 		"priority-overload": {{Figure: FigureTTFTP99, Class: "critical", Versus: Unloaded, Kind: AtMost, Bound: 2},
@@ -372,7 +374,9 @@ func TestShippedScenarios(t *testing.T) {
 			{Figure: FigureShedWithoutRetryAfter, Class: "heavy", Kind: AtMost, Bound: 0}},
 			replicaTargets([]int{2, 4}, []string{"round-robin"},
 				Target{Figure: FigureTTFTP50, Class: "light", Kind: AtMost, Bound: 1.1},
-				Target{Figure: FigureTTFTP99, Class: "light", Kind: AtMost, Bound: 1.1})...),
+				Target{Figure: FigureTTFTP99, Class: "light", Kind: AtMost, Bound: 1.1},
+				Target{Figure: FigureThroughput, Kind: AtLeast, Bound: 0.98},
+				Target{Figure: FigureShedWithoutRetryAfter, Kind: AtMost, Bound: 0})...),
 		// Issue 22's, every replicated run against one replica.
 		"replicas": replicaTargets([]int{2, 4}, []string{"round-robin", "random"},
 			Target{Figure: FigureTTFTP50, Class: "critical", Kind: AtMost, Bound: 1.1},
