@@ -546,7 +546,11 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 	}
 	f.ctrl.Bind(request.RequestId, endpoint)
 	if toPeer {
-		f.peers.SentTo(request.RequestId, endpoint, tokens, f.clock.Now())
+		why := replication.ForPrefix
+		if holdsAdapter(primary.TargetEndpoints[0], request.TargetModel) {
+			why = replication.ForAdapter // kept for its adapter, though the prompt may have counted too
+		}
+		f.peers.SentTo(request.RequestId, endpoint, tokens, why, f.clock.Now())
 	}
 }
 

@@ -202,8 +202,9 @@ var (
 	peerRequestsDesc = prometheus.NewDesc("sluice_peer_requests_sent_total",
 		"Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would "+
 			"have waited here took an idle seat a peer offered), spare_place (a waiting request of a lower band took "+
-			"a place a peer would have left idle) or prefix_affinity (the peer's endpoint held much more of "+
-			"the prompt).", []string{"reason"}, nil)
+			"a place a peer would have left idle), prefix_affinity (the peer's endpoint held much more of "+
+			"the prompt) or adapter_affinity (the peer's endpoint held the request's LoRA adapter, and none of "+
+			"this replica's candidates did).", []string{"reason"}, nil)
 	peerPrefixBlocksDesc = prometheus.NewDesc("sluice_peer_prefix_blocks_total",
 		"Prompt blocks this replica's prefix index inserted, by outcome: sent to the peers in a summary, or dropped "+
 			"because a summary carries at most DefaultSharedPrefixBlocks.", []string{"outcome"}, nil)
@@ -224,6 +225,7 @@ func (c peerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.IdleSeat), "idle_seat")
 	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.SparePlace), "spare_place")
 	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.PrefixAffinity), "prefix_affinity")
+	ch <- prometheus.MustNewConstMetric(peerRequestsDesc, prometheus.CounterValue, float64(n.AdapterAffinity), "adapter_affinity")
 	b := &c.fc.prefixBlocks
 	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.sent.Load()), "sent")
 	ch <- prometheus.MustNewConstMetric(peerPrefixBlocksDesc, prometheus.CounterValue, float64(b.dropped.Load()), "dropped")

@@ -354,8 +354,9 @@ func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
 	// a sent one request to b's endpoint, for prefix affinity, and no prefix block (its scheduler routed nothing
 	// through a's prefix index here); b's summaries carried the blocks of the prompt it routed, and dropped none.
 	want := `
-# HELP sluice_peer_requests_sent_total Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would have waited here took an idle seat a peer offered), spare_place (a waiting request of a lower band took a place a peer would have left idle) or prefix_affinity (the peer's endpoint held much more of the prompt).
+# HELP sluice_peer_requests_sent_total Requests this replica sent to endpoints its peers own, by reason: idle_seat (a Critical request that would have waited here took an idle seat a peer offered), spare_place (a waiting request of a lower band took a place a peer would have left idle), prefix_affinity (the peer's endpoint held much more of the prompt) or adapter_affinity (the peer's endpoint held the request's LoRA adapter, and none of this replica's candidates did).
 # TYPE sluice_peer_requests_sent_total counter
+sluice_peer_requests_sent_total{reason="adapter_affinity"} 0
 sluice_peer_requests_sent_total{reason="idle_seat"} 0
 sluice_peer_requests_sent_total{reason="prefix_affinity"} 1
 sluice_peer_requests_sent_total{reason="spare_place"} 0
@@ -368,6 +369,117 @@ sluice_peer_requests_sent_total{reason="spare_place"} 0
 	}
 	if n := testutil.CollectAndCount(peerCollector{b.fc}, "sluice_peer_prefix_blocks_total"); n != 2 {
 		t.Fatalf("%d series of prefix blocks, want sent and dropped", n)
+	}
+}
+
+// TestFlowControlAdapterAffinityAcrossOwners: with the peer exchange, a replica's headroom filter keeps a peer's
+// endpoint that holds the request's LoRA adapter when none of its own candidates does, so that a hot adapter is not
+// loaded once per replica; a request the scheduler places there counts as sent for adapter affinity.
+func TestFlowControlAdapterAffinityAcrossOwners(t *testing.T) {
+	clk := clocktesting.NewFakeClock(fcT0)
+	pool := &fakePool{}
+	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
+	peers := []string{"epp-a:9003", "epp-b:9003"}
+	newReplica := func(self string) (*FlowControl, *HeadroomFilter) {
+		view, err := replication.NewView(self, peers, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range peers {
+			view.Heard(p, clk.Now())
+		}
+		fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{Endpoints: pool,
+			Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		filter := mustHeadroomFilter(t)
+		fc.Attach(map[string]fwkplugin.Plugin{"headroom": filter})
+		if err := fc.SyncEndpoints(); err != nil {
+			t.Fatal(err)
+		}
+		return fc, filter
+	}
+	a, filter := newReplica("epp-a:9003")
+	b, _ := newReplica("epp-b:9003")
+	sendSummary(t, a, b)
+	sendSummary(t, b, a)
+	if err := a.Admit(context.Background(), requestContext("probe", "t", 10, nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	sd, _ := a.headroom.get("probe")
+	if len(sd.decision.Endpoints) != 1 {
+		t.Fatalf("a admits on %v, want its own endpoint alone", sd.decision.Endpoints)
+	}
+	own, peer := sd.decision.Endpoints[0], "10.0.0.1:8000"
+	if own == peer {
+		peer = "10.0.0.2:8000"
+	}
+	// endpoint is a scheduling candidate at addr with the given requests running and waiting and adapters running.
+	endpoint := func(addr string, running, waiting int, adapters ...string) fwksched.Endpoint {
+		m := fwkdl.NewMetrics()
+		m.RunningRequestsSize, m.WaitingQueueSize, m.MaxActiveModels = running, waiting, 4
+		for _, ad := range adapters {
+			m.ActiveModels[ad] = 0
+		}
+		host, _, _ := strings.Cut(addr, ":")
+		return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: k8stypes.NamespacedName{Namespace: "default", Name: host},
+			Address: host, Port: "8000"}, m, nil)
+	}
+	tests := []struct {
+		name         string
+		band         flowcontrol.Band
+		model        string
+		ownAdapters  []string
+		peerAdapters []string
+		ownRunning   int
+		peerRunning  int
+		peerWaiting  int
+		wantPeerKept bool
+	}{
+		{name: "the peer's endpoint alone holds the adapter", band: flowcontrol.Standard, model: "sql-lora",
+			peerAdapters: []string{"sql-lora"}, wantPeerKept: true},
+		{name: "Critical likewise", band: flowcontrol.Critical, model: "sql-lora", peerAdapters: []string{"sql-lora"},
+			wantPeerKept: true},
+		{name: "an own candidate holds it too", band: flowcontrol.Standard, model: "sql-lora",
+			ownAdapters: []string{"sql-lora"}, peerAdapters: []string{"sql-lora"}},
+		{name: "the peer's endpoint runs as many as the own", band: flowcontrol.Standard, model: "sql-lora",
+			peerAdapters: []string{"sql-lora"}, ownRunning: 3, peerRunning: 3, wantPeerKept: true},
+		{name: "the peer's endpoint runs more than the own", band: flowcontrol.Standard, model: "sql-lora",
+			peerAdapters: []string{"sql-lora"}, ownRunning: 3, peerRunning: 4},
+		{name: "the peer's endpoint has a queue", band: flowcontrol.Standard, model: "sql-lora",
+			peerAdapters: []string{"sql-lora"}, ownRunning: 3, peerWaiting: 1},
+		{name: "Sheddable keeps to its headroom", band: flowcontrol.Sheddable, model: "sql-lora",
+			peerAdapters: []string{"sql-lora"}},
+		{name: "the peer holds another adapter", band: flowcontrol.Standard, model: "sql-lora",
+			peerAdapters: []string{"chat-lora"}},
+		{name: "no adapter asked", band: flowcontrol.Standard, peerAdapters: []string{"sql-lora"}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := fmt.Sprintf("r%d", i)
+			a.headroom.put(id, storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Band: tt.band,
+				Endpoints: []string{own}}})
+			all := []fwksched.Endpoint{endpoint(own, tt.ownRunning, 0, tt.ownAdapters...),
+				endpoint(peer, tt.peerRunning, tt.peerWaiting, tt.peerAdapters...)}
+			req := &fwksched.LLMRequest{RequestId: id, TargetModel: tt.model}
+			want := []string{own}
+			if tt.wantPeerKept {
+				want = append(want, peer)
+			}
+			if got := names(filter.Filter(context.Background(), fwksched.NewCycleState(), req, all)); !slices.Equal(got, want) {
+				t.Errorf("a keeps %v, want %v", got, want)
+			}
+		})
+	}
+
+	a.headroom.put("placed", storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched,
+		Band: flowcontrol.Standard, Endpoints: []string{own}}})
+	a.PreRequest(context.Background(), &fwksched.LLMRequest{RequestId: "placed", TargetModel: "sql-lora"},
+		&fwksched.SchedulingResult{PrimaryProfileName: "default", ProfileResults: map[string]*fwksched.ProfileRunResult{
+			"default": {TargetEndpoints: []fwksched.Endpoint{endpoint(peer, 0, 0, "sql-lora")}}}})
+	if got := a.peers.Counts(); got != (replication.Counts{AdapterAffinity: 1}) {
+		t.Errorf("a counts %+v sent to peers' endpoints, want one for adapter affinity", got)
 	}
 }
 

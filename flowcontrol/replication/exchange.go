@@ -118,22 +118,34 @@ type Exchange struct {
 	peers map[string]heardSummary
 	sent  map[string]sentRequest // this replica's requests on peers' endpoints, by request ID
 	// taken, spare and routed count the requests this replica sent to peers' endpoints, by Take, TakeSpare and SentTo
-	// (Counts).
-	taken, spare, routed uint64
+	// (by Affinity) (Counts).
+	taken, spare uint64
+	routed       [numAffinities]uint64
 }
 
 // Counts are how many requests a replica sent to peers' endpoints since it started: to idle seats its peers offered
-// (Take), to spare places (TakeSpare), and where prefix affinity placed them (SentTo).
+// (Take), to spare places (TakeSpare), and where prefix or adapter affinity placed them (SentTo).
 type Counts struct {
-	IdleSeat, SparePlace, PrefixAffinity uint64
+	IdleSeat, SparePlace, PrefixAffinity, AdapterAffinity uint64
 }
 
 // Counts returns the requests this replica sent to peers' endpoints so far.
 func (x *Exchange) Counts() Counts {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return Counts{IdleSeat: x.taken, SparePlace: x.spare, PrefixAffinity: x.routed}
+	return Counts{IdleSeat: x.taken, SparePlace: x.spare, PrefixAffinity: x.routed[ForPrefix], AdapterAffinity: x.routed[ForAdapter]}
 }
+
+// Affinity is why a request went to a peer's endpoint without an offered seat (SentTo).
+type Affinity uint8
+
+const (
+	// ForPrefix: the endpoint held much more of the request's prompt than this replica's own.
+	ForPrefix Affinity = iota
+	// ForAdapter: the endpoint held the request's LoRA adapter, which none of this replica's own candidates did.
+	ForAdapter
+	numAffinities
+)
 
 type heardSummary struct {
 	Summary
@@ -490,16 +502,18 @@ func seatNumbers(idle []EndpointCount) func(e EndpointCount) iter.Seq[int] {
 }
 
 // SentTo records request id, of KV size tokens at its end, which this replica routed to endpoint, a peer's, without
-// taking an offered seat (prefix affinity chose it): its summaries count it there (Sent), and the owner on its seats,
+// taking an offered seat (affinity, why, chose it): its summaries count it there (Sent), and the owner on its seats,
 // until Done. A request already recorded (Take) keeps its record. Its owner is not known here, so it does not hold back
 // this replica's next Take of that endpoint's offered seats before the owner counts it: for one exchange interval a
 // seat may be offered twice.
-func (x *Exchange) SentTo(id, endpoint string, tokens int, now time.Time) {
+func (x *Exchange) SentTo(id, endpoint string, tokens int, why Affinity, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if _, ok := x.sent[id]; !ok {
 		x.sent[id] = sentRequest{endpoint: endpoint, seq: x.seq + 1, at: now, tokens: tokens}
-		x.routed++
+		if why < numAffinities {
+			x.routed[why]++
+		}
 	}
 }
 

@@ -555,14 +555,16 @@ func TestExchangeCounts(t *testing.T) {
 	if _, ok := a.Take("c1", 0, t0); !ok {
 		t.Fatal("took no seat")
 	}
-	a.SentTo("c1", "b-ep", 0, t0) // already recorded by Take: neither re-recorded nor counted again
-	a.SentTo("p1", "b-ep", 0, t0)
-	a.SentTo("p1", "b-ep", 0, t0)
-	if got := a.Counts(); got != (Counts{IdleSeat: 1, PrefixAffinity: 1}) {
+	a.SentTo("c1", "b-ep", 0, ForPrefix, t0) // already recorded by Take: neither re-recorded nor counted again
+	a.SentTo("p1", "b-ep", 0, ForPrefix, t0)
+	a.SentTo("p1", "b-ep", 0, ForPrefix, t0)
+	a.SentTo("l1", "b-ep", 0, ForAdapter, t0)
+	a.SentTo("x1", "b-ep", 0, numAffinities, t0) // no such reason: recorded, not counted
+	if got := a.Counts(); got != (Counts{IdleSeat: 1, PrefixAffinity: 1, AdapterAffinity: 1}) {
 		t.Fatalf("counts %+v, want one of each", got)
 	}
-	if own := a.Next(Summary{}, t0); len(own.Sent) != 1 || own.Sent[0].N != 2 {
-		t.Fatalf("summary tells of %v, want 2 requests on b-ep", own.Sent)
+	if own := a.Next(Summary{}, t0); len(own.Sent) != 1 || own.Sent[0].N != 4 {
+		t.Fatalf("summary tells of %v, want 4 requests on b-ep", own.Sent)
 	}
 }
 
@@ -572,16 +574,16 @@ func TestExchangeCounts(t *testing.T) {
 func TestExchangeSentTokens(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := NewExchange("b", time.Second)
-	b.SentTo("b1", "a-ep1", 680, t0)
-	b.SentTo("b2", "a-ep1", 1000, t0)
-	b.SentTo("b3", "a-ep2", 500, t0)
+	b.SentTo("b1", "a-ep1", 680, ForPrefix, t0)
+	b.SentTo("b2", "a-ep1", 1000, ForPrefix, t0)
+	b.SentTo("b3", "a-ep2", 500, ForPrefix, t0)
 	own := b.Next(Summary{}, t0)
 	if !reflect.DeepEqual(own.Sent, []EndpointCount{{"a-ep1", 2}, {"a-ep2", 1}}) || !reflect.DeepEqual(own.SentTokens, []int{1680, 500}) {
 		t.Fatalf("b tells %v with %v tokens, want a-ep1 2 (1680), a-ep2 1 (500)", own.Sent, own.SentTokens)
 	}
 	c := NewExchange("c", time.Second)
-	c.SentTo("c1", "a-ep1", 700, t0)
-	c.SentTo("c2", "a-ep3", 700, t0)
+	c.SentTo("c1", "a-ep1", 700, ForPrefix, t0)
+	c.SentTo("c2", "a-ep3", 700, ForPrefix, t0)
 	older := c.Next(Summary{}, t0)
 	for _, tc := range []struct {
 		name            string
@@ -626,10 +628,10 @@ func TestExchangeSentTokens(t *testing.T) {
 func TestExchangeUnknownSizeUnsized(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := NewExchange("b", time.Second)
-	b.SentTo("b1", "a-ep1", 0, t0)
-	b.SentTo("b2", "a-ep2", 500, t0)
-	b.SentTo("b3", "a-ep3", 700, t0)
-	b.SentTo("b4", "a-ep3", 0, t0)
+	b.SentTo("b1", "a-ep1", 0, ForPrefix, t0)
+	b.SentTo("b2", "a-ep2", 500, ForPrefix, t0)
+	b.SentTo("b3", "a-ep3", 700, ForPrefix, t0)
+	b.SentTo("b4", "a-ep3", 0, ForPrefix, t0)
 	wire, err := b.Next(Summary{}, t0).AppendVersion(nil, WireVersion)
 	if err != nil {
 		t.Fatal(err)
