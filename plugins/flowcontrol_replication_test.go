@@ -176,6 +176,17 @@ func twoPeerReplicas(t *testing.T, steer bool) (clk *clocktesting.FakeClock, poo
 // endpoint there).
 func peerReplica(t *testing.T, clk *clocktesting.FakeClock, pool *fakePool, cfg *flowcontrol.Config, peers []string, self string, steer bool) *FlowControl {
 	t.Helper()
+	var attach map[string]fwkplugin.Plugin
+	if steer {
+		attach = map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)}
+	}
+	return peerReplicaWith(t, clk, pool, cfg, peers, self, attach)
+}
+
+// peerReplicaWith is peerReplica with the plugins attach attached (none if nil).
+func peerReplicaWith(t *testing.T, clk *clocktesting.FakeClock, pool *fakePool, cfg *flowcontrol.Config, peers []string, self string,
+	attach map[string]fwkplugin.Plugin) *FlowControl {
+	t.Helper()
 	view, err := replication.NewView(self, peers, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -188,8 +199,8 @@ func peerReplica(t *testing.T, clk *clocktesting.FakeClock, pool *fakePool, cfg 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if steer {
-		fc.Attach(map[string]fwkplugin.Plugin{"headroom": mustHeadroomFilter(t)})
+	if attach != nil {
+		fc.Attach(attach)
 	}
 	if err := fc.SyncEndpoints(); err != nil {
 		t.Fatal(err)
@@ -285,23 +296,9 @@ func TestFlowControlSharesPrefixWithPeers(t *testing.T) {
 		filter *HeadroomFilter
 	}
 	newReplica := func(self string) replica {
-		view, err := replication.NewView(self, peers, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range peers {
-			view.Heard(p, clk.Now())
-		}
-		fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{Endpoints: pool,
-			Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Hour)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := replica{fc: fc, prefix: newTestPrefixCache(t, ""), filter: mustHeadroomFilter(t)}
-		fc.Attach(map[string]fwkplugin.Plugin{"prefix": r.prefix, "headroom": r.filter})
-		if err := fc.SyncEndpoints(); err != nil {
-			t.Fatal(err)
-		}
+		r := replica{prefix: newTestPrefixCache(t, ""), filter: mustHeadroomFilter(t)}
+		r.fc = peerReplicaWith(t, clk, pool, flowcontrol.DefaultConfig(), peers, self,
+			map[string]fwkplugin.Plugin{"prefix": r.prefix, "headroom": r.filter})
 		return r
 	}
 	a, b := newReplica("epp-a:9003"), newReplica("epp-b:9003")
@@ -380,28 +377,9 @@ func TestFlowControlAdapterAffinityAcrossOwners(t *testing.T) {
 	pool := &fakePool{}
 	pool.set(upstreamEndpoint("10.0.0.1", 0, 0, clk.Now()), upstreamEndpoint("10.0.0.2", 0, 0, clk.Now()))
 	peers := []string{"epp-a:9003", "epp-b:9003"}
-	newReplica := func(self string) (*FlowControl, *HeadroomFilter) {
-		view, err := replication.NewView(self, peers, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range peers {
-			view.Heard(p, clk.Now())
-		}
-		fc, err := NewFlowControl(flowcontrol.DefaultConfig(), FlowControlOptions{}, FlowControlDeps{Endpoints: pool,
-			Clock: clk, Rand: rand.New(rand.NewPCG(1, 2)), Ownership: view, Peers: replication.NewExchange(self, time.Hour)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		filter := mustHeadroomFilter(t)
-		fc.Attach(map[string]fwkplugin.Plugin{"headroom": filter})
-		if err := fc.SyncEndpoints(); err != nil {
-			t.Fatal(err)
-		}
-		return fc, filter
-	}
-	a, filter := newReplica("epp-a:9003")
-	b, _ := newReplica("epp-b:9003")
+	filter := mustHeadroomFilter(t)
+	a := peerReplicaWith(t, clk, pool, flowcontrol.DefaultConfig(), peers, peers[0], map[string]fwkplugin.Plugin{"headroom": filter})
+	b := peerReplica(t, clk, pool, flowcontrol.DefaultConfig(), peers, peers[1], true)
 	sendSummary(t, a, b)
 	sendSummary(t, b, a)
 	if err := a.Admit(context.Background(), requestContext("probe", "t", 10, nil), 0); err != nil {
