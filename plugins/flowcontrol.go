@@ -527,7 +527,7 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 	if request == nil {
 		return
 	}
-	f.headroom.delete(request.RequestId)
+	sd, _ := f.headroom.take(request.RequestId)
 	if result == nil {
 		return
 	}
@@ -546,11 +546,7 @@ func (f *FlowControl) PreRequest(_ context.Context, request *fwksched.LLMRequest
 	}
 	f.ctrl.Bind(request.RequestId, endpoint)
 	if toPeer {
-		why := replication.ForPrefix
-		if holdsAdapter(primary.TargetEndpoints[0], request.TargetModel) {
-			why = replication.ForAdapter // kept for its adapter, though the prompt may have counted too
-		}
-		f.peers.SentTo(request.RequestId, endpoint, tokens, why, f.clock.Now())
+		f.peers.SentTo(request.RequestId, endpoint, tokens, adapterAffinity(sd, endpoint), f.clock.Now())
 	}
 }
 

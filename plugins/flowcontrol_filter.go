@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync/atomic"
 
-	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
@@ -103,7 +102,7 @@ func (h *HeadroomFilter) Filter(ctx context.Context, _ *fwksched.CycleState, req
 		// A request sent to a peer's endpoint goes there alone: this replica's own endpoints had no room for it.
 		n += h.keepAffine(ctx, fc, sd.decision.Band, request, endpoints, keep)
 		if fc.peers != nil {
-			n += keepAdapterHolders(fc, sd.decision.Band, request.TargetModel, endpoints, keep)
+			n += keepAdapterHolders(fc, sd.decision.Band, request, endpoints, keep)
 		}
 	}
 	kept := make([]fwksched.Endpoint, 0, n)
@@ -174,55 +173,3 @@ func (h *HeadroomFilter) keepAffine(ctx context.Context, fc *FlowControl, band f
 	}
 	return added
 }
-
-// keepAdapterHolders marks in keep, when no candidate kept holds the request's LoRA adapter, the candidates a peer owns
-// that hold it (loaded, or with requests for it running or waiting, at their latest scrape), have nothing waiting in
-// their queue and no more requests than the least loaded candidate kept, and that flow control lets a request of band
-// use (mayUsePeerEndpoint). It returns how many it marked. Each replica sends requests to the endpoints it owns;
-// without this, a replica whose endpoints lack an adapter loads it onto one of them although a peer's endpoint has it,
-// and a hot adapter ends up loaded once per replica. The load bound keeps the peer's endpoint from becoming where
-// every replica's requests for a hot adapter pile up between two of its scrapes.
-func keepAdapterHolders(fc *FlowControl, band flowcontrol.Band, adapter string, endpoints []fwksched.Endpoint, keep []bool) int {
-	if adapter == "" {
-		return 0
-	}
-	least := -1 // the least load (running and waiting requests) among the candidates kept
-	for i, ep := range endpoints {
-		if !keep[i] {
-			continue
-		}
-		if holdsAdapter(ep, adapter) {
-			return 0
-		}
-		if m := ep.GetMetrics(); m != nil && (least < 0 || requestLoad(m) < least) {
-			least = requestLoad(m)
-		}
-	}
-	added := 0
-	for i, ep := range endpoints {
-		if keep[i] || ep.GetMetadata() == nil || !holdsAdapter(ep, adapter) {
-			continue
-		}
-		if m := ep.GetMetrics(); m == nil || m.WaitingQueueSize > 0 || (least >= 0 && requestLoad(m) > least) {
-			continue
-		}
-		if name := EndpointName(ep.GetMetadata()); fc.isPeerEndpoint(name) && fc.mayUsePeerEndpoint(band, name) {
-			keep[i] = true
-			added++
-		}
-	}
-	return added
-}
-
-// holdsAdapter reports whether ep holds LoRA adapter adapter at its latest scrape: the server reports it resident, or
-// requests for it running or waiting there. A model the server serves as a base model is not an adapter.
-func holdsAdapter(ep fwksched.Endpoint, adapter string) bool {
-	ps, res := loraPodState(ep)
-	if res.servesBase(adapter) {
-		return false
-	}
-	return ps.Resident.Has(adapter) || ps.Running.Has(adapter) || ps.Waiting.Has(adapter)
-}
-
-// requestLoad is an endpoint's running and waiting requests at its latest scrape.
-func requestLoad(m *fwkdl.Metrics) int { return m.RunningRequestsSize + m.WaitingQueueSize }

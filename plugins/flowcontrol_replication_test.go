@@ -393,7 +393,8 @@ func TestFlowControlAdapterAffinityAcrossOwners(t *testing.T) {
 	if own == peer {
 		peer = "10.0.0.2:8000"
 	}
-	// endpoint is a scheduling candidate at addr with the given requests running and waiting and adapters running.
+	// endpoint is a scheduling candidate at addr with the given requests running and waiting and adapters running; a
+	// nil metrics slice of adapters means no metrics at all.
 	endpoint := func(addr string, running, waiting int, adapters ...string) fwksched.Endpoint {
 		m := fwkdl.NewMetrics()
 		m.RunningRequestsSize, m.WaitingQueueSize, m.MaxActiveModels = running, waiting, 4
@@ -402,62 +403,84 @@ func TestFlowControlAdapterAffinityAcrossOwners(t *testing.T) {
 		}
 		host, _, _ := strings.Cut(addr, ":")
 		return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: k8stypes.NamespacedName{Namespace: "default", Name: host},
-			Address: host, Port: "8000"}, m, nil)
+			Address: host, Port: "8000"}, m, fwkdl.NewAttributes())
+	}
+	servingBase := func(ep fwksched.Endpoint, model string) fwksched.Endpoint {
+		ep.Put(LoRAResidencyKey, &LoRAResidency{BaseModels: map[string]struct{}{model: {}}})
+		return ep
+	}
+	noMetrics := func(addr string) fwksched.Endpoint {
+		host, _, _ := strings.Cut(addr, ":")
+		return fwksched.NewEndpoint(&fwkdl.EndpointMetadata{NamespacedName: k8stypes.NamespacedName{Namespace: "default", Name: host},
+			Address: host, Port: "8000"}, nil, fwkdl.NewAttributes())
 	}
 	tests := []struct {
 		name         string
 		band         flowcontrol.Band
 		model        string
-		ownAdapters  []string
-		peerAdapters []string
-		ownRunning   int
-		peerRunning  int
-		peerWaiting  int
+		own, peer    fwksched.Endpoint
 		wantPeerKept bool
 	}{
 		{name: "the peer's endpoint alone holds the adapter", band: flowcontrol.Standard, model: "sql-lora",
-			peerAdapters: []string{"sql-lora"}, wantPeerKept: true},
-		{name: "Critical likewise", band: flowcontrol.Critical, model: "sql-lora", peerAdapters: []string{"sql-lora"},
-			wantPeerKept: true},
+			own: endpoint(own, 0, 0), peer: endpoint(peer, 0, 0, "sql-lora"), wantPeerKept: true},
+		{name: "Critical likewise", band: flowcontrol.Critical, model: "sql-lora",
+			own: endpoint(own, 0, 0), peer: endpoint(peer, 0, 0, "sql-lora"), wantPeerKept: true},
 		{name: "an own candidate holds it too", band: flowcontrol.Standard, model: "sql-lora",
-			ownAdapters: []string{"sql-lora"}, peerAdapters: []string{"sql-lora"}},
+			own: endpoint(own, 0, 0, "sql-lora"), peer: endpoint(peer, 0, 0, "sql-lora")},
 		{name: "the peer's endpoint runs as many as the own", band: flowcontrol.Standard, model: "sql-lora",
-			peerAdapters: []string{"sql-lora"}, ownRunning: 3, peerRunning: 3, wantPeerKept: true},
+			own: endpoint(own, 3, 0), peer: endpoint(peer, 3, 0, "sql-lora"), wantPeerKept: true},
 		{name: "the peer's endpoint runs more than the own", band: flowcontrol.Standard, model: "sql-lora",
-			peerAdapters: []string{"sql-lora"}, ownRunning: 3, peerRunning: 4},
+			own: endpoint(own, 3, 0), peer: endpoint(peer, 4, 0, "sql-lora")},
 		{name: "the peer's endpoint has a queue", band: flowcontrol.Standard, model: "sql-lora",
-			peerAdapters: []string{"sql-lora"}, ownRunning: 3, peerWaiting: 1},
+			own: endpoint(own, 3, 0), peer: endpoint(peer, 0, 1, "sql-lora")},
+		{name: "the peer's endpoint reports no metrics", band: flowcontrol.Standard, model: "sql-lora",
+			own: endpoint(own, 0, 0), peer: noMetrics(peer)},
 		{name: "Sheddable keeps to its headroom", band: flowcontrol.Sheddable, model: "sql-lora",
-			peerAdapters: []string{"sql-lora"}},
+			own: endpoint(own, 0, 0), peer: endpoint(peer, 0, 0, "sql-lora")},
 		{name: "the peer holds another adapter", band: flowcontrol.Standard, model: "sql-lora",
-			peerAdapters: []string{"chat-lora"}},
-		{name: "no adapter asked", band: flowcontrol.Standard, peerAdapters: []string{"sql-lora"}},
+			own: endpoint(own, 0, 0), peer: endpoint(peer, 0, 0, "chat-lora")},
+		{name: "the model is one the peer serves as its base", band: flowcontrol.Standard, model: "sql-lora",
+			own: endpoint(own, 0, 0), peer: servingBase(endpoint(peer, 0, 0, "sql-lora"), "sql-lora")},
+		{name: "no adapter asked", band: flowcontrol.Standard,
+			own: endpoint(own, 0, 0), peer: endpoint(peer, 0, 0, "")},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			id := fmt.Sprintf("r%d", i)
 			a.headroom.put(id, storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched, Band: tt.band,
 				Endpoints: []string{own}}})
-			all := []fwksched.Endpoint{endpoint(own, tt.ownRunning, 0, tt.ownAdapters...),
-				endpoint(peer, tt.peerRunning, tt.peerWaiting, tt.peerAdapters...)}
 			req := &fwksched.LLMRequest{RequestId: id, TargetModel: tt.model}
 			want := []string{own}
 			if tt.wantPeerKept {
 				want = append(want, peer)
 			}
-			if got := names(filter.Filter(context.Background(), fwksched.NewCycleState(), req, all)); !slices.Equal(got, want) {
+			if got := names(filter.Filter(context.Background(), fwksched.NewCycleState(), req, []fwksched.Endpoint{tt.own, tt.peer})); !slices.Equal(got, want) {
 				t.Errorf("a keeps %v, want %v", got, want)
 			}
 		})
 	}
 
-	a.headroom.put("placed", storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched,
-		Band: flowcontrol.Standard, Endpoints: []string{own}}})
-	a.PreRequest(context.Background(), &fwksched.LLMRequest{RequestId: "placed", TargetModel: "sql-lora"},
-		&fwksched.SchedulingResult{PrimaryProfileName: "default", ProfileResults: map[string]*fwksched.ProfileRunResult{
-			"default": {TargetEndpoints: []fwksched.Endpoint{endpoint(peer, 0, 0, "sql-lora")}}}})
-	if got := a.peers.Counts(); got != (replication.Counts{AdapterAffinity: 1}) {
-		t.Errorf("a counts %+v sent to peers' endpoints, want one for adapter affinity", got)
+	// A placement on the peer's endpoint counts as adapter affinity only when the filter kept that endpoint for the
+	// request's adapter; one it kept otherwise (here: no filter ran, as for prefix affinity) counts as prefix affinity,
+	// though the endpoint holds the adapter too.
+	place := func(id string, filtered bool) {
+		t.Helper()
+		a.headroom.put(id, storedDecision{decision: flowcontrol.Decision{Outcome: flowcontrol.Dispatched,
+			Band: flowcontrol.Standard, Endpoints: []string{own}}})
+		req := &fwksched.LLMRequest{RequestId: id, TargetModel: "sql-lora"}
+		there := endpoint(peer, 0, 0, "sql-lora")
+		if filtered {
+			if got := names(filter.Filter(context.Background(), fwksched.NewCycleState(), req, []fwksched.Endpoint{endpoint(own, 0, 0), there})); len(got) != 2 {
+				t.Fatalf("a keeps %v for %s, want its own endpoint and %s", got, id, peer)
+			}
+		}
+		a.PreRequest(context.Background(), req, &fwksched.SchedulingResult{PrimaryProfileName: "default",
+			ProfileResults: map[string]*fwksched.ProfileRunResult{"default": {TargetEndpoints: []fwksched.Endpoint{there}}}})
+	}
+	place("for-adapter", true)
+	place("for-prefix", false)
+	if got := a.peers.Counts(); got != (replication.Counts{AdapterAffinity: 1, PrefixAffinity: 1}) {
+		t.Errorf("a counts %+v sent to peers' endpoints, want one for adapter affinity and one for prefix affinity", got)
 	}
 }
 

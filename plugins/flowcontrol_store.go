@@ -35,6 +35,9 @@ type storedDecision struct {
 	message string
 	// model is a dispatched request's target model, for candidate narrowing.
 	model string
+	// adapterKept are the peers' endpoints the headroom filter kept for the request's LoRA adapter
+	// (keepAdapterHolders), so that PreRequest counts a placement there as adapter affinity.
+	adapterKept []string
 }
 
 func newDecisionStore(clk clock.PassiveClock, ttl time.Duration, max int) *decisionStore {
@@ -63,6 +66,14 @@ func (s *decisionStore) get(id string) (storedDecision, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.entries.Get(now, id)
+}
+
+// update changes id's entry in place, if it has one, keeping its age.
+func (s *decisionStore) update(id string, fn func(*storedDecision)) {
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entries.Update(now, id, fn)
 }
 
 // take returns and removes id's entry.

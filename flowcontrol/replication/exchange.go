@@ -117,8 +117,8 @@ type Exchange struct {
 	seq   uint64
 	peers map[string]heardSummary
 	sent  map[string]sentRequest // this replica's requests on peers' endpoints, by request ID
-	// taken, spare and routed count the requests this replica sent to peers' endpoints, by Take, TakeSpare and SentTo
-	// (by Affinity) (Counts).
+	// taken, spare and routed count the requests this replica sent to peers' endpoints (Counts): by Take, by TakeSpare,
+	// and by SentTo for each Affinity.
 	taken, spare uint64
 	routed       [numAffinities]uint64
 }
@@ -511,7 +511,7 @@ func (x *Exchange) SentTo(id, endpoint string, tokens int, why Affinity, now tim
 	defer x.mu.Unlock()
 	if _, ok := x.sent[id]; !ok {
 		x.sent[id] = sentRequest{endpoint: endpoint, seq: x.seq + 1, at: now, tokens: tokens}
-		if why < numAffinities {
+		if why < numAffinities { // callers pass the constants above
 			x.routed[why]++
 		}
 	}

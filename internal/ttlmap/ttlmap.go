@@ -46,6 +46,17 @@ func (m *Map[K, V]) Get(now time.Time, k K) (V, bool) {
 	return zero, false
 }
 
+// Update expires what is due at now and, when k has a value, hands fn a pointer to it to change in place; the entry
+// keeps its age and its place in the expiry order. It reports whether k had a value.
+func (m *Map[K, V]) Update(now time.Time, k K, fn func(*V)) bool {
+	m.Expire(now)
+	el, ok := m.entries[k]
+	if ok {
+		fn(&el.Value.(*entry[K, V]).value)
+	}
+	return ok
+}
+
 // Take expires what is due at now, then removes k's entry and returns its value.
 func (m *Map[K, V]) Take(now time.Time, k K) (V, bool) {
 	m.Expire(now)

@@ -58,6 +58,13 @@ func TestMap(t *testing.T) {
 			{at: time.Minute, do: "put", key: "c", val: 3, want: "-", expired: []string{"a=1", "b=2"}, keys: []string{"c"}},
 			{at: 2 * time.Minute, do: "take", key: "c", want: "-", expired: []string{"c=3"}, keys: nil},
 		}},
+		{"update changes a value in place, keeping its age", []op{
+			{do: "put", key: "a", val: 1, want: "-", keys: []string{"a"}},
+			{at: 10 * time.Second, do: "put", key: "b", val: 2, want: "-", keys: []string{"a", "b"}},
+			{at: 50 * time.Second, do: "update", key: "a", val: 5, want: "5", keys: []string{"a", "b"}},
+			{at: 50 * time.Second, do: "update", key: "x", val: 5, want: "-", keys: []string{"a", "b"}},
+			{at: time.Minute, do: "update", key: "a", val: 6, want: "-", expired: []string{"a=5"}, keys: []string{"b"}},
+		}},
 		{"an expired entry is not replaced but stored anew", []op{
 			{do: "put", key: "a", val: 1, want: "-", keys: []string{"a"}},
 			{at: time.Minute, do: "put", key: "a", val: 2, want: "-", expired: []string{"a=1"}, keys: []string{"a"}},
@@ -92,6 +99,9 @@ func TestMap(t *testing.T) {
 					show(m.Get(now, o.key))
 				case "take":
 					show(m.Take(now, o.key))
+				case "update":
+					var after int
+					show(after, m.Update(now, o.key, func(v *int) { *v, after = o.val, o.val }))
 				case "delete":
 					show(m.Delete(o.key))
 				case "drop":

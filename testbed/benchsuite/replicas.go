@@ -202,7 +202,7 @@ func writeReplicas(b *bufio.Writer, s *ScenarioResult) {
 		}
 		p(" %s |", hit)
 		if adapters {
-			loads := "n/a"
+			loads := fmt.Sprintf("%.0f (one replica: 0)", r.Fleet.AdapterLoads)
 			if one.Fleet.AdapterLoads > 0 {
 				loads = FormatRatio(r.Fleet.AdapterLoads / one.Fleet.AdapterLoads)
 			}

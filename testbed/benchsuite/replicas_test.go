@@ -173,8 +173,9 @@ func TestReplicasAdapterLoads(t *testing.T) {
 			if !strings.Contains(report, tt.want) {
 				t.Errorf("report lacks %q:\n%s", tt.want, report)
 			}
-			if row := "| 1.00x (+0%) | 2.50x (+150%) | 0 (0) |"; strings.Contains(report, row) != (tt.adapters != "") {
-				t.Errorf("report has the adapter loads' ratio %q: %v, want %v:\n%s", row, !(tt.adapters != ""), tt.adapters != "", report)
+			withAdapters := tt.adapters != ""
+			if row := "| 1.00x (+0%) | 2.50x (+150%) | 0 (0) |"; strings.Contains(report, row) != withAdapters {
+				t.Errorf("report has the adapter loads' ratio %q: %v, want %v:\n%s", row, !withAdapters, withAdapters, report)
 			}
 			if tt.lacks != "" && strings.Contains(report, tt.lacks) {
 				t.Errorf("report has %q:\n%s", tt.lacks, report)
