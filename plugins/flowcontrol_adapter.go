@@ -1,7 +1,6 @@
 package plugins
 
 import (
-	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
 	fwksched "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
 	"github.com/sluice-gw/sluice/flowcontrol"
@@ -79,6 +78,3 @@ func holdsAdapter(ep fwksched.Endpoint, adapter string) bool {
 	}
 	return ps.Resident.Has(adapter) || ps.Running.Has(adapter) || ps.Waiting.Has(adapter)
 }
-
-// requestLoad is an endpoint's running and waiting requests at its latest scrape.
-func requestLoad(m *fwkdl.Metrics) int { return m.RunningRequestsSize + m.WaitingQueueSize }

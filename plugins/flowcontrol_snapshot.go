@@ -21,6 +21,9 @@ func EndpointName(md *fwkdl.EndpointMetadata) string {
 	return net.JoinHostPort(md.GetIPAddress(), md.GetPort())
 }
 
+// requestLoad is an endpoint's running and waiting requests at its latest scrape.
+func requestLoad(m *fwkdl.Metrics) int { return m.RunningRequestsSize + m.WaitingQueueSize }
+
 // EndpointSnapshot converts an upstream endpoint and its latest metrics to the controller's view. An endpoint with no
 // metrics yet has a zero scrape time, hence no headroom. Negative counts read as 0 and KV-cache usage is clamped to
 // [0, 1] (vLLM reports a fraction), so one odd scrape cannot drop the endpoint from the snapshot.

@@ -166,7 +166,7 @@ func (f *OutlierFilter) Filter(ctx context.Context, _ *fwksched.CycleState, _ *f
 	now := f.clock.Now()
 	for _, ep := range endpoints {
 		if m := ep.GetMetrics(); m != nil {
-			f.pace.Scraped(now, EndpointName(ep.GetMetadata()), m.RunningRequestsSize+m.WaitingQueueSize, m.UpdateTime)
+			f.pace.Scraped(now, EndpointName(ep.GetMetadata()), requestLoad(m), m.UpdateTime)
 		}
 	}
 	f.ejectStalled(ctx, now)
