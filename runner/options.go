@@ -126,8 +126,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PeerProbeInterval, "peer-probe-interval", o.PeerProbeInterval,
 		"How often each peer replica's gRPC health is probed.")
 	fs.DurationVar(&o.PeerTimeout, "peer-timeout", o.PeerTimeout,
-		"How long a peer replica that stops answering still owns its endpoints; keep it plus the metrics refresh "+
-			"interval within --metrics-staleness-threshold.")
+		"How long a peer replica that stops answering still owns its endpoints (one whose connection is refused "+
+			"loses them at once); keep it plus the metrics refresh interval within --metrics-staleness-threshold.")
 	fs.DurationVar(&o.PeerExchangeInterval, "peer-exchange-interval", o.PeerExchangeInterval,
 		"How often each replica sends its peers a summary of its seats (Sluice admission), so that the replicas size "+
 			"the Critical reserve for the whole pool and send a Critical request that would wait to a peer's idle seat; "+

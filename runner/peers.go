@@ -14,8 +14,11 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
@@ -35,10 +38,11 @@ import (
 // EPP replicas that share a pool's endpoints (issue 22): who the peers are, and which of them are alive.
 //
 // Each replica probes every peer's gRPC health service (the port of --grpc-health-port) every --peer-probe-interval;
-// a peer that answers SERVING is heard, and one not heard for --peer-timeout is gone. Admission recomputes on every
-// pool snapshot which endpoints this replica owns among the live replicas (replication.View), so when a peer dies
-// the survivors own its endpoints within --peer-timeout plus one snapshot interval, deciding alone: nothing waits
-// on a peer, and no request crosses to one.
+// a peer that answers SERVING is heard, and one not heard for --peer-timeout is gone, as is one whose connection fails
+// (nothing listens there: a replica killed or stopped). Admission recomputes on every pool snapshot which endpoints
+// this replica owns among the live replicas (replication.View), so when a peer dies the survivors own its endpoints
+// within one probe interval (its connection refused) or --peer-timeout (it stopped answering) plus one snapshot
+// interval, deciding alone: nothing waits on a peer, and no request crosses to one.
 
 // peerHealthService is the health service a peer is probed on: it serves once the peer's pool has synced.
 const peerHealthService = ReadinessService
@@ -249,8 +253,13 @@ func (p *peerProber) probeAll(ctx context.Context) {
 			probeCtx, cancel := context.WithTimeout(ctx, p.interval)
 			defer cancel()
 			resp, err := healthpb.NewHealthClient(conn).Check(probeCtx, &healthpb.HealthCheckRequest{Service: peerHealthService})
-			if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			switch {
+			case err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING:
 				p.view.Heard(peer, p.clock.Now())
+			case status.Code(err) == codes.Unavailable && conn.GetState() == connectivity.TransientFailure:
+				// The connection failed, not a slow answer: nothing serves there (a replica killed or stopped), so
+				// its endpoints are taken over now rather than after --peer-timeout.
+				p.view.Unreachable(peer)
 			}
 		})
 	}

@@ -166,42 +166,54 @@ type syncedPool struct{}
 
 func (syncedPool) PoolHasSynced() bool { return true }
 
-// The prober hears a peer whose health service serves, and the peer stops being live once it is gone.
+// The prober hears a peer whose health service serves, and the peer stops being live once it is gone: with a short
+// timeout, by the timeout or its refused connection; with a timeout longer than the test, by its refused connection
+// alone (a killed replica's endpoints are taken over at the next probe, not after --peer-timeout).
 func TestPeerProberFollowsAPeer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := l.Addr().String()
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, &healthServer{logger: testr.New(t), pool: syncedPool{}, isLeader: &atomic.Bool{}})
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-
-	view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, 150*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	live := func(want string) func() string {
-		return func() string {
-			if got := strings.Join(view.Live(time.Now()), ","); got != want {
-				return "live " + got + ", want " + want
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+	}{
+		{name: "gone by its timeout or refused connection", timeout: 150 * time.Millisecond},
+		{name: "gone by its refused connection", timeout: time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
 			}
-			return ""
-		}
+			peer := l.Addr().String()
+			srv := grpc.NewServer()
+			healthpb.RegisterHealthServer(srv, &healthServer{logger: testr.New(t), pool: syncedPool{}, isLeader: &atomic.Bool{}})
+			go func() { _ = srv.Serve(l) }()
+			t.Cleanup(srv.Stop)
+
+			view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, tc.timeout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
+			}()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			})
+			live := func(want string) func() string {
+				return func() string {
+					if got := strings.Join(view.Live(time.Now()), ","); got != want {
+						return "live " + got + ", want " + want
+					}
+					return ""
+				}
+			}
+			runnertest.Eventually(t, "a serving peer is heard", live(strings.Join(slices.Sorted(slices.Values([]string{"127.0.0.1:1", peer})), ",")))
+			srv.Stop() // closes the listener: connections to the peer are refused from now on
+			runnertest.Eventually(t, "a stopped peer is gone", live("127.0.0.1:1"))
+		})
 	}
-	runnertest.Eventually(t, "a serving peer is heard", live(strings.Join(slices.Sorted(slices.Values([]string{"127.0.0.1:1", peer})), ",")))
-	srv.Stop()
-	runnertest.Eventually(t, "a stopped peer is gone", live("127.0.0.1:1"))
 }

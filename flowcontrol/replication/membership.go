@@ -68,6 +68,13 @@ func (m *Membership) Heard(peer string, now time.Time) bool {
 	return false
 }
 
+// Unreachable records that a connection to peer failed: nothing serves there (a replica killed or stopped), so it
+// is not live from now until heard again, without waiting for the timeout, which is for a peer that may only be
+// slow. Peers outside the list are ignored.
+func (m *Membership) Unreachable(peer string) {
+	delete(m.lastHeard, peer)
+}
+
 // Live returns self and the peers heard within the timeout before now, sorted.
 func (m *Membership) Live(now time.Time) []string {
 	live := []string{m.self}

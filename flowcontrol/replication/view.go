@@ -47,6 +47,13 @@ func (v *View) Heard(peer string, now time.Time) bool {
 	return v.membership.Heard(peer, now)
 }
 
+// Unreachable records that a connection to peer failed (see Membership.Unreachable).
+func (v *View) Unreachable(peer string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.membership.Unreachable(peer)
+}
+
 // Live returns the live replicas at now, self included, sorted.
 func (v *View) Live(now time.Time) []string {
 	v.mu.Lock()
