@@ -83,6 +83,12 @@ type Config struct {
 	// Endpoints round-robin without the EPP instead of failing. Requires
 	// Endpoints.
 	FailureModeAllow bool
+	// EPPFailureRetryAfter, when set, plays Envoy with examples/envoy/local-reply-epp-failure.yaml merged into its
+	// HTTP connection manager: an answer the gateway gives itself with 500 (failing closed, an EPP failure's; an
+	// EPP's ImmediateResponse of 500) goes out as 503 with this Retry-After, in whole seconds rounded up, so that a
+	// client retries what an EPP replica lost when it died, and the gateway's balancing sends the retry to a live
+	// one. Zero leaves them 500, as GIE's reference configuration.
+	EPPFailureRetryAfter time.Duration
 	// SubsetHint, when non-empty, is sent on every ext_proc message as filter
 	// metadata envoy.lb.subset_hint/x-gateway-destination-endpoint-subset:
 	// the EPP must pick only from these host:port endpoints.
@@ -169,6 +175,9 @@ func (c Config) validate() error {
 	}
 	if c.FailureModeAllow && len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("failure-mode-allow needs endpoints to send requests to when the EPP fails"))
+	}
+	if c.EPPFailureRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("EPP failure Retry-After %v is negative", c.EPPFailureRetryAfter))
 	}
 	if c.RoundRobin && (len(c.SubsetHint) > 0 || c.SubsetHintFromHeader) {
 		errs = append(errs, errors.New("a subset hint is only meaningful with an EPP"))

@@ -1,10 +1,15 @@
 package dataplane
 
 import (
+	"net/http"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -186,5 +191,67 @@ func checkEnvoyExample(t *testing.T, path string, requestBody BodyMode) {
 	}
 	if _, ok := epp.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]; !ok {
 		t.Errorf("EPP cluster lacks HTTP/2 protocol options (gRPC needs HTTP/2)")
+	}
+}
+
+// TestEnvoyLocalReplyEPPFailure validates the opt-in fragment examples/envoy/local-reply-epp-failure.yaml as
+// Config.EPPFailureRetryAfter emulates it: an HTTP connection manager's local_reply_config, valid by Envoy's proto
+// rules, with one mapper that turns a local reply of 500, and only that, into 503 with a Retry-After of whole seconds.
+func TestEnvoyLocalReplyEPPFailure(t *testing.T) {
+	raw, err := os.ReadFile("../../examples/envoy/local-reply-epp-failure.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := protojson.Unmarshal(js, &hcm); err != nil {
+		t.Fatalf("not a field of Envoy's HTTP connection manager: %v", err)
+	}
+	lr := hcm.GetLocalReplyConfig()
+	if err := lr.ValidateAll(); err != nil {
+		t.Fatalf("local_reply_config fails Envoy's proto validation: %v", err)
+	}
+	if len(lr.GetMappers()) != 1 {
+		t.Fatalf("%d mappers, want 1", len(lr.GetMappers()))
+	}
+	m := lr.GetMappers()[0]
+	cmp := m.GetFilter().GetStatusCodeFilter().GetComparison()
+	if cmp.GetOp() != accesslogv3.ComparisonFilter_EQ || cmp.GetValue().GetDefaultValue() != http.StatusInternalServerError {
+		t.Errorf("mapper filter %v, want status code EQ 500", m.GetFilter())
+	}
+	if m.GetStatusCode().GetValue() != http.StatusServiceUnavailable {
+		t.Errorf("mapper rewrites to %v, want 503", m.GetStatusCode())
+	}
+	if m.GetBody() != nil || m.GetBodyFormatOverride() != nil {
+		t.Errorf("mapper rewrites the body: the data plane keeps it (the EPP's JSON, its own OpenAI-style error)")
+	}
+	var retryAfter string
+	for _, h := range m.GetHeadersToAdd() {
+		if strings.EqualFold(h.GetHeader().GetKey(), "retry-after") {
+			retryAfter = h.GetHeader().GetValue()
+		}
+	}
+	secs, err := strconv.Atoi(retryAfter)
+	if err != nil || secs < 1 {
+		t.Fatalf("Retry-After %q, want whole seconds, at least 1", retryAfter)
+	}
+
+	// The emulation answers what the fragment makes Envoy answer.
+	cfg := Config{EPPFailureRetryAfter: time.Duration(secs) * time.Second}
+	for status, want := range map[int]int{http.StatusInternalServerError: http.StatusServiceUnavailable,
+		http.StatusServiceUnavailable: http.StatusServiceUnavailable, http.StatusTooManyRequests: http.StatusTooManyRequests,
+		http.StatusBadGateway: http.StatusBadGateway} {
+		h := http.Header{}
+		got := cfg.localReply(status, h)
+		wantRA := ""
+		if status == http.StatusInternalServerError {
+			wantRA = retryAfter
+		}
+		if got != want || h.Get("Retry-After") != wantRA {
+			t.Errorf("local reply %d: %d with Retry-After %q, want %d with %q", status, got, h.Get("Retry-After"), want, wantRA)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -361,9 +362,27 @@ func (ex *exchange) eppFailed(phase EPPFailure, err error, orig *requestHead, bo
 	if phase == EPPFailureTimeout {
 		writeError(ex.w, http.StatusGatewayTimeout, errTypeServer, codeEPPTimeout, err.Error())
 	} else {
-		writeError(ex.w, http.StatusInternalServerError, errTypeServer, codeEPPUnavailable, "endpoint picker failed: "+err.Error())
+		ex.writeEPPUnavailable(err)
 	}
 	return OutcomeEPPError
+}
+
+// writeEPPUnavailable answers a request the EPP failed, failing closed: 500 as Envoy's ext_proc filter answers,
+// through the gateway's local reply mapping (localReply).
+func (ex *exchange) writeEPPUnavailable(err error) {
+	status := ex.p.cfg.localReply(http.StatusInternalServerError, ex.w.Header())
+	writeError(ex.w, status, errTypeServer, codeEPPUnavailable, "endpoint picker failed: "+err.Error())
+}
+
+// localReply maps the status of an answer the gateway gives itself (an EPP failure's, an EPP's ImmediateResponse) as
+// examples/envoy/local-reply-epp-failure.yaml has Envoy map it, setting h's Retry-After: with
+// Config.EPPFailureRetryAfter, 500 becomes 503 with that Retry-After; anything else is left as it is.
+func (c Config) localReply(status int, h http.Header) int {
+	if status != http.StatusInternalServerError || c.EPPFailureRetryAfter <= 0 {
+		return status
+	}
+	h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(c.EPPFailureRetryAfter.Seconds())), 10))
+	return http.StatusServiceUnavailable
 }
 
 // writeImmediate sends an EPP ImmediateResponse to the client: its status
@@ -379,6 +398,7 @@ func (ex *exchange) writeImmediate(ir *extprocv3.ImmediateResponse) {
 	}
 	rh := &responseHead{status: code, header: http.Header{"Content-Type": {"text/plain"}}}
 	applyResponseMutation(rh, ir.GetHeaders())
+	rh.status = ex.p.cfg.localReply(rh.status, rh.header)
 	rh.header.Set("Content-Length", strconv.Itoa(len(ir.GetBody())))
 	ex.writeHead(rh, "")
 	_, _ = ex.w.Write(ir.GetBody())
@@ -508,7 +528,7 @@ func (ex *exchange) responseHeadersFailed(err error, fw *forwarder, body io.Read
 	p.cfg.Recorder.RecordEPPFailure(EPPFailureResponse)
 	p.cfg.Logger.Warn("EPP failed on the response headers", "error", err, "failOpen", p.cfg.FailureModeAllow)
 	if !p.cfg.FailureModeAllow {
-		writeError(ex.w, http.StatusInternalServerError, errTypeServer, codeEPPUnavailable, "endpoint picker failed: "+err.Error())
+		ex.writeEPPUnavailable(err)
 		return OutcomeEPPError
 	}
 	ex.failedOpen = true

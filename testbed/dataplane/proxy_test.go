@@ -189,6 +189,36 @@ func TestEPPImmediateResponsePassedThrough(t *testing.T) {
 	}
 }
 
+// TestEPPImmediateResponseLocalReplyMapping: with Config.EPPFailureRetryAfter, an EPP's ImmediateResponse of 500 is an
+// Envoy local reply the mapping turns into 503 with Retry-After, its body kept; any other status passes as it is.
+func TestEPPImmediateResponseLocalReplyMapping(t *testing.T) {
+	const errBody = `{"error":{"message":"internal","type":"server_error","param":null,"code":"internal"}}`
+	for _, tc := range []struct {
+		name           string
+		status         envoytypev3.StatusCode
+		kv             []string
+		want           int
+		wantRetryAfter string
+	}{
+		{name: "500 mapped", status: envoytypev3.StatusCode_InternalServerError, want: http.StatusServiceUnavailable, wantRetryAfter: "1"},
+		{name: "500 with the EPP's Retry-After overwritten", status: envoytypev3.StatusCode_InternalServerError, kv: []string{"retry-after", "30"},
+			want: http.StatusServiceUnavailable, wantRetryAfter: "1"},
+		{name: "429 as the EPP sent it", status: envoytypev3.StatusCode_TooManyRequests, kv: []string{"retry-after", "7"},
+			want: http.StatusTooManyRequests, wantRetryAfter: "7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			epp := startFakeEPP(t, eppBehaviour{decide: func(*seenExchange) []*extprocv3.ProcessingResponse {
+				return []*extprocv3.ProcessingResponse{immediate(tc.status, errBody, tc.kv...)}
+			}})
+			proxy, _ := startProxy(t, Config{EPPAddress: epp.addr, EPPFailureRetryAfter: time.Second})
+			code, hdr, body := post(t, proxy.URL+"/v1/completions", `{"model":"m"}`)
+			if code != tc.want || hdr.Get("Retry-After") != tc.wantRetryAfter || body != errBody {
+				t.Errorf("got %d, Retry-After %q, body %q; want %d, %q and the EPP's body", code, hdr.Get("Retry-After"), body, tc.want, tc.wantRetryAfter)
+			}
+		})
+	}
+}
+
 func TestEPPImmediateResponseOnResponseHeaders(t *testing.T) {
 	b := startBackend(t, "b", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
@@ -315,6 +345,20 @@ func TestEPPUnreachable(t *testing.T) {
 		code, _, body := post(t, proxy.URL+"/v1/completions", `{}`)
 		if code != http.StatusInternalServerError {
 			t.Fatalf("status %d body %q, want 500", code, body)
+		}
+		if e := decodeAPIError(t, body); e.Code != codeEPPUnavailable {
+			t.Errorf("error code %q", e.Code)
+		}
+		outcomes, _, failures := rec.snapshot(1)
+		if !slices.Equal(outcomes, []Outcome{OutcomeEPPError}) || !slices.Equal(failures, []EPPFailure{EPPFailureRequest}) {
+			t.Errorf("outcomes %v failures %v", outcomes, failures)
+		}
+	})
+	t.Run("fail-closed, mapped to 503 with Retry-After", func(t *testing.T) {
+		proxy, rec := startProxy(t, Config{EPPAddress: dead, EPPFailureRetryAfter: 1500 * time.Millisecond})
+		code, hdr, body := post(t, proxy.URL+"/v1/completions", `{}`)
+		if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") != "2" {
+			t.Fatalf("status %d, Retry-After %q, body %q; want 503 with Retry-After 2 (whole seconds, rounded up)", code, hdr.Get("Retry-After"), body)
 		}
 		if e := decodeAPIError(t, body); e.Code != codeEPPUnavailable {
 			t.Errorf("error code %q", e.Code)
@@ -596,6 +640,8 @@ func TestConfigValidation(t *testing.T) {
 		{"ok replicas", Config{EPPAddress: "127.0.0.1:9002", EPPReplicas: []string{"127.0.0.1:9003"}, EPPBalance: BalanceRandom}, ""},
 		{"bad body mode", Config{EPPAddress: "127.0.0.1:9002", RequestBodyMode: "streamed"}, `request body mode "streamed"`},
 		{"ok buffered", Config{EPPAddress: "127.0.0.1:9002", RequestBodyMode: BodyBuffered}, ""},
+		{"negative EPP failure Retry-After", Config{EPPAddress: "127.0.0.1:9002", EPPFailureRetryAfter: -time.Second}, "is negative"},
+		{"ok EPP failure Retry-After", Config{EPPAddress: "127.0.0.1:9002", EPPFailureRetryAfter: time.Second}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
