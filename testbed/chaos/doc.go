@@ -13,7 +13,10 @@
 // on an answer its fault does not make unavoidable, or on a queue entry or
 // reservation left in the EPP after the load. It reports how long traffic
 // took to leave the faulty endpoint and the Critical band's TTFT p99; those
-// are figures, never assertions.
+// are figures, never assertions. A case with a baseline (Case.Baseline: one
+// EPP replica, for the case that kills one of two) first runs the same load
+// with no fault, and the report sets the fault window's Critical TTFT
+// against the same window of that run.
 //
 // The soak offers three times the fleet's measured capacity for minutes
 // with clients that honour Retry-After, probes with a new tenant and model

@@ -11,10 +11,12 @@ import (
 	"time"
 )
 
-// Report files WriteReport writes.
+// Files a run of the suite writes: the report and the raw results (WriteOutputs), and each run's records (RunCase).
 const (
 	ReportFileName  = "report.md"
 	ResultsFileName = "results.json"
+	// RecordsFileName holds a run's records, in its folder under logs/ (logs/<case>/<mode>/, and baseline/ below it).
+	RecordsFileName = "records.json"
 )
 
 // SortResults orders results as Cases lists the cases, static mode first
@@ -59,6 +61,7 @@ func WriteReport(w io.Writer, results []Result, tl Timeline) error {
 			r.Case, r.Mode, r.Requests, o[OutcomeOK], o[OutcomeShed], o[OutcomeUnavailable], other, o[OutcomeLost], o[OutcomeHung],
 			leaveText(r), critical(r.CriticalDuring, r.CriticalDuringN), ms(r.CriticalBefore), drained, verdict)
 	}
+	writeBaselines(&b, results)
 	b.WriteString("\n## Faults\n\n")
 	seen := map[string]bool{}
 	for _, r := range results {
@@ -102,6 +105,58 @@ const legend = `## Reading the table
 - EPP after: once the load is over, no request waits in the EPP and no reservation is left
   (sluice_flowcontrol_queue_length and sluice_flowcontrol_reserved_requests at 0).
 `
+
+// writeBaselines renders, for the cases with a baseline run, the Critical TTFT of the fault's window against the same
+// window of the baseline.
+func writeBaselines(b *strings.Builder, results []Result) {
+	header := false
+	for _, r := range results {
+		bl := r.Baseline
+		if bl == nil {
+			continue
+		}
+		if !header {
+			header = true
+			b.WriteString("\n## Against a baseline run\n\nThe same load, with no fault, run just before the case on the stack named, " +
+				"and the Critical TTFT of the fault's window set against the same window there.\n\n" +
+				"| case | mode | baseline | Critical TTFT p50 during / baseline | Critical TTFT p99 during / baseline | " +
+				"Critical requests (during / baseline) | baseline's answers |\n|---|---|---|---|---|---|---|\n")
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d / %d | %s |\n", r.Case, r.Mode, bl.Name,
+			againstBaseline(r.CriticalDuringP50, bl.CriticalP50, r.CriticalDuringN, bl.CriticalN, bl.Target),
+			againstBaseline(r.CriticalDuring, bl.CriticalP99, r.CriticalDuringN, bl.CriticalN, bl.Target),
+			r.CriticalDuringN, bl.CriticalN, outcomesText(bl.Outcomes))
+	}
+}
+
+// againstBaseline renders a figure of the fault's window, the baseline's and their ratio, judged against target (0:
+// no target).
+func againstBaseline(during, baseline time.Duration, n, baselineN int, target float64) string {
+	if n == 0 || baselineN == 0 || baseline <= 0 {
+		return fmt.Sprintf("%s / %s", critical(during, n), critical(baseline, baselineN))
+	}
+	ratio := float64(during) / float64(baseline)
+	text := fmt.Sprintf("%s / %s (%.2fx", ms(during), ms(baseline), ratio)
+	switch {
+	case target == 0:
+	case ratio <= target:
+		text += fmt.Sprintf(", met: ≤ %.1fx", target)
+	default:
+		text += fmt.Sprintf(", not met: ≤ %.1fx", target)
+	}
+	return text + ")"
+}
+
+// outcomesText lists a run's final answers by outcome, in the table's order.
+func outcomesText(o map[Outcome]int) string {
+	var parts []string
+	for _, oc := range Outcomes {
+		if o[oc] > 0 {
+			parts = append(parts, fmt.Sprintf("%d × %s", o[oc], oc))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
 
 func leaveText(r Result) string {
 	var text string

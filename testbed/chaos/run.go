@@ -2,9 +2,11 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"testing"
@@ -128,9 +130,14 @@ func (r *Run) Burst(n int, timeout time.Duration, disconnect bool) {
 }
 
 // RunCase runs c in mode against a fresh stack on tl and returns what the
-// clients saw. The caller checks Result.Failures.
+// clients saw; with a Case.Baseline, the baseline runs first, on its own
+// stack. The caller checks Result.Failures.
 func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Result {
 	t.Helper()
+	var baseline *Baseline
+	if c.Baseline != nil {
+		t.Run("baseline", func(t *testing.T) { baseline = runBaseline(t, c, mode, tl, base) })
+	}
 	opts := base
 	opts.Mode = mode
 	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode))
@@ -144,15 +151,8 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 			t.Fatalf("before the load: %v", err)
 		}
 	}
-	mix, err := loadgen.ParseMix([]byte(mixYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := &Run{T: t, Stack: s, Timeline: tl, ctx: ctx, marks: map[string]time.Time{}}
-	load := tl.Load + c.ExtraLoad
-	cfg := loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 1, Mode: loadgen.ModeOpen,
-		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: tl.Rate},
-		Duration: load, RequestTimeout: requestTimeout, Drain: requestTimeout}
+	cfg := loadConfig(t, s, c, tl)
 	logBefore := len(s.EPP.Output.String())
 	done := make(chan *loadgen.Result, 1)
 	r.began = time.Now()
@@ -169,10 +169,7 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 			t.Fatal(err)
 		}
 	}
-	faultAt := tl.FaultAt
-	if c.FaultAt > 0 {
-		faultAt = c.FaultAt
-	}
+	faultAt, _ := faultWindow(c, tl)
 	at(faultAt)
 	r.Mark("fault")
 	c.Inject(r)
@@ -186,8 +183,12 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 		t.Fatal("the load did not run (invalid configuration)")
 	}
 	r.started = main.Started
-	res := Result{Case: c.Name, Mode: mode, Fault: c.Fault, Faulty: r.faulty}
+	res := Result{Case: c.Name, Mode: mode, Fault: c.Fault, Faulty: r.faulty, Baseline: baseline, Marks: map[string]time.Duration{}}
+	for name := range r.marks {
+		res.Marks[name] = r.At(name)
+	}
 	r.collect(c, main, &res)
+	saveRecords(t, opts.Dir, main.Records)
 	logBytes := len(s.EPP.Output.String()) - logBefore
 	if res.Requests > 0 {
 		res.EPPLogBytesPerRequest = float64(logBytes) / float64(res.Requests)
@@ -201,6 +202,82 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 		}
 	}
 	return res
+}
+
+// loadConfig is the case's load against s: the same seed in every run, so a baseline run sends the same requests at
+// the same instants.
+func loadConfig(t *testing.T, s *Stack, c Case, tl Timeline) loadgen.RunConfig {
+	mix, err := loadgen.ParseMix([]byte(mixYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 1, Mode: loadgen.ModeOpen,
+		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: tl.Rate},
+		Duration: tl.Load + c.ExtraLoad, RequestTimeout: requestTimeout, Drain: requestTimeout}
+}
+
+// saveRecords writes every attempt's record of a run's load into dir (RecordsFileName), beside the processes' logs, for
+// a look at single requests after the run.
+func saveRecords(t *testing.T, dir string, recs []loadgen.Record) {
+	raw, err := json.Marshal(recs)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, RecordsFileName), raw, 0o644)
+	}
+	if err != nil {
+		t.Errorf("saving the load's records: %v", err)
+	}
+}
+
+// faultWindow is when a case's fault lasts on tl, from the start of the load: from its injection to its clear, or
+// to the load's end for a fault never cleared.
+func faultWindow(c Case, tl Timeline) (from, to time.Duration) {
+	from, to = tl.FaultAt, tl.Load+c.ExtraLoad
+	if c.FaultAt > 0 {
+		from = c.FaultAt
+	}
+	if c.Clear != nil {
+		to = tl.ClearAt
+	}
+	return from, to
+}
+
+// runBaseline runs c's load with no fault on the stack c.Baseline makes of base, and measures the Critical TTFT over
+// the window the fault will have. The run must end as any: every request answered once, nothing left in the EPP.
+func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) *Baseline {
+	opts := base
+	opts.Mode = mode
+	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode), "baseline")
+	c.Baseline(&opts)
+	s := StartStack(t, opts)
+	ctx := t.Context()
+	if !c.NoSettle {
+		if err := s.WaitFresh(ctx, time.Minute); err != nil {
+			t.Fatalf("before the baseline's load: %v", err)
+		}
+	}
+	res, err := loadgen.Run(ctx, loadConfig(t, s, c, tl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	saveRecords(t, opts.Dir, res.Records)
+	b := &Baseline{Name: c.BaselineName, Target: c.BaselineTarget}
+	b.Outcomes = map[Outcome]int{}
+	b.Outcomes[OutcomeLost] = MissingFinals(res.Records)
+	for _, rec := range res.Records {
+		if rec.Final {
+			b.Outcomes[Classify(rec)]++
+		}
+	}
+	if n := b.Outcomes[OutcomeLost] + b.Outcomes[OutcomeHung] + b.Outcomes[OutcomeOther]; n > 0 {
+		t.Errorf("the baseline run, with no fault, had %d answers other than 200, 429 and 503 with Retry-After: %v", n, b.Outcomes)
+	}
+	if err := s.WaitDrained(ctx, drainTimeout); err != nil {
+		t.Errorf("after the baseline's load: %v", err)
+	}
+	from, to := faultWindow(c, tl)
+	window := CriticalTTFT(res.Records, criticalClass, from, to)
+	b.CriticalP50, b.CriticalP99, b.CriticalN = p50(window), p99(window), len(window)
+	return b
 }
 
 // collect classifies every final answer (the load's and the bursts') and
@@ -271,9 +348,10 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 	}
 	res.CriticalBefore = p99(CriticalTTFT(main.Records, criticalClass, 0, fault))
 	during := CriticalTTFT(main.Records, criticalClass, fault, end)
-	res.CriticalDuring, res.CriticalDuringN = p99(during), len(during)
+	res.CriticalDuringP50, res.CriticalDuring, res.CriticalDuringN = p50(during), p99(during), len(during)
 }
 
+func p50(sorted []time.Duration) time.Duration { return loadgen.Percentile(sorted, 50) }
 func p99(sorted []time.Duration) time.Duration { return loadgen.Percentile(sorted, 99) }
 
 // otherKey groups answers of class other for the report: status and error
@@ -316,11 +394,19 @@ type Result struct {
 	// FaultAt is when the fault on Faulty began, by the wall clock: what
 	// the processes' logs (an ejection's time) are read against.
 	FaultAt time.Time `json:"fault_at,omitzero"`
-	// Critical TTFT p99 before the fault and during it (and how many
-	// Critical requests succeeded during it).
-	CriticalBefore  time.Duration `json:"critical_ttft_p99_before_ns"`
-	CriticalDuring  time.Duration `json:"critical_ttft_p99_during_ns"`
-	CriticalDuringN int           `json:"critical_during"`
+	// Critical TTFT p99 before the fault and during it, its p50 during it,
+	// and how many Critical requests succeeded during it.
+	CriticalBefore    time.Duration `json:"critical_ttft_p99_before_ns"`
+	CriticalDuring    time.Duration `json:"critical_ttft_p99_during_ns"`
+	CriticalDuringP50 time.Duration `json:"critical_ttft_p50_during_ns"`
+	CriticalDuringN   int           `json:"critical_during"`
+	// Baseline is the same load's run with no fault (Case.Baseline); nil
+	// without one.
+	Baseline *Baseline `json:"baseline,omitempty"`
+	// Marks are the instants of the case's named events (Run.Mark: "fault",
+	// "clear", "kill"), from the start of the load, as the load's records
+	// (RecordsFileName) count time.
+	Marks map[string]time.Duration `json:"marks_ns,omitempty"`
 	// Leak describes a queue entry or reservation left in the EPP after
 	// the load; CheckError a failed case check.
 	Leak       string `json:"leak,omitempty"`
@@ -328,6 +414,21 @@ type Result struct {
 	// EPPLogBytesPerRequest is the EPP's log output during the load per
 	// request.
 	EPPLogBytesPerRequest float64 `json:"epp_log_bytes_per_request"`
+}
+
+// Baseline is what a case's baseline run (Case.Baseline) measured over the window the fault has in the case's run.
+type Baseline struct {
+	// Name says what the baseline runs; Target is the most the case's Critical TTFT over the baseline's may be (0:
+	// none).
+	Name   string  `json:"name"`
+	Target float64 `json:"target,omitempty"`
+	// Outcomes are the baseline's final answers, which must all be designed ones.
+	Outcomes map[Outcome]int `json:"outcomes"`
+	// Critical TTFT p50 and p99 over the fault's window, and how many
+	// Critical requests succeeded in it.
+	CriticalP50 time.Duration `json:"critical_ttft_p50_ns"`
+	CriticalP99 time.Duration `json:"critical_ttft_p99_ns"`
+	CriticalN   int           `json:"critical"`
 }
 
 // Failures lists why the run fails: answers the case does not allow (hung

@@ -127,6 +127,10 @@ type StackOptions struct {
 	// FailOpen runs the data plane with --failure-mode-allow (Envoy's
 	// failure_mode_allow); otherwise it fails closed, as GIE's default.
 	FailOpen bool
+	// EPPFailureRetryAfter runs the data plane with --epp-failure-retry-after (Envoy with
+	// examples/envoy/local-reply-epp-failure.yaml): failing closed, an EPP failure is answered 503 with this
+	// Retry-After instead of 500.
+	EPPFailureRetryAfter time.Duration
 }
 
 // Server is one simulated model server: its own vllm-sim process on its own
@@ -240,6 +244,9 @@ func StartStack(t *testing.T, opts StackOptions) *Stack {
 		"--endpoints=" + strings.Join(addrs, ","), "--log-level=warn"}
 	if opts.FailOpen {
 		dpArgs = append(dpArgs, "--failure-mode-allow")
+	}
+	if opts.EPPFailureRetryAfter > 0 {
+		dpArgs = append(dpArgs, "--epp-failure-retry-after="+opts.EPPFailureRetryAfter.String())
 	}
 	s.dataplane = s.start("dataplane", benchsuite.DataPlaneBinary, dpArgs...)
 	if err := procs.WaitReady(ctx, time.Minute, "the data plane", []*procs.Process{s.dataplane}, procs.TCPAccepts(listen)); err != nil {

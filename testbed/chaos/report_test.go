@@ -1,0 +1,77 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestAgainstBaseline(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		during, baseline time.Duration
+		n, baselineN     int
+		target           float64
+		want             string
+	}{
+		{name: "met", during: 90 * time.Millisecond, baseline: 60 * time.Millisecond, n: 30, baselineN: 31, target: 1.5,
+			want: "90 ms / 60 ms (1.50x, met: ≤ 1.5x)"},
+		{name: "not met", during: 235 * time.Millisecond, baseline: 71 * time.Millisecond, n: 30, baselineN: 31, target: 1.5,
+			want: "235 ms / 71 ms (3.31x, not met: ≤ 1.5x)"},
+		{name: "no target", during: 60 * time.Millisecond, baseline: 60 * time.Millisecond, n: 3, baselineN: 3,
+			want: "60 ms / 60 ms (1.00x)"},
+		{name: "no Critical request in the window", during: 0, baseline: 60 * time.Millisecond, n: 0, baselineN: 3, target: 1.5,
+			want: "none / 60 ms"},
+		{name: "none in the baseline's", during: 60 * time.Millisecond, n: 3, target: 1.5, want: "60 ms / none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := againstBaseline(tc.during, tc.baseline, tc.n, tc.baselineN, tc.target); got != tc.want {
+				t.Errorf("againstBaseline = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFaultWindow(t *testing.T) {
+	tl := Timeline{Load: 30 * time.Second, FaultAt: 10 * time.Second, ClearAt: 20 * time.Second}
+	clear := func(*Run) {}
+	for _, tc := range []struct {
+		name     string
+		c        Case
+		from, to time.Duration
+	}{
+		{name: "cleared", c: Case{Clear: clear}, from: 10 * time.Second, to: 20 * time.Second},
+		{name: "never cleared", c: Case{}, from: 10 * time.Second, to: 30 * time.Second},
+		{name: "its own instant, load lengthened", c: Case{FaultAt: 1500 * time.Millisecond, ExtraLoad: 5 * time.Second},
+			from: 1500 * time.Millisecond, to: 35 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if from, to := faultWindow(tc.c, tl); from != tc.from || to != tc.to {
+				t.Errorf("faultWindow = %v-%v, want %v-%v", from, to, tc.from, tc.to)
+			}
+		})
+	}
+}
+
+// TestReportBaselines checks that the report sets a case's window against its baseline's and shows nothing of the
+// kind for a case without one.
+func TestReportBaselines(t *testing.T) {
+	results := []Result{
+		{Case: "replica-killed", Mode: Static, CriticalDuring: 120 * time.Millisecond, CriticalDuringP50: 61 * time.Millisecond,
+			CriticalDuringN: 32, Outcomes: map[Outcome]int{OutcomeOK: 210},
+			Baseline: &Baseline{Name: "one EPP replica", Target: 1.5, CriticalP50: 60 * time.Millisecond, CriticalP99: 100 * time.Millisecond,
+				CriticalN: 33, Outcomes: map[Outcome]int{OutcomeOK: 200, OutcomeShed: 17}}},
+		{Case: "server-killed", Mode: Static, Outcomes: map[Outcome]int{OutcomeOK: 210}},
+	}
+	var b strings.Builder
+	if err := WriteReport(&b, results, ShortTimeline); err != nil {
+		t.Fatal(err)
+	}
+	want := "| replica-killed | static | one EPP replica | 61 ms / 60 ms (1.02x, met: ≤ 1.5x) | 120 ms / 100 ms (1.20x, met: ≤ 1.5x) | 32 / 33 | 200 × 200, 17 × 429+RA |"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("report lacks the baseline row %q:\n%s", want, b.String())
+	}
+	if n := strings.Count(b.String(), "one EPP replica"); n != 1 {
+		t.Errorf("report names a baseline %d times, want once (the case without one has no row)", n)
+	}
+}
