@@ -38,11 +38,12 @@ import (
 // EPP replicas that share a pool's endpoints (issue 22): who the peers are, and which of them are alive.
 //
 // Each replica probes every peer's gRPC health service (the port of --grpc-health-port) every --peer-probe-interval;
-// a peer that answers SERVING is heard, and one not heard for --peer-timeout is gone, as is one whose connection fails
-// (nothing listens there: a replica killed or stopped). Admission recomputes on every pool snapshot which endpoints
-// this replica owns among the live replicas (replication.View), so when a peer dies the survivors own its endpoints
-// within one probe interval (its connection refused) or --peer-timeout (it stopped answering) plus one snapshot
-// interval, deciding alone: nothing waits on a peer, and no request crosses to one.
+// a peer that answers SERVING is heard, and one not heard for --peer-timeout is gone, as is one whose connection
+// attempt fails with nothing heard from it for a probe interval (a replica killed or stopped: its port refuses). Admission
+// recomputes on every pool snapshot which endpoints this replica owns among the live replicas (replication.View), so
+// when a peer dies the survivors own its endpoints within two probe intervals (its connection refused) or
+// --peer-timeout (it stopped answering) plus one snapshot interval, deciding alone: nothing waits on a peer, and no
+// request crosses to one.
 
 // peerHealthService is the health service a peer is probed on: it serves once the peer's pool has synced.
 const peerHealthService = ReadinessService
@@ -89,10 +90,6 @@ func (o *Options) validatePeers() error {
 	}
 	if o.PeersService != "" && o.StaticMode() {
 		errs = append(errs, errors.New("--peers-service watches the EPP Service's EndpointSlices through the Kubernetes API and cannot be used in static mode; use --peers or --peers-file"))
-	}
-	if o.EnableLeaderElection {
-		errs = append(errs, errors.New("--peers/--peers-file/--peers-service run every replica active, sharing the endpoints; "+
-			"--ha-enable-leader-election runs one: choose one"))
 	}
 	if o.PeerProbeInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--peer-probe-interval must be positive, got %s", o.PeerProbeInterval))
@@ -242,6 +239,9 @@ func (p *peerProber) probeAll(ctx context.Context) {
 			delete(p.conns, peer)
 		}
 	}
+	// A peer whose connection attempt fails is gone only if nothing was heard from it (probe or summary) for a whole
+	// interval before this round: one slow handshake of a peer that still sends summaries does not drop it.
+	silentSince := p.clock.Now().Add(-p.interval)
 	var wg sync.WaitGroup
 	for _, peer := range peers {
 		conn, err := p.conn(peer)
@@ -257,9 +257,10 @@ func (p *peerProber) probeAll(ctx context.Context) {
 			case err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING:
 				p.view.Heard(peer, p.clock.Now())
 			case status.Code(err) == codes.Unavailable && conn.GetState() == connectivity.TransientFailure:
-				// The connection failed, not a slow answer: nothing serves there (a replica killed or stopped), so
-				// its endpoints are taken over now rather than after --peer-timeout.
-				p.view.Unreachable(peer)
+				// A connection attempt failed, not a slow answer on a live connection: a replica killed or stopped,
+				// or an address that no longer answers. Its endpoints are taken over now rather than after
+				// --peer-timeout, unless it was heard within the last interval.
+				p.view.Unreachable(peer, silentSince)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -215,5 +216,71 @@ func TestPeerProberFollowsAPeer(t *testing.T) {
 			srv.Stop() // closes the listener: connections to the peer are refused from now on
 			runnertest.Eventually(t, "a stopped peer is gone", live("127.0.0.1:1"))
 		})
+	}
+}
+
+// blockingHealth answers SERVING until slow is set; from then on each Check waits for its caller to give up, as a
+// live peer too busy to answer does.
+type blockingHealth struct {
+	healthpb.UnimplementedHealthServer
+	slow      atomic.Bool
+	slowCalls atomic.Int32
+}
+
+func (h *blockingHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if h.slow.Load() {
+		h.slowCalls.Add(1)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// A peer that stops answering on a live connection is slow, not gone: it stays live until its timeout (here longer
+// than the test), however many probes time out meanwhile; only a failed connection attempt drops it early.
+func TestPeerProberKeepsASlowPeer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := l.Addr().String()
+	health := &blockingHealth{}
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+
+	view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	both := strings.Join(slices.Sorted(slices.Values([]string{"127.0.0.1:1", peer})), ",")
+	live := func() string { return strings.Join(view.Live(time.Now()), ",") }
+	runnertest.Eventually(t, "a serving peer is heard", func() string {
+		if got := live(); got != both {
+			return "live " + got + ", want " + both
+		}
+		return ""
+	})
+	health.slow.Store(true)
+	runnertest.Eventually(t, "five probes of the slow peer time out", func() string {
+		if n := health.slowCalls.Load(); n < 6 { // the sixth has begun: five have ended
+			return fmt.Sprintf("%d slow probes", n)
+		}
+		return ""
+	})
+	if got := live(); got != both {
+		t.Errorf("live %s after the peer's probes timed out, want %s: a slow peer was dropped before its timeout", got, both)
 	}
 }

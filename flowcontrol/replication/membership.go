@@ -68,11 +68,15 @@ func (m *Membership) Heard(peer string, now time.Time) bool {
 	return false
 }
 
-// Unreachable records that a connection to peer failed: nothing serves there (a replica killed or stopped), so it
-// is not live from now until heard again, without waiting for the timeout, which is for a peer that may only be
-// slow. Peers outside the list are ignored.
-func (m *Membership) Unreachable(peer string) {
-	delete(m.lastHeard, peer)
+// Unreachable records that a connection attempt to peer failed and that nothing was heard from it since before: a
+// replica killed or stopped, or whose address no longer answers, is not live from now until heard again, without
+// waiting for the timeout. A peer heard since before (its summaries still arrive while one connection attempt fails,
+// say a handshake slower than the attempt's bound) stays live until the timeout, so a slow peer does not flap in and
+// out of the live set. Peers outside the list are ignored.
+func (m *Membership) Unreachable(peer string, before time.Time) {
+	if t, ok := m.lastHeard[peer]; ok && t.Before(before) {
+		delete(m.lastHeard, peer)
+	}
 }
 
 // Live returns self and the peers heard within the timeout before now, sorted.

@@ -22,25 +22,26 @@ func TestMembershipLiveness(t *testing.T) {
 		unreachable string
 		live        string
 	}{
-		{0, "", false, "", "b:9003"},                      // alone until a peer speaks
-		{10, "a:9003", true, "", "a:9003,b:9003"},         // a heard
-		{20, "x:9003", false, "", "a:9003,b:9003"},        // strangers are ignored
-		{60, "c:9003", true, "", "a:9003,b:9003,c:9003"},  //
-		{109, "", false, "", "a:9003,b:9003,c:9003"},      // a heard 99ms ago: still live
-		{110, "", false, "", "b:9003,c:9003"},             // a silent for the timeout: gone
-		{50, "a:9003", true, "", "a:9003,b:9003,c:9003"},  // a is back
-		{5, "a:9003", true, "", "a:9003,b:9003,c:9003"},   // a message from the past does not move a's last word back
-		{149, "", false, "", "a:9003,b:9003,c:9003"},      // a heard at 50, c at 60
-		{150, "", false, "", "b:9003,c:9003"},             //
-		{160, "", false, "", "b:9003"},                    // every peer gone: b decides alone
-		{170, "c:9003", true, "", "b:9003,c:9003"},        // c is back
-		{171, "a:9003", true, "", "a:9003,b:9003,c:9003"}, //
-		{172, "", false, "c:9003", "a:9003,b:9003"},       // c refused a connection: gone before its timeout
-		{173, "", false, "x:9003", "a:9003,b:9003"},       // strangers are ignored
-		{174, "c:9003", true, "", "a:9003,b:9003,c:9003"}, // c is back once heard
+		{0, "", false, "", "b:9003"},                       // alone until a peer speaks
+		{10, "a:9003", true, "", "a:9003,b:9003"},          // a heard
+		{20, "x:9003", false, "", "a:9003,b:9003"},         // strangers are ignored
+		{60, "c:9003", true, "", "a:9003,b:9003,c:9003"},   //
+		{109, "", false, "", "a:9003,b:9003,c:9003"},       // a heard 99ms ago: still live
+		{110, "", false, "", "b:9003,c:9003"},              // a silent for the timeout: gone
+		{50, "a:9003", true, "", "a:9003,b:9003,c:9003"},   // a is back
+		{5, "a:9003", true, "", "a:9003,b:9003,c:9003"},    // a message from the past does not move a's last word back
+		{149, "", false, "", "a:9003,b:9003,c:9003"},       // a heard at 50, c at 60
+		{150, "", false, "", "b:9003,c:9003"},              //
+		{160, "", false, "", "b:9003"},                     // every peer gone: b decides alone
+		{170, "c:9003", true, "", "b:9003,c:9003"},         // c is back
+		{171, "a:9003", true, "", "a:9003,b:9003,c:9003"},  //
+		{172, "", false, "c:9003", "a:9003,b:9003,c:9003"}, // a failed connection, c heard at 170, after 172-40ms: kept
+		{215, "", false, "c:9003", "a:9003,b:9003"},        // a failed connection, c last heard at 170, before 215-40ms: gone before its timeout
+		{216, "", false, "x:9003", "a:9003,b:9003"},        // strangers are ignored
+		{217, "c:9003", true, "", "a:9003,b:9003,c:9003"},  // c is back once heard
 	} {
 		if s.unreachable != "" {
-			m.Unreachable(s.unreachable)
+			m.Unreachable(s.unreachable, at(s.ms-40))
 		}
 		if s.heard != "" {
 			if got := m.Heard(s.heard, at(s.ms)); got != s.known {

@@ -47,11 +47,12 @@ func (v *View) Heard(peer string, now time.Time) bool {
 	return v.membership.Heard(peer, now)
 }
 
-// Unreachable records that a connection to peer failed (see Membership.Unreachable).
-func (v *View) Unreachable(peer string) {
+// Unreachable records that a connection attempt to peer failed with nothing heard from it since before (see
+// Membership.Unreachable).
+func (v *View) Unreachable(peer string, before time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.membership.Unreachable(peer)
+	v.membership.Unreachable(peer, before)
 }
 
 // Live returns the live replicas at now, self included, sorted.
