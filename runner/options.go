@@ -53,6 +53,8 @@ type Options struct {
 	PeersService string
 	// ReplicaID is this replica's own peer address; empty: derived (see newReplicationView).
 	ReplicaID string
+	// leaderElectionSuperseded records that Complete turned --ha-enable-leader-election off for a peer source.
+	leaderElectionSuperseded bool
 	// PeerProbeInterval is how often each peer's health is probed; PeerTimeout how long an unheard peer stays live.
 	PeerProbeInterval time.Duration
 	PeerTimeout       time.Duration
@@ -114,7 +116,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Peers, "peers", o.Peers,
 		"Several active EPP replicas: comma-separated host:port health addresses (--grpc-health-port) of every replica "+
 			"of the pool, this one included. The live replicas partition the endpoints; each admits on and routes to its "+
-			"own, and takes over a silent peer's within --peer-timeout. Static or Kubernetes mode.")
+			"own, and takes over a silent peer's within --peer-timeout. Static or Kubernetes mode. Any peer flag "+
+			"supersedes --ha-enable-leader-election, which upstream's chart adds whenever replicas > 1.")
 	fs.StringVar(&o.PeersFile, "peers-file", o.PeersFile,
 		"Like --peers, from a file (one per line or comma-separated, '#' starts a comment), read at startup.")
 	fs.StringVar(&o.PeersService, "peers-service", o.PeersService,
@@ -126,8 +129,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PeerProbeInterval, "peer-probe-interval", o.PeerProbeInterval,
 		"How often each peer replica's gRPC health is probed.")
 	fs.DurationVar(&o.PeerTimeout, "peer-timeout", o.PeerTimeout,
-		"How long a peer replica that stops answering still owns its endpoints (one whose connection is refused "+
-			"loses them at once); keep it plus the metrics refresh interval within --metrics-staleness-threshold.")
+		"How long a peer replica that stops answering still owns its endpoints (one whose connection attempt fails, "+
+			"with nothing heard from it for a probe interval, loses them then); keep it plus the metrics refresh "+
+			"interval within --metrics-staleness-threshold.")
 	fs.DurationVar(&o.PeerExchangeInterval, "peer-exchange-interval", o.PeerExchangeInterval,
 		"How often each replica sends its peers a summary of its seats (Sluice admission), so that the replicas size "+
 			"the Critical reserve for the whole pool and send a Critical request that would wait to a peer's idle seat; "+
@@ -149,6 +153,12 @@ func (o *Options) StaticMode() bool {
 
 // Complete post-processes the parsed flags, as upstream does.
 func (o *Options) Complete() error {
+	// Replicas that share the endpoints are all active, so a peer source supersedes leader election (one active
+	// replica). Upstream's chart passes --ha-enable-leader-election whenever it runs more than one replica, and its
+	// values can add flags but not remove one: with the peers named, a chart install with replicas > 1 runs them all.
+	if o.Replicated() && !o.StaticMode() && o.EnableLeaderElection {
+		o.EnableLeaderElection, o.leaderElectionSuperseded = false, true
+	}
 	return o.Options.Complete()
 }
 

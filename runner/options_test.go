@@ -175,7 +175,7 @@ func TestValidate(t *testing.T) {
 		{"replica not a peer", []string{"--static-endpoints=10.0.0.1:8000", "--peers=a:1,b:1", "--replica-id=c:1"}, `--replica-id "c:1" is not among the peers`},
 		{"two peer sources", []string{"--pool-name=p", "--peers=a:1", "--peers-service=epp"}, "set one of --peers, --peers-file and --peers-service"},
 		{"peers service in static mode", []string{"--static-endpoints=10.0.0.1:8000", "--peers-service=epp"}, "cannot be used in static mode"},
-		{"peers and leader election", []string{"--pool-name=p", "--peers-service=epp", "--ha-enable-leader-election"}, "choose one"},
+		{"peers and leader election", []string{"--pool-name=p", "--peers-service=epp", "--ha-enable-leader-election"}, ""},
 		{"peer timeout within interval", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=100ms"}, "at least twice --peer-probe-interval"},
 		{"peer timeout under two intervals", []string{"--pool-name=p", "--peers-service=epp", "--peer-probe-interval=100ms", "--peer-timeout=150ms"}, "at least twice --peer-probe-interval"},
 		{"response observer", []string{"--static-endpoints=10.0.0.1:8000", "--response-observer-wait=2s"}, ""},
@@ -199,6 +199,41 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("unexpected error: %v", err)
 			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
 				t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestPeersSupersedeLeaderElection: upstream's chart passes --ha-enable-leader-election whenever it runs more than one
+// replica; a peer source in Kubernetes mode turns it off (every replica active), and nothing else does.
+func TestPeersSupersedeLeaderElection(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		args               []string
+		wantLeaderElection bool
+		wantSuperseded     bool
+	}{
+		{name: "peers service", args: []string{"--pool-name=p", "--peers-service=epp", "--ha-enable-leader-election"}, wantSuperseded: true},
+		{name: "peers list", args: []string{"--pool-name=p", "--peers=a:9003,b:9003", "--replica-id=a:9003", "--ha-enable-leader-election"}, wantSuperseded: true},
+		{name: "no peers", args: []string{"--pool-name=p", "--ha-enable-leader-election"}, wantLeaderElection: true},
+		{name: "peers, no leader election", args: []string{"--pool-name=p", "--peers-service=epp"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("sluice", pflag.ContinueOnError)
+			o := NewOptions()
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Complete(); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if o.EnableLeaderElection != tc.wantLeaderElection || o.leaderElectionSuperseded != tc.wantSuperseded {
+				t.Errorf("leader election %v, superseded %v; want %v, %v", o.EnableLeaderElection, o.leaderElectionSuperseded,
+					tc.wantLeaderElection, tc.wantSuperseded)
 			}
 		})
 	}

@@ -165,6 +165,9 @@ func (r *Runner) Run(ctx context.Context, args []string) error {
 	flags := map[string]any{}
 	fs.VisitAll(func(f *pflag.Flag) { flags[f.Name] = f.Value })
 	setupLog.Info("Flags processed", "flags", flags)
+	if opts.leaderElectionSuperseded {
+		setupLog.Info("--ha-enable-leader-election is superseded by the peers: every replica is active and they share the pool's endpoints")
+	}
 	logutil.InitLogging(&opts.ZapOptions)
 	boundMetricLabels(opts.MetricsMaxLabelValues)
 	return r.run(ctx, opts)

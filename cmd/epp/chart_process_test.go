@@ -15,6 +15,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -150,7 +151,8 @@ func TestUpstreamChartDropIn(t *testing.T) {
 // TestUpstreamChartWithSluiceValues installs Sluice on upstream's chart as the README says: Sluice's image, then
 // Sluice's CRD and examples/helm/sluice-rbac.yaml bound to the chart's service account, then
 // examples/helm/sluice-values.yaml. Sluice admission and Sluice's default profile run, under the chart's and that
-// RBAC only, and a FlowControlPolicy is accepted.
+// RBAC only, and a FlowControlPolicy is accepted; also with replicas > 1 and the EPP's Service named as the peers, as
+// the values file says to run replicas that share the endpoints.
 func TestUpstreamChartWithSluiceValues(t *testing.T) {
 	helmBinary(t)
 	chart := upstreamChart(t)
@@ -182,67 +184,110 @@ func TestUpstreamChartWithSluiceValues(t *testing.T) {
 			parsed.InferenceExtension.PluginsConfigFile, got, profile)
 	}
 
-	ns := "chart-sluice"
-	objs := renderChart(t, chart, chartRelease, ns, slices.Concat(sluiceImage, []string{"-f", filepath.Join(root, "examples", "helm", "sluice-values.yaml")})...)
-	if skipped := applyObjects(t, api, ns, objs); len(skipped) > 0 {
-		t.Errorf("kinds the API server does not serve: %v", skipped)
-	}
-	// Step 2 of the README: the CRD, the ClusterRole, and the binding `kubectl create rolebinding` makes.
 	api.InstallCRDs(t, filepath.Join(root, "crds", "manifests"))
-	rbac, err := os.ReadFile(filepath.Join(root, "examples", "helm", "sluice-rbac.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyObjects(t, api, ns, parseObjects(t, rbac))
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: chartRelease + "-sluice"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "sluice-epp"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: chartRelease + "-epp"}},
-	}
-	if err := api.Client.Create(ctx, binding); err != nil {
-		t.Fatal(err)
-	}
-	createModelServerPods(t, api, ns, servers)
-
-	var deploy appsv1.Deployment
-	findObject(t, objs, "Deployment", chartRelease+"-epp", &deploy)
-	policy := &crds.FlowControlPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bands"},
-		Spec: crds.FlowControlPolicySpec{
-			PoolRef:           crds.PoolReference{Name: chartRelease},
-			MaxQueuedRequests: ptr.To[int64](500),
-			// Scrapes on a busy test machine can lag behind the 200ms default.
-			Endpoint: &crds.EndpointThresholds{MetricsStalenessThreshold: &metav1.Duration{Duration: 3 * time.Second}},
+	// Sluice's values, and with them replicas that share the endpoints: the chart adds --ha-enable-leader-election
+	// whenever it runs more than one replica, and naming the EPP's own Service as the peers supersedes it, so the
+	// replica is ready without being elected (each replica is; the test runs one, the container's ports being fixed).
+	for _, v := range []struct {
+		name   string
+		values []string
+		// wantArgs must be among the rendered container's arguments, wantLog in the EPP's log.
+		wantArgs, wantLog []string
+		// leaseHeld: another replica holds the leader-election Lease, so a replica waiting to be elected is never
+		// ready.
+		leaseHeld bool
+	}{
+		{name: "one replica"},
+		{
+			name:     "replicas sharing the endpoints",
+			values:   []string{"--set", "inferenceExtension.replicas=2", "--set", "inferenceExtension.flags.peers-service=" + chartRelease + "-epp"},
+			wantArgs: []string{"--ha-enable-leader-election", "--peers-service"},
+			wantLog: []string{`"msg":"--ha-enable-leader-election is superseded by the peers: every replica is active and they share the pool's endpoints"`,
+				`"msg":"Sharing the pool's endpoints with peer replicas"`},
+			leaseHeld: true,
 		},
-	}
-	if err := api.Client.Create(ctx, policy); err != nil {
-		t.Fatal(err)
-	}
-	var pod *podProcess
-	got := observeChartEPPWith(t, api, objs, &deploy, runnertest.EPPPath(t), "", func(p *podProcess) {
-		pod = p
-		runnertest.Eventually(t, "the EPP, under the chart's service account, accepts the FlowControlPolicy", func() string {
-			var p crds.FlowControlPolicy
-			if err := api.Client.Get(ctx, client.ObjectKeyFromObject(policy), &p); err != nil {
-				return err.Error()
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			ns := "chart-sluice-" + strings.ReplaceAll(v.name, " ", "-")
+			objs := renderChart(t, chart, chartRelease, ns, slices.Concat(sluiceImage, []string{"-f", filepath.Join(root, "examples", "helm", "sluice-values.yaml")}, v.values)...)
+			if skipped := applyObjects(t, api, ns, objs); len(skipped) > 0 {
+				t.Errorf("kinds the API server does not serve: %v", skipped)
 			}
-			if !meta.IsStatusConditionTrue(p.Status.Conditions, crds.ConditionAccepted) {
-				return fmt.Sprintf("conditions %+v", p.Status.Conditions)
+			// Step 2 of the README: the CRD (installed once, above), the ClusterRole, and the binding `kubectl create
+			// rolebinding` makes.
+			rbac, err := os.ReadFile(filepath.Join(root, "examples", "helm", "sluice-rbac.yaml"))
+			if err != nil {
+				t.Fatal(err)
 			}
-			return ""
+			applyObjects(t, api, ns, parseObjects(t, rbac))
+			binding := &rbacv1.RoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: chartRelease + "-sluice"},
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "sluice-epp"},
+				Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: chartRelease + "-epp"}},
+			}
+			if err := api.Client.Create(ctx, binding); err != nil {
+				t.Fatal(err)
+			}
+			createModelServerPods(t, api, ns, servers)
+
+			var deploy appsv1.Deployment
+			findObject(t, objs, "Deployment", chartRelease+"-epp", &deploy)
+			args := eppContainer(t, &deploy).Args
+			for _, a := range v.wantArgs {
+				if !slices.Contains(args, a) {
+					t.Fatalf("the chart rendered the epp container without %s: %q", a, args)
+				}
+			}
+			policy := &crds.FlowControlPolicy{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bands"},
+				Spec: crds.FlowControlPolicySpec{
+					PoolRef:           crds.PoolReference{Name: chartRelease},
+					MaxQueuedRequests: ptr.To[int64](500),
+					// Scrapes on a busy test machine can lag behind the 200ms default.
+					Endpoint: &crds.EndpointThresholds{MetricsStalenessThreshold: &metav1.Duration{Duration: 3 * time.Second}},
+				},
+			}
+			if err := api.Client.Create(ctx, policy); err != nil {
+				t.Fatal(err)
+			}
+			if v.leaseHeld {
+				// The Lease upstream's manager elects its leader with (runserver's LeaderElectionID), held for an hour.
+				lease := &coordinationv1.Lease{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("epp-%s-%s.gateway-api-inference-extension.sigs.k8s.io", ns, chartRelease)},
+					Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("another-replica"), LeaseDurationSeconds: ptr.To[int32](3600),
+						AcquireTime: &metav1.MicroTime{Time: time.Now()}, RenewTime: &metav1.MicroTime{Time: time.Now()}},
+				}
+				if err := api.Client.Create(ctx, lease); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var pod *podProcess
+			got := observeChartEPPWith(t, api, objs, &deploy, runnertest.EPPPath(t), "", func(p *podProcess) {
+				pod = p
+				runnertest.Eventually(t, "the EPP, under the chart's service account, accepts the FlowControlPolicy", func() string {
+					var p crds.FlowControlPolicy
+					if err := api.Client.Get(ctx, client.ObjectKeyFromObject(policy), &p); err != nil {
+						return err.Error()
+					}
+					if !meta.IsStatusConditionTrue(p.Status.Conditions, crds.ConditionAccepted) {
+						return fmt.Sprintf("conditions %+v", p.Status.Conditions)
+					}
+					return ""
+				})
+			})
+			if want := serving(false); !reflect.DeepEqual(got, want) {
+				t.Errorf("Sluice's EPP under the chart with Sluice's values: %+v, want %+v", got, want)
+			}
+			out := pod.output.String()
+			for _, s := range append([]string{`"msg":"Sluice admission enabled"`, `"msg":"Flow control policy applied"`}, v.wantLog...) {
+				if !strings.Contains(out, s) {
+					t.Errorf("the EPP's log lacks %s", s)
+				}
+			}
+			if strings.Contains(out, "No "+plugins.HeadroomFilterType+" plugin is configured") {
+				t.Errorf("the EPP runs without Sluice's headroom filter: the values' profile is not in force")
+			}
 		})
-	})
-	if want := serving(false); !reflect.DeepEqual(got, want) {
-		t.Errorf("Sluice's EPP under the chart with Sluice's values: %+v, want %+v", got, want)
-	}
-	out := pod.output.String()
-	for _, s := range []string{`"msg":"Sluice admission enabled"`, `"msg":"Flow control policy applied"`} {
-		if !strings.Contains(out, s) {
-			t.Errorf("the EPP's log lacks %s", s)
-		}
-	}
-	if strings.Contains(out, "No "+plugins.HeadroomFilterType+" plugin is configured") {
-		t.Errorf("the EPP runs without Sluice's headroom filter: the values' profile is not in force")
 	}
 }
 
