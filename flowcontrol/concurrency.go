@@ -33,6 +33,14 @@ import (
 // rule from then on. The request that waited there when the limit was learned is usually such a request; until one
 // has told, the endpoint may run one more while nothing waits there (the probe).
 //
+// A step-bound endpoint's limit (stepBoundRunning or more) is never confirmed by such a wait: there a request waits
+// for the server's next step, not for a slot, and a step of that many running requests with a batch of prompts
+// outlasts twice a prompt's time, so a plateau that is no slot limit (requests ending and admitted one for one while
+// the count ramps, each waiting for the next step) would pass and be strict for good: a confirmed limit is never sent
+// more, so no scrape shows the endpoint running more. It stays tentative: probed outside the Critical reserve while
+// nothing waits there, and forgotten by a scrape showing more running; a request beyond it waits for the first of
+// many ends, about a step.
+//
 // The EPP's own view of an endpoint (a probe that started with none ended, more of its requests started and not
 // ended than the endpoint has run) can be ahead of the server by an end not yet heard of: under CPU load the end of a
 // response reaches the EPP after the first chunk of the request the server started in its slot. Such a view is
@@ -180,7 +188,8 @@ const largeBatchRunning = 16
 // both; 0 while neither is known. A learned limit not yet confirmed is one more while the latest scrape showed
 // nothing waiting there: a plateau can be the EPP's own doing (a large server fed one request per request that ends,
 // each waiting for the next step) and a limit that is never exceeded would never be disproved, so the endpoint may
-// run one more (the probe), which forgets the limit if it starts at once and confirms it if it waits for a slot.
+// run one more (the probe), which forgets the limit if it starts at once and confirms it if it waits for a slot (below
+// stepBoundRunning: confirmable).
 func (l *concurrencyLearner) known(th EndpointThresholds, waiting bool) int {
 	slots := l.slots
 	if l.probing(waiting) {
@@ -222,9 +231,23 @@ func (l *concurrencyLearner) probeStarted(endedSince, waitedForSlot bool, nowNs,
 		l.doubtConfirms = l.doubtConfirms || waitedForSlot
 		l.doubt(0, nowNs, deadlineNs)
 	case waitedForSlot:
-		l.confirmed = true
+		l.confirmed = l.confirmable()
 	}
 }
+
+// confirmable reports whether a probe that waited for a slot confirms the learned limit: below stepBoundRunning, where
+// slots free less often than steps end, so that a wait beyond a prompt's time is a wait for a slot.
+func (l *concurrencyLearner) confirmable() bool {
+	return l.slots > 0 && l.slots < stepBoundRunning
+}
+
+// stepBoundRunning: an endpoint whose learned slot limit is at least this many requests frees a slot about every step
+// (each of its requests decodes for as many steps as its answer has tokens, and this many of them end that often), so
+// that a probe's wait there is a wait for a step whether the limit is real or not; its limit is never confirmed. Above
+// the slot-limited servers of a few dozen slots whose limit a probe does confirm: left tentative there, a request
+// probing it waits for a slot inside the server ahead of admission's order (measured in
+// testbed/bench/scenarios/README.md, "A step-bound server's slot limit").
+const stepBoundRunning = 64
 
 // doubt notes at nowNs that the EPP's own view says the endpoint runs beyond what it is known to, running requests (0:
 // no more than it has run); settle believes it from deadlineNs on, at once if that is not after nowNs.
@@ -259,7 +282,7 @@ func (l *concurrencyLearner) ended(nowNs int64, running int) {
 	case running > l.maxRunning:
 		l.doubtRunning = running
 	default:
-		l.confirmed = l.confirmed || (l.doubtConfirms && l.slots > 0)
+		l.confirmed = l.confirmed || (l.doubtConfirms && l.confirmable())
 		l.doubting, l.doubtConfirms, l.doubtRunning = false, false, 0
 	}
 }

@@ -17,8 +17,9 @@ type scrapeStep struct {
 }
 
 // probeOutcome is how a probe beyond a learned slot limit started: after one of the EPP's requests there ended or
-// not, and after waiting for a slot (longer than a prompt takes) or not.
-type probeOutcome struct{ ended, waited bool }
+// not, and after waiting for a slot (longer than a prompt takes) or not; lateEnd: an end arrived after its first
+// chunk, within a prompt's time (an end late to the EPP, which tells what it would have in order).
+type probeOutcome struct{ ended, waited, lateEnd bool }
 
 // TestConcurrencyLearner: a running count that holds at its most while requests wait, across ends of requests, is
 // the slot limit; on a small endpoint two scrapes showing a queue at that count are enough, a limit a probe confirms
@@ -30,6 +31,9 @@ func TestConcurrencyLearner(t *testing.T) {
 	twoQueued := []scrapeStep{{4, 1, 0, 0.1}, {4, 1, 0, 0.1}}
 	disproved := append(append([]scrapeStep{}, twoQueued...), scrapeStep{5, 0, 0, 0.1})
 	large := []scrapeStep{{20, 2, 0, 0.3}, {20, 2, 1, 0.3}, {20, 1, 0, 0.3}, {20, 1, 1, 0.3}}
+	// A step-bound server ramping up: ends and admissions one for one across a step, one or two requests waiting for
+	// the next step in each scrape.
+	stepBound := []scrapeStep{{225, 1, 0, 0.3}, {225, 2, 1, 0.3}, {225, 1, 0, 0.3}, {225, 0, 1, 0.3}}
 	tests := []struct {
 		name            string
 		stated          int
@@ -87,6 +91,22 @@ func TestConcurrencyLearner(t *testing.T) {
 		{name: "large batch, queue in two scrapes", steps: large[:2], source: concurrencyUnknown},
 		{name: "large batch, plateau with ends", steps: large, slots: 20, seats: 20, capacity: 20,
 			source: concurrencySlots, known: 21},
+		{name: "large batch, probe waited for a slot: strict", steps: large, probe: &probeOutcome{ended: true, waited: true},
+			slots: 20, seats: 20, capacity: 20, source: concurrencySlots, known: 20},
+		{name: "probe waited, its end late: strict", steps: twoQueued,
+			probe: &probeOutcome{waited: true, lateEnd: true}, slots: 4, seats: 4, capacity: 4, source: concurrencySlots,
+			known: 4},
+		// On a step-bound server the probe waits for the next step, longer than a prompt takes, whether the limit is
+		// real or not: it stays tentative, and the endpoint may still run one more.
+		{name: "step-bound, plateau with ends", steps: stepBound, slots: 225, seats: 225, capacity: 225,
+			source: concurrencySlots, known: 226},
+		{name: "step-bound, probe waited: tentative", steps: stepBound, probe: &probeOutcome{ended: true, waited: true},
+			slots: 225, seats: 225, capacity: 225, source: concurrencySlots, known: 226},
+		{name: "step-bound, probe waited, its end late: tentative", steps: stepBound,
+			probe: &probeOutcome{waited: true, lateEnd: true}, slots: 225, seats: 225, capacity: 225,
+			source: concurrencySlots, known: 226},
+		{name: "step-bound, probe started with nothing ended: forgotten", steps: stepBound, probe: &probeOutcome{},
+			source: concurrencyUnknown},
 		{name: "stated", stated: 3, source: concurrencyStated, seats: 3, capacity: 3, known: 3},
 		{name: "stated over learned", stated: 8, steps: plateau, slots: 4, seats: 4, capacity: 4, source: concurrencySlots,
 			known: 5},
@@ -106,7 +126,14 @@ func TestConcurrencyLearner(t *testing.T) {
 				l.observe(Endpoint{Running: s.running, WaitingQueue: s.waiting, KVCacheUsage: s.kv}, s.running-tt.prefilling)
 			}
 			if p := tt.probe; p != nil {
-				l.probeStarted(p.ended, p.waited, 0, 0)
+				deadlineNs := int64(0) // no end arrives: the EPP's own view is believed at once
+				if p.lateEnd {
+					deadlineNs = 1
+				}
+				l.probeStarted(p.ended, p.waited, 0, deadlineNs)
+				if p.lateEnd {
+					l.ended(0, 0)
+				}
 			}
 			if l.slots != tt.slots {
 				t.Errorf("slots = %d, want %d", l.slots, tt.slots)
