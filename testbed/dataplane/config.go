@@ -83,11 +83,11 @@ type Config struct {
 	// Endpoints round-robin without the EPP instead of failing. Requires
 	// Endpoints.
 	FailureModeAllow bool
-	// EPPFailureRetryAfter, when set, plays Envoy with examples/envoy/local-reply-epp-failure.yaml merged into its
-	// HTTP connection manager: an answer the gateway gives itself with 500 (failing closed, an EPP failure's; an
-	// EPP's ImmediateResponse of 500) goes out as 503 with this Retry-After, in whole seconds rounded up, so that a
-	// client retries what an EPP replica lost when it died, and the gateway's balancing sends the retry to a live
-	// one. Zero leaves them 500, as GIE's reference configuration.
+	// EPPFailureRetryAfter, when set, plays Envoy with examples/envoy/epp-failure-503.yaml merged into its
+	// configuration: failing closed, an EPP failure is answered 503 (the ext_proc filter's status_on_error) instead of
+	// 500, and every 503 the gateway answers itself without a Retry-After (an EPP failure's, an EPP's
+	// ImmediateResponse, no endpoint picked) gets this one, in whole seconds rounded up (a local reply mapping), so
+	// that a client retries what an EPP replica lost when it died. Zero answers as GIE's reference configuration.
 	EPPFailureRetryAfter time.Duration
 	// SubsetHint, when non-empty, is sent on every ext_proc message as filter
 	// metadata envoy.lb.subset_hint/x-gateway-destination-endpoint-subset:

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"slices"
@@ -12,12 +13,14 @@ import (
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // resolves the router's @type
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3" // resolves UpstreamTlsContext
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"        // resolves HttpProtocolOptions
+	envoytypev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
 	"sigs.k8s.io/yaml"
@@ -194,21 +197,35 @@ func checkEnvoyExample(t *testing.T, path string, requestBody BodyMode) {
 	}
 }
 
-// TestEnvoyLocalReplyEPPFailure validates the opt-in fragment examples/envoy/local-reply-epp-failure.yaml as
-// Config.EPPFailureRetryAfter emulates it: an HTTP connection manager's local_reply_config, valid by Envoy's proto
-// rules, with one mapper that turns a local reply of 500, and only that, into 503 with a Retry-After of whole seconds.
-func TestEnvoyLocalReplyEPPFailure(t *testing.T) {
-	raw, err := os.ReadFile("../../examples/envoy/local-reply-epp-failure.yaml")
+// TestEnvoyEPPFailure503 validates the opt-in examples/envoy/epp-failure-503.yaml as Config.EPPFailureRetryAfter
+// emulates it: an ext_proc filter setting (status_on_error 503) and an HTTP connection manager's local_reply_config,
+// each decoded into its Envoy proto and valid by Envoy's proto rules, with one mapper that adds a Retry-After of whole
+// seconds to a local reply of 503, and only if it has none.
+func TestEnvoyEPPFailure503(t *testing.T) {
+	raw, err := os.ReadFile("../../examples/envoy/epp-failure-503.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := yaml.YAMLToJSON(raw)
-	if err != nil {
+	var parts map[string]json.RawMessage
+	if err := yaml.Unmarshal(raw, &parts); err != nil {
 		t.Fatal(err)
+	}
+	if len(parts) != 2 {
+		t.Fatalf("%d settings, want 2 (ext_proc, http_connection_manager)", len(parts))
+	}
+	var ep extprocfilterv3.ExternalProcessor
+	if err := protojson.Unmarshal(parts["ext_proc"], &ep); err != nil {
+		t.Fatalf("ext_proc: not fields of Envoy's ext_proc filter: %v", err)
+	}
+	if err := ep.ValidateAll(); err != nil {
+		t.Fatalf("ext_proc: fails Envoy's proto validation: %v", err)
+	}
+	if got := ep.GetStatusOnError().GetCode(); got != envoytypev3.StatusCode_ServiceUnavailable {
+		t.Errorf("ext_proc status_on_error %v, want ServiceUnavailable (503), as the data plane answers", got)
 	}
 	var hcm hcmv3.HttpConnectionManager
-	if err := protojson.Unmarshal(js, &hcm); err != nil {
-		t.Fatalf("not a field of Envoy's HTTP connection manager: %v", err)
+	if err := protojson.Unmarshal(parts["http_connection_manager"], &hcm); err != nil {
+		t.Fatalf("http_connection_manager: not fields of Envoy's HTTP connection manager: %v", err)
 	}
 	lr := hcm.GetLocalReplyConfig()
 	if err := lr.ValidateAll(); err != nil {
@@ -219,19 +236,19 @@ func TestEnvoyLocalReplyEPPFailure(t *testing.T) {
 	}
 	m := lr.GetMappers()[0]
 	cmp := m.GetFilter().GetStatusCodeFilter().GetComparison()
-	if cmp.GetOp() != accesslogv3.ComparisonFilter_EQ || cmp.GetValue().GetDefaultValue() != http.StatusInternalServerError {
-		t.Errorf("mapper filter %v, want status code EQ 500", m.GetFilter())
+	if cmp.GetOp() != accesslogv3.ComparisonFilter_EQ || cmp.GetValue().GetDefaultValue() != http.StatusServiceUnavailable {
+		t.Errorf("mapper filter %v, want status code EQ 503", m.GetFilter())
 	}
-	if m.GetStatusCode().GetValue() != http.StatusServiceUnavailable {
-		t.Errorf("mapper rewrites to %v, want 503", m.GetStatusCode())
-	}
-	if m.GetBody() != nil || m.GetBodyFormatOverride() != nil {
-		t.Errorf("mapper rewrites the body: the data plane keeps it (the EPP's JSON, its own OpenAI-style error)")
+	if m.GetStatusCode() != nil || m.GetBody() != nil || m.GetBodyFormatOverride() != nil {
+		t.Errorf("mapper rewrites the status or the body: the data plane keeps both")
 	}
 	var retryAfter string
 	for _, h := range m.GetHeadersToAdd() {
 		if strings.EqualFold(h.GetHeader().GetKey(), "retry-after") {
 			retryAfter = h.GetHeader().GetValue()
+			if h.GetAppendAction() != corev3.HeaderValueOption_ADD_IF_ABSENT {
+				t.Errorf("Retry-After appended %v, want ADD_IF_ABSENT: an EPP's own Retry-After must stand", h.GetAppendAction())
+			}
 		}
 	}
 	secs, err := strconv.Atoi(retryAfter)
@@ -239,19 +256,25 @@ func TestEnvoyLocalReplyEPPFailure(t *testing.T) {
 		t.Fatalf("Retry-After %q, want whole seconds, at least 1", retryAfter)
 	}
 
-	// The emulation answers what the fragment makes Envoy answer.
+	// The emulation answers what the settings make Envoy answer.
 	cfg := Config{EPPFailureRetryAfter: time.Duration(secs) * time.Second}
-	for status, want := range map[int]int{http.StatusInternalServerError: http.StatusServiceUnavailable,
-		http.StatusServiceUnavailable: http.StatusServiceUnavailable, http.StatusTooManyRequests: http.StatusTooManyRequests,
-		http.StatusBadGateway: http.StatusBadGateway} {
+	for _, tc := range []struct {
+		status                int
+		retryAfter, wantAfter string
+	}{
+		{status: http.StatusServiceUnavailable, wantAfter: retryAfter},
+		{status: http.StatusServiceUnavailable, retryAfter: "17", wantAfter: "17"},
+		{status: http.StatusInternalServerError},
+		{status: http.StatusTooManyRequests, retryAfter: "7", wantAfter: "7"},
+		{status: http.StatusBadGateway},
+	} {
 		h := http.Header{}
-		got := cfg.localReply(status, h)
-		wantRA := ""
-		if status == http.StatusInternalServerError {
-			wantRA = retryAfter
+		if tc.retryAfter != "" {
+			h.Set("Retry-After", tc.retryAfter)
 		}
-		if got != want || h.Get("Retry-After") != wantRA {
-			t.Errorf("local reply %d: %d with Retry-After %q, want %d with %q", status, got, h.Get("Retry-After"), want, wantRA)
+		if got := cfg.localReply(tc.status, h); got != tc.status || h.Get("Retry-After") != tc.wantAfter {
+			t.Errorf("local reply %d with Retry-After %q: %d with %q, want %d with %q", tc.status, tc.retryAfter, got,
+				h.Get("Retry-After"), tc.status, tc.wantAfter)
 		}
 	}
 }

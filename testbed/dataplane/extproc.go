@@ -367,22 +367,25 @@ func (ex *exchange) eppFailed(phase EPPFailure, err error, orig *requestHead, bo
 	return OutcomeEPPError
 }
 
-// writeEPPUnavailable answers a request the EPP failed, failing closed: 500 as Envoy's ext_proc filter answers,
-// through the gateway's local reply mapping (localReply).
+// writeEPPUnavailable answers a request the EPP failed, failing closed: 500 as Envoy's ext_proc filter answers by
+// default, or its status_on_error with Config.EPPFailureRetryAfter (503, through the local reply mapping).
 func (ex *exchange) writeEPPUnavailable(err error) {
-	status := ex.p.cfg.localReply(http.StatusInternalServerError, ex.w.Header())
+	status := http.StatusInternalServerError
+	if ex.p.cfg.EPPFailureRetryAfter > 0 {
+		status = http.StatusServiceUnavailable
+	}
+	status = ex.p.cfg.localReply(status, ex.w.Header())
 	writeError(ex.w, status, errTypeServer, codeEPPUnavailable, "endpoint picker failed: "+err.Error())
 }
 
-// localReply maps the status of an answer the gateway gives itself (an EPP failure's, an EPP's ImmediateResponse) as
-// examples/envoy/local-reply-epp-failure.yaml has Envoy map it, setting h's Retry-After: with
-// Config.EPPFailureRetryAfter, 500 becomes 503 with that Retry-After; anything else is left as it is.
+// localReply applies to an answer the gateway gives itself (an EPP failure's, an EPP's ImmediateResponse, no
+// endpoint picked) the local reply mapping of examples/envoy/epp-failure-503.yaml, with Config.EPPFailureRetryAfter:
+// a 503 without a Retry-After gets one, in whole seconds rounded up. It returns the status, which the mapping keeps.
 func (c Config) localReply(status int, h http.Header) int {
-	if status != http.StatusInternalServerError || c.EPPFailureRetryAfter <= 0 {
-		return status
+	if status == http.StatusServiceUnavailable && c.EPPFailureRetryAfter > 0 && h.Get("Retry-After") == "" {
+		h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(c.EPPFailureRetryAfter.Seconds())), 10))
 	}
-	h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(c.EPPFailureRetryAfter.Seconds())), 10))
-	return http.StatusServiceUnavailable
+	return status
 }
 
 // writeImmediate sends an EPP ImmediateResponse to the client: its status

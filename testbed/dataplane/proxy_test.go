@@ -189,10 +189,11 @@ func TestEPPImmediateResponsePassedThrough(t *testing.T) {
 	}
 }
 
-// TestEPPImmediateResponseLocalReplyMapping: with Config.EPPFailureRetryAfter, an EPP's ImmediateResponse of 500 is an
-// Envoy local reply the mapping turns into 503 with Retry-After, its body kept; any other status passes as it is.
+// TestEPPImmediateResponseLocalReplyMapping: with Config.EPPFailureRetryAfter, an EPP's ImmediateResponse is an Envoy
+// local reply: one of 503 without a Retry-After gets the mapping's, one with its own keeps it, other statuses pass as
+// they are; the body is kept.
 func TestEPPImmediateResponseLocalReplyMapping(t *testing.T) {
-	const errBody = `{"error":{"message":"internal","type":"server_error","param":null,"code":"internal"}}`
+	const errBody = `{"error":{"message":"no capacity","type":"server_error","param":null,"code":"unavailable"}}`
 	for _, tc := range []struct {
 		name           string
 		status         envoytypev3.StatusCode
@@ -200,9 +201,10 @@ func TestEPPImmediateResponseLocalReplyMapping(t *testing.T) {
 		want           int
 		wantRetryAfter string
 	}{
-		{name: "500 mapped", status: envoytypev3.StatusCode_InternalServerError, want: http.StatusServiceUnavailable, wantRetryAfter: "1"},
-		{name: "500 with the EPP's Retry-After overwritten", status: envoytypev3.StatusCode_InternalServerError, kv: []string{"retry-after", "30"},
-			want: http.StatusServiceUnavailable, wantRetryAfter: "1"},
+		{name: "503 without Retry-After gets one", status: envoytypev3.StatusCode_ServiceUnavailable, want: http.StatusServiceUnavailable, wantRetryAfter: "1"},
+		{name: "503 with the EPP's Retry-After keeps it", status: envoytypev3.StatusCode_ServiceUnavailable, kv: []string{"retry-after", "30"},
+			want: http.StatusServiceUnavailable, wantRetryAfter: "30"},
+		{name: "500 as the EPP sent it", status: envoytypev3.StatusCode_InternalServerError, want: http.StatusInternalServerError},
 		{name: "429 as the EPP sent it", status: envoytypev3.StatusCode_TooManyRequests, kv: []string{"retry-after", "7"},
 			want: http.StatusTooManyRequests, wantRetryAfter: "7"},
 	} {
@@ -422,17 +424,27 @@ func TestEPPFailsOnResponseHeaders(t *testing.T) {
 		_, _ = io.WriteString(w, sse)
 	})
 	epp := startFakeEPP(t, eppBehaviour{decide: routeTo(b.addr(), nil), failResponseHeaders: status.Error(codes.Internal, "resp boom")})
-	t.Run("fail-closed", func(t *testing.T) {
-		proxy, rec := startProxy(t, Config{EPPAddress: epp.addr})
-		code, _, body := post(t, proxy.URL+"/v1/completions", `{}`)
-		if code != http.StatusInternalServerError {
-			t.Fatalf("status %d body %q", code, body)
-		}
-		decodeAPIError(t, body)
-		if _, _, failures := rec.snapshot(1); !slices.Equal(failures, []EPPFailure{EPPFailureResponse}) {
-			t.Errorf("failures %v", failures)
-		}
-	})
+	for _, tc := range []struct {
+		name           string
+		retryAfter     time.Duration
+		want           int
+		wantRetryAfter string
+	}{
+		{name: "fail-closed", want: http.StatusInternalServerError},
+		{name: "fail-closed, 503 with Retry-After", retryAfter: time.Second, want: http.StatusServiceUnavailable, wantRetryAfter: "1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy, rec := startProxy(t, Config{EPPAddress: epp.addr, EPPFailureRetryAfter: tc.retryAfter})
+			code, hdr, body := post(t, proxy.URL+"/v1/completions", `{}`)
+			if code != tc.want || hdr.Get("Retry-After") != tc.wantRetryAfter {
+				t.Fatalf("status %d, Retry-After %q, body %q; want %d with %q", code, hdr.Get("Retry-After"), body, tc.want, tc.wantRetryAfter)
+			}
+			decodeAPIError(t, body)
+			if _, _, failures := rec.snapshot(1); !slices.Equal(failures, []EPPFailure{EPPFailureResponse}) {
+				t.Errorf("failures %v", failures)
+			}
+		})
+	}
 	t.Run("fail-open replays the upstream response", func(t *testing.T) {
 		proxy, rec := startProxy(t, Config{EPPAddress: epp.addr, FailureModeAllow: true, Endpoints: []string{b.addr()}})
 		code, hdr, body := post(t, proxy.URL+"/v1/completions", `{}`)
@@ -449,13 +461,19 @@ func TestNoEndpointPicked(t *testing.T) {
 	epp := startFakeEPP(t, eppBehaviour{decide: func(s *seenExchange) []*extprocv3.ProcessingResponse {
 		return append([]*extprocv3.ProcessingResponse{headersResponse(nil)}, bodyResponses(s.requestBody)...)
 	}})
-	proxy, rec := startProxy(t, Config{EPPAddress: epp.addr})
-	code, _, body := post(t, proxy.URL+"/v1/completions", `{}`)
-	if code != http.StatusServiceUnavailable || decodeAPIError(t, body).Code != codeNoEndpoint {
-		t.Fatalf("status %d body %q, want 503 no_endpoint", code, body)
-	}
-	if outcomes, _, _ := rec.snapshot(1); !slices.Equal(outcomes, []Outcome{OutcomeNoEndpoint}) {
-		t.Errorf("outcomes %v", outcomes)
+	// The gateway's own 503: with the local reply mapping (EPPFailureRetryAfter) it carries a Retry-After.
+	for _, tc := range []struct {
+		retryAfter     time.Duration
+		wantRetryAfter string
+	}{{}, {retryAfter: 2 * time.Second, wantRetryAfter: "2"}} {
+		proxy, rec := startProxy(t, Config{EPPAddress: epp.addr, EPPFailureRetryAfter: tc.retryAfter})
+		code, hdr, body := post(t, proxy.URL+"/v1/completions", `{}`)
+		if code != http.StatusServiceUnavailable || decodeAPIError(t, body).Code != codeNoEndpoint || hdr.Get("Retry-After") != tc.wantRetryAfter {
+			t.Fatalf("status %d, Retry-After %q, body %q; want 503 no_endpoint with Retry-After %q", code, hdr.Get("Retry-After"), body, tc.wantRetryAfter)
+		}
+		if outcomes, _, _ := rec.snapshot(1); !slices.Equal(outcomes, []Outcome{OutcomeNoEndpoint}) {
+			t.Errorf("outcomes %v", outcomes)
+		}
 	}
 }
 

@@ -61,7 +61,7 @@ func run(args []string) error {
 		roundRobin    = fs.Bool("round-robin", false, "no EPP: rotate over --endpoints (benchmark baseline)")
 		endpoints     = fs.String("endpoints", "", "comma-separated model server addresses host:port (round-robin targets; fail-open targets in EPP mode)")
 		failOpen      = fs.Bool("failure-mode-allow", false, "fail open: when the EPP fails, send requests round-robin to --endpoints instead of answering 500")
-		eppRetryAfter = fs.Duration("epp-failure-retry-after", 0, "failing closed, answer an EPP failure 503 with this Retry-After instead of 500, as Envoy with examples/envoy/local-reply-epp-failure.yaml (0: 500)")
+		eppRetryAfter = fs.Duration("epp-failure-retry-after", 0, "failing closed, answer an EPP failure 503 instead of 500, and give the proxy's own 503s without a Retry-After this one, as Envoy with examples/envoy/epp-failure-503.yaml (0: off)")
 		subsetHint    = fs.String("subset-hint", "", "comma-separated endpoints sent to the EPP as the envoy.lb.subset_hint subset")
 		subsetHeader  = fs.Bool("subset-hint-header", false, "take the subset hint per request from the x-gateway-destination-endpoint-subset header (tests)")
 		servedHeader  = fs.Bool("served-header", true, "add x-gateway-destination-endpoint-served to responses")
