@@ -242,17 +242,16 @@ func Cases() []Case {
 }
 
 // replicaKilled is one of two EPP replicas sharing the endpoints killed mid-load: the survivor takes its endpoints
-// over once it stops hearing it (--peer-timeout) and the data plane stops sending it streams once its connection
-// fails. Streams in flight through the dead replica are cut. A request the dead replica held, or whose stream the data
-// plane opened to it before its connection failed, gets the gateway's answer to a failed EPP, mapped to 503 with
-// Retry-After (examples/envoy/local-reply-epp-failure.yaml), which a client retries on the survivor; nothing may
-// hang or be lost.
+// over once its connection fails (or after --peer-timeout) and the data plane stops sending it streams once its
+// connection fails. Streams in flight through the dead replica are cut. A request the dead replica held, or whose
+// stream the data plane opened to it before its connection failed, gets the gateway's answer to a failed EPP, 503
+// with Retry-After (examples/envoy/epp-failure-503.yaml), which a client may retry; nothing may hang or be lost.
 func replicaKilled() Case {
 	return Case{
 		Name:  "replica-killed",
 		Smoke: true,
 		Fault: "one of two EPP replicas sharing the endpoints (--peers) is killed (SIGKILL); the survivor takes over its endpoints; " +
-			"the data plane answers the dead replica's requests 503 with Retry-After (local-reply-epp-failure.yaml)",
+			"the data plane answers the dead replica's requests 503 with Retry-After (epp-failure-503.yaml)",
 		Modes: []Mode{Static},
 		Stack: func(o *StackOptions) { o.EPPReplicas, o.EPPFailureRetryAfter = 2, time.Second },
 		// Issue 22: Critical within 1.5x of one replica during the takeover.

@@ -32,33 +32,12 @@ func TestAgainstBaseline(t *testing.T) {
 	}
 }
 
-func TestFaultWindow(t *testing.T) {
-	tl := Timeline{Load: 30 * time.Second, FaultAt: 10 * time.Second, ClearAt: 20 * time.Second}
-	clear := func(*Run) {}
-	for _, tc := range []struct {
-		name     string
-		c        Case
-		from, to time.Duration
-	}{
-		{name: "cleared", c: Case{Clear: clear}, from: 10 * time.Second, to: 20 * time.Second},
-		{name: "never cleared", c: Case{}, from: 10 * time.Second, to: 30 * time.Second},
-		{name: "its own instant, load lengthened", c: Case{FaultAt: 1500 * time.Millisecond, ExtraLoad: 5 * time.Second},
-			from: 1500 * time.Millisecond, to: 35 * time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if from, to := faultWindow(tc.c, tl); from != tc.from || to != tc.to {
-				t.Errorf("faultWindow = %v-%v, want %v-%v", from, to, tc.from, tc.to)
-			}
-		})
-	}
-}
-
 // TestReportBaselines checks that the report sets a case's window against its baseline's and shows nothing of the
 // kind for a case without one.
 func TestReportBaselines(t *testing.T) {
 	results := []Result{
 		{Case: "replica-killed", Mode: Static, CriticalDuring: 120 * time.Millisecond, CriticalDuringP50: 61 * time.Millisecond,
-			CriticalDuringN: 32, Outcomes: map[Outcome]int{OutcomeOK: 210},
+			CriticalDuringN: 32, CriticalUnavailable: 1, Outcomes: map[Outcome]int{OutcomeOK: 210},
 			Baseline: &Baseline{Name: "one EPP replica", Target: 1.5, CriticalP50: 60 * time.Millisecond, CriticalP99: 100 * time.Millisecond,
 				CriticalN: 33, Outcomes: map[Outcome]int{OutcomeOK: 200, OutcomeShed: 17}}},
 		{Case: "server-killed", Mode: Static, Outcomes: map[Outcome]int{OutcomeOK: 210}},
@@ -67,11 +46,27 @@ func TestReportBaselines(t *testing.T) {
 	if err := WriteReport(&b, results, ShortTimeline); err != nil {
 		t.Fatal(err)
 	}
-	want := "| replica-killed | static | one EPP replica | 61 ms / 60 ms (1.02x, met: ≤ 1.5x) | 120 ms / 100 ms (1.20x, met: ≤ 1.5x) | 32 / 33 | 200 × 200, 17 × 429+RA |"
+	want := "| replica-killed | static | one EPP replica | 61 ms / 60 ms (1.02x, met: ≤ 1.5x) | 120 ms / 100 ms (1.20x, met: ≤ 1.5x) | 32 / 33 | 1 / 0 | 200 × 200, 17 × 429+RA |"
 	if !strings.Contains(b.String(), want) {
 		t.Errorf("report lacks the baseline row %q:\n%s", want, b.String())
 	}
 	if n := strings.Count(b.String(), "one EPP replica"); n != 1 {
 		t.Errorf("report names a baseline %d times, want once (the case without one has no row)", n)
+	}
+}
+
+// TestBaselineFailuresFailTheCase: a baseline run that failed fails its case, and the report says so.
+func TestBaselineFailuresFailTheCase(t *testing.T) {
+	r := Result{Case: "replica-killed", Mode: Static, Outcomes: map[Outcome]int{OutcomeOK: 1},
+		Baseline: &Baseline{Name: "one EPP replica", Failures: []string{"the baseline run did not complete (see its subtest)"}}}
+	if got := r.Failures(); len(got) != 1 || got[0] != "baseline: the baseline run did not complete (see its subtest)" {
+		t.Errorf("Failures() = %q, want the baseline's", got)
+	}
+	var b strings.Builder
+	if err := WriteReport(&b, []Result{r}, ShortTimeline); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "**FAIL**: baseline: the baseline run did not complete") {
+		t.Errorf("the report does not fail the case:\n%s", b.String())
 	}
 }

@@ -135,8 +135,12 @@ func (r *Run) Burst(n int, timeout time.Duration, disconnect bool) {
 func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Result {
 	t.Helper()
 	var baseline *Baseline
+	var baselineRecords []loadgen.Record
 	if c.Baseline != nil {
-		t.Run("baseline", func(t *testing.T) { baseline = runBaseline(t, c, mode, tl, base) })
+		baseline = &Baseline{Name: c.BaselineName, Target: c.BaselineTarget}
+		if !t.Run("baseline", func(t *testing.T) { baselineRecords = runBaseline(t, c, mode, tl, base, baseline) }) {
+			baseline.Failures = append(baseline.Failures, "the baseline run did not complete (see its subtest)")
+		}
 	}
 	opts := base
 	opts.Mode = mode
@@ -169,7 +173,10 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 			t.Fatal(err)
 		}
 	}
-	faultAt, _ := faultWindow(c, tl)
+	faultAt := tl.FaultAt
+	if c.FaultAt > 0 {
+		faultAt = c.FaultAt
+	}
 	at(faultAt)
 	r.Mark("fault")
 	c.Inject(r)
@@ -187,7 +194,10 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 	for name := range r.marks {
 		res.Marks[name] = r.At(name)
 	}
-	r.collect(c, main, &res)
+	from, to := r.collect(c, main, &res)
+	if baseline != nil && baselineRecords != nil {
+		baseline.measure(baselineRecords, from, to)
+	}
 	saveRecords(t, opts.Dir, main.Records)
 	logBytes := len(s.EPP.Output.String()) - logBefore
 	if res.Requests > 0 {
@@ -228,22 +238,10 @@ func saveRecords(t *testing.T, dir string, recs []loadgen.Record) {
 	}
 }
 
-// faultWindow is when a case's fault lasts on tl, from the start of the load: from its injection to its clear, or
-// to the load's end for a fault never cleared.
-func faultWindow(c Case, tl Timeline) (from, to time.Duration) {
-	from, to = tl.FaultAt, tl.Load+c.ExtraLoad
-	if c.FaultAt > 0 {
-		from = c.FaultAt
-	}
-	if c.Clear != nil {
-		to = tl.ClearAt
-	}
-	return from, to
-}
-
-// runBaseline runs c's load with no fault on the stack c.Baseline makes of base, and measures the Critical TTFT over
-// the window the fault will have. The run must end as any: every request answered once, nothing left in the EPP.
-func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) *Baseline {
+// runBaseline runs c's load with no fault on the stack c.Baseline makes of base and returns its records, for b to be
+// measured over the window the fault has in the case's run. The run must end as any: every request answered once
+// with 200, or 429 or 503 with Retry-After, and nothing left in the EPP; b.Failures lists what did not.
+func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions, b *Baseline) []loadgen.Record {
 	opts := base
 	opts.Mode = mode
 	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode), "baseline")
@@ -260,29 +258,27 @@ func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions
 		t.Fatal(err)
 	}
 	saveRecords(t, opts.Dir, res.Records)
-	b := &Baseline{Name: c.BaselineName, Target: c.BaselineTarget}
 	b.Outcomes = map[Outcome]int{}
-	b.Outcomes[OutcomeLost] = MissingFinals(res.Records)
+	if n := MissingFinals(res.Records); n > 0 {
+		b.Outcomes[OutcomeLost] = n
+	}
 	for _, rec := range res.Records {
 		if rec.Final {
 			b.Outcomes[Classify(rec)]++
 		}
 	}
 	if n := b.Outcomes[OutcomeLost] + b.Outcomes[OutcomeHung] + b.Outcomes[OutcomeOther]; n > 0 {
-		t.Errorf("the baseline run, with no fault, had %d answers other than 200, 429 and 503 with Retry-After: %v", n, b.Outcomes)
+		b.Failures = append(b.Failures, fmt.Sprintf("the baseline run, with no fault, had %d answers other than 200, 429 and 503 with Retry-After: %v", n, b.Outcomes))
 	}
 	if err := s.WaitDrained(ctx, drainTimeout); err != nil {
-		t.Errorf("after the baseline's load: %v", err)
+		b.Failures = append(b.Failures, "after the baseline's load: "+err.Error())
 	}
-	from, to := faultWindow(c, tl)
-	window := CriticalTTFT(res.Records, criticalClass, from, to)
-	b.CriticalP50, b.CriticalP99, b.CriticalN = p50(window), p99(window), len(window)
-	return b
+	return res.Records
 }
 
 // collect classifies every final answer (the load's and the bursts') and
 // measures the fault's window into res.
-func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
+func (r *Run) collect(c Case, main *loadgen.Result, res *Result) (fault, end time.Duration) {
 	expect := c.Expect
 	if expect == nil {
 		expect = Designed
@@ -333,7 +329,7 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 
 	// The fault's window ends at its clear, or with the load for a fault that is never cleared or whose faulty
 	// endpoint is named in Clear.
-	fault, end := r.At("fault"), r.At("clear")
+	fault, end = r.At("fault"), r.At("clear")
 	if c.Clear == nil || r.leave.After(r.marks["clear"]) {
 		end = main.Config.Duration
 	}
@@ -349,6 +345,27 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) {
 	res.CriticalBefore = p99(CriticalTTFT(main.Records, criticalClass, 0, fault))
 	during := CriticalTTFT(main.Records, criticalClass, fault, end)
 	res.CriticalDuringP50, res.CriticalDuring, res.CriticalDuringN = p50(during), p99(during), len(during)
+	res.CriticalUnavailable = countUnavailable(main.Records, criticalClass, fault, end)
+	return fault, end
+}
+
+// measure sets b's Critical figures from its run's records over [from, to), the case run's fault window.
+func (b *Baseline) measure(recs []loadgen.Record, from, to time.Duration) {
+	window := CriticalTTFT(recs, criticalClass, from, to)
+	b.CriticalP50, b.CriticalP99, b.CriticalN = p50(window), p99(window), len(window)
+	b.CriticalUnavailable = countUnavailable(recs, criticalClass, from, to)
+}
+
+// countUnavailable counts the requests of class sent in [from, to) whose final answer was 503 with Retry-After: not
+// in the TTFT figures, which count answered requests only, though each waits at least its Retry-After for an answer.
+func countUnavailable(recs []loadgen.Record, class string, from, to time.Duration) int {
+	n := 0
+	for _, r := range recs {
+		if r.Class == class && r.Final && Classify(r) == OutcomeUnavailable && r.Start >= from && r.Start < to {
+			n++
+		}
+	}
+	return n
 }
 
 func p50(sorted []time.Duration) time.Duration { return loadgen.Percentile(sorted, 50) }
@@ -400,6 +417,8 @@ type Result struct {
 	CriticalDuring    time.Duration `json:"critical_ttft_p99_during_ns"`
 	CriticalDuringP50 time.Duration `json:"critical_ttft_p50_during_ns"`
 	CriticalDuringN   int           `json:"critical_during"`
+	// CriticalUnavailable counts the Critical requests sent during the fault answered 503 with Retry-After.
+	CriticalUnavailable int `json:"critical_unavailable_during,omitempty"`
 	// Baseline is the same load's run with no fault (Case.Baseline); nil
 	// without one.
 	Baseline *Baseline `json:"baseline,omitempty"`
@@ -424,11 +443,16 @@ type Baseline struct {
 	Target float64 `json:"target,omitempty"`
 	// Outcomes are the baseline's final answers, which must all be designed ones.
 	Outcomes map[Outcome]int `json:"outcomes"`
-	// Critical TTFT p50 and p99 over the fault's window, and how many
-	// Critical requests succeeded in it.
-	CriticalP50 time.Duration `json:"critical_ttft_p50_ns"`
-	CriticalP99 time.Duration `json:"critical_ttft_p99_ns"`
-	CriticalN   int           `json:"critical"`
+	// Critical TTFT p50 and p99 over the fault's window, how many
+	// Critical requests succeeded in it, and how many were answered 503 with
+	// Retry-After.
+	CriticalP50         time.Duration `json:"critical_ttft_p50_ns"`
+	CriticalP99         time.Duration `json:"critical_ttft_p99_ns"`
+	CriticalN           int           `json:"critical"`
+	CriticalUnavailable int           `json:"critical_unavailable,omitempty"`
+	// Failures lists why the baseline run fails the case: answers other than designed ones, a leak, a run that did
+	// not complete.
+	Failures []string `json:"failures,omitempty"`
 }
 
 // Failures lists why the run fails: answers the case does not allow (hung
@@ -443,6 +467,11 @@ func (r Result) Failures() []string {
 	}
 	if r.CheckError != "" {
 		out = append(out, "check: "+r.CheckError)
+	}
+	if r.Baseline != nil {
+		for _, f := range r.Baseline.Failures {
+			out = append(out, "baseline: "+f)
+		}
 	}
 	return out
 }

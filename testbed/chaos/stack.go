@@ -128,8 +128,8 @@ type StackOptions struct {
 	// failure_mode_allow); otherwise it fails closed, as GIE's default.
 	FailOpen bool
 	// EPPFailureRetryAfter runs the data plane with --epp-failure-retry-after (Envoy with
-	// examples/envoy/local-reply-epp-failure.yaml): failing closed, an EPP failure is answered 503 with this
-	// Retry-After instead of 500.
+	// examples/envoy/epp-failure-503.yaml): failing closed, an EPP failure is answered 503 with this Retry-After
+	// instead of 500.
 	EPPFailureRetryAfter time.Duration
 }
 
