@@ -179,31 +179,7 @@ func TestPeerProberFollowsAPeer(t *testing.T) {
 		{name: "gone by its refused connection", timeout: time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			peer := l.Addr().String()
-			srv := grpc.NewServer()
-			healthpb.RegisterHealthServer(srv, &healthServer{logger: testr.New(t), pool: syncedPool{}, isLeader: &atomic.Bool{}})
-			go func() { _ = srv.Serve(l) }()
-			t.Cleanup(srv.Stop)
-
-			view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, tc.timeout)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() {
-				done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
-			}()
-			t.Cleanup(func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Error(err)
-				}
-			})
+			srv, peer, view := probedPeer(t, &healthServer{logger: testr.New(t), pool: syncedPool{}, isLeader: &atomic.Bool{}}, tc.timeout)
 			live := func(want string) func() string {
 				return func() string {
 					if got := strings.Join(view.Live(time.Now()), ","); got != want {
@@ -239,32 +215,8 @@ func (h *blockingHealth) Check(ctx context.Context, _ *healthpb.HealthCheckReque
 // A peer that stops answering on a live connection is slow, not gone: it stays live until its timeout (here longer
 // than the test), however many probes time out meanwhile; only a failed connection attempt drops it early.
 func TestPeerProberKeepsASlowPeer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := l.Addr().String()
 	health := &blockingHealth{}
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, health)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-
-	view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	_, peer, view := probedPeer(t, health, time.Hour)
 	both := strings.Join(slices.Sorted(slices.Values([]string{"127.0.0.1:1", peer})), ",")
 	live := func() string { return strings.Join(view.Live(time.Now()), ",") }
 	runnertest.Eventually(t, "a serving peer is heard", func() string {
@@ -283,4 +235,36 @@ func TestPeerProberKeepsASlowPeer(t *testing.T) {
 	if got := live(); got != both {
 		t.Errorf("live %s after the peer's probes timed out, want %s: a slow peer was dropped before its timeout", got, both)
 	}
+}
+
+// probedPeer serves health as a peer's health service on a loopback port, and probes it every 20 ms from the view of
+// replica 127.0.0.1:1 whose peers stay live for timeout; both stop with the test.
+func probedPeer(t *testing.T, health healthpb.HealthServer, timeout time.Duration) (*grpc.Server, string, *replication.View) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := l.Addr().String()
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+
+	view, err := replication.NewView("127.0.0.1:1", []string{"127.0.0.1:1", peer}, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- (&peerProber{view: view, interval: 20 * time.Millisecond, clock: clock.RealClock{}, logger: testr.New(t)}).Start(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return srv, peer, view
 }
