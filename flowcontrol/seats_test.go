@@ -684,6 +684,52 @@ func TestRankByKVRoom(t *testing.T) {
 	}
 }
 
+// TestRankWithoutSeats: under the Critical reserve endpoints rank by their occupancy over their seats. With its peer
+// replicas gone, one with no seat count of its own (a server taken over from a departed peer, which never queued here)
+// ranks by its occupancy over the most the pool has run, not as idle while it runs that many; a replica that never
+// had peers, or outside the reserve, ranks it by its queue as before.
+func TestRankWithoutSeats(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		peersGone bool
+		reserveOn bool
+		want      []float64 // a (seats 4, holding 2), b (no seats, holding 4)
+	}{
+		{name: "peers gone, under the reserve", peersGone: true, reserveOn: true, want: []float64{0.5, 1}},
+		{name: "never had peers, under the reserve", reserveOn: true, want: []float64{0.5, 0}},
+		{name: "peers gone, no Critical traffic", peersGone: true, want: []float64{0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, testConfig(t, nil))
+				h.scrape(ep("a", 0), ep("b", 0))
+				if tc.peersGone {
+					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }})
+					h.c.SetPeers(Peers{})
+				}
+				if tc.reserveOn {
+					critical := h.admit(1, "t", 1)
+					critical.wantOutcome(t, Dispatched, ReasonNone)
+					h.c.Release(critical.req.ID)
+				}
+				// a queues at 4 running (tentative seats: 4); b runs 4 and never queues.
+				h.step(50 * time.Millisecond)
+				h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1}, Endpoint{Name: "b", Running: 4})
+				// Two scrapes in a row show the requests of another sender: the occupancy.
+				for range 2 {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: 2}, Endpoint{Name: "b", Running: 4})
+				}
+				got := make([]float64, 2)
+				h.c.Saturations("", []string{"a", "b"}, got)
+				if math.Abs(got[0]-tc.want[0]) > 0.01 || math.Abs(got[1]-tc.want[1]) > 0.01 {
+					t.Fatalf("ranks %.3f, want %.3f", got, tc.want)
+				}
+			})
+		})
+	}
+}
+
 // TestPoolSlotsCap: once one endpoint of the pool has shown its slot limit, under the Critical reserve a lower band
 // sends an endpoint whose own limit is unknown, and that was never seen running more, no more than that limit: the
 // request beyond it would wait inside the server and take its first free slot ahead of Critical. Critical may go
