@@ -97,9 +97,9 @@ type Controller struct {
 	// poolSlots is the smallest slot limit learned on any endpoint at the latest scrape (0 when none): what lower
 	// bands take for the limit of an endpoint whose own is not known yet, under the Critical reserve (poolSlotsCap).
 	poolSlots int
-	// peersGone reports that every peer replica that was live fell silent (SetPeers): the endpoints they owned are this
-	// controller's now, with no seat count learned here (rankSeatsLocked).
-	peersGone bool
+	// hadPeers reports that a peer replica was live at some time (SetPeers): an endpoint that joins this controller's
+	// from then on may be one a departed peer owned (endpointState.adopted).
+	hadPeers bool
 	// poolRunning is the most requests any endpoint was seen running at once, at the latest scrape (0 when none):
 	// with live peers, what an endpoint that has not queued yet is taken to run while no slot limit is learned in the
 	// pool (seatsLocked).

@@ -31,6 +31,10 @@ type Endpoint struct {
 // scrapes. It caches what the fast path needs so that a scan is a few comparisons per endpoint.
 type endpointState struct {
 	Endpoint
+	// adopted reports an endpoint that joined this controller's after a peer replica had been live (one a departed
+	// peer owned, say) and has no seat count learned here yet: Saturations ranks it by the pool's seats
+	// (Controller.rankSeatsLocked).
+	adopted  bool
 	reserved int
 	// started counts the reserved requests that have had their first response chunk: running, no longer waiting.
 	started int

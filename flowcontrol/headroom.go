@@ -270,12 +270,12 @@ func (c *Controller) MayExceedHeadroom(band Band, name string) bool {
 // among busy endpoints the one where a new prompt would start first ranks lowest; endpointState.rankAt). The
 // request being scheduled, self, does not count: the controller provisionally reserved it on an endpoint, which must
 // not make that endpoint look busier to its own scheduling. An endpoint the controller does not know, whose
-// metrics are stale, or that is ejected, reads as +Inf: never preferred. With the peer replicas gone, while endpoints
-// are ranked by their seats (the Critical reserve is active), one with no seat count of its own is ranked by its
-// occupancy over the seats the pool's knowledge stands in for (rankSeatsLocked), not by its waiting queue alone: a
-// server taken over from a departed peer, whose limit this replica never learned, would otherwise rank as idle while
-// it runs its slots full, and take request after request ahead of servers ranked by their free seats (testbed/chaos
-// README, "replica-killed against one replica in the same run").
+// metrics are stale, or that is ejected, reads as +Inf: never preferred. While endpoints are ranked by their seats
+// (the Critical reserve is active), an adopted endpoint (one taken over from a departed peer replica, with no seat
+// count learned here yet) is ranked by its occupancy over the seats the pool's knowledge stands in for
+// (rankSeatsLocked), not by its waiting queue alone: it would otherwise rank as idle while it runs its slots full, and
+// take request after request ahead of servers ranked by their free seats (testbed/chaos README, "replica-killed
+// against one replica in the same run").
 func (c *Controller) Saturations(self string, names []string, out []float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -297,24 +297,30 @@ func (c *Controller) Saturations(self string, names []string, out []float64) {
 			e = &copied
 		}
 		out[i] = e.rankAt(nowNs, c.cfg.Endpoint, seats)
-		if n := c.rankSeatsLocked(e); seats && c.peersGone && n > 0 {
+		if !seats || !e.adopted {
+			continue
+		}
+		if n := c.rankSeatsLocked(e); n > 0 {
 			out[i] = max(out[i], float64(e.occupancy())/float64(n))
 		}
 	}
 }
 
-// rankSeatsLocked is the seat count e is ranked against when it has none of its own (Saturations): the pool's slot
-// limit where it stands for e's (poolSlotsForLocked) or, before one is learned, the most any endpoint of the pool was
-// seen running if a small server's and e never ran more (unqueuedSeatsLocked); 0 when e has seats or the pool knows
-// nothing that stands for them. Only with the peers gone: ranked so from the start, a single replica's warm-up, when
-// most endpoints have no seat count, sent Critical requests into full servers (Critical TTFT P99 12x on the
-// slot-limited shape in the virtual suite).
+// rankSeatsLocked is the seat count an adopted endpoint e is ranked against (Saturations): the pool's slot limit where
+// it stands for e's (poolSlotsForLocked); before one is learned, the most any endpoint of the pool was seen running if
+// a small server's and e never ran more (unqueuedSeatsLocked); else the most e itself was seen running if a small
+// server's (a larger server than the pool's limit, as a mixed fleet's). 0 when nothing stands for its seats. Only for
+// adopted endpoints: every endpoint ranked so, a single replica's warm-up, when most endpoints have no seat count,
+// sent Critical requests into full servers (Critical TTFT P99 12x on the slot-limited shape in the virtual suite).
 func (c *Controller) rankSeatsLocked(e *endpointState) int {
-	if e.seats > 0 {
-		return 0
-	}
 	if n := c.poolSlotsForLocked(e); n > 0 {
 		return n
 	}
-	return c.unqueuedSeatsLocked(e)
+	if n := c.unqueuedSeatsLocked(e); n > 0 {
+		return n
+	}
+	if n := e.learner.maxRunning; n < largeBatchRunning {
+		return n
+	}
+	return 0
 }

@@ -228,15 +228,7 @@ func (c *Controller) SetPeers(p Peers) {
 	now := c.clock.Now()
 	// Fewer requests of tenants under their share waiting at the peers free the seats kept for them (peerKeptLocked).
 	freed := p.ProtectedWaiting < c.peers.ProtectedWaiting
-	// A replica whose last live peer fell silent now owns endpoints whose concurrency it never learned (it learns from
-	// its own requests on its own endpoints), beside its own, which have seats: Saturations ranks those by the pool's
-	// knowledge (rankSeatsLocked) until peers are back.
-	switch {
-	case p.ReserveShare != nil:
-		c.peersGone = false
-	case c.peers.ReserveShare != nil:
-		c.peersGone = true
-	}
+	c.hadPeers = c.hadPeers || p.ReserveShare != nil
 	c.peers = p
 	c.underShareAt = time.Time{} // judged again with the peers' demand
 	for i := range c.endpoints {

@@ -57,8 +57,11 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 		s := &states[i]
 		newScrape[i] = s.scrapedNs != math.MinInt64
 		s.peer, s.peerKV, s.peerUnsized = c.peers.Load[s.Name], c.peers.LoadKV[s.Name], c.peers.LoadUnsized[s.Name]
+		// An endpoint new to a controller that had endpoints and peers: this replica's share grew.
+		s.adopted = c.hadPeers && len(c.endpoints) > 0
 		if j, ok := c.endpointIndex[s.Name]; ok {
 			old := &c.endpoints[j]
+			s.adopted = old.adopted
 			s.learner, s.recon, s.foreign = old.learner, old.recon, old.foreign
 			s.firstChunk, s.pendingDoneNs = old.firstChunk, old.pendingDoneNs
 			s.fullNs, s.endedNs = old.fullNs, old.endedNs
@@ -101,6 +104,7 @@ func (c *Controller) UpdateEndpoints(eps []Endpoint) error {
 			}
 		}
 		e.refresh(c.cfg.Endpoint)
+		e.adopted = e.adopted && e.seats == 0
 		e.noteFull(now)
 		if n := e.slotBound(); n > 0 && (c.poolSlots == 0 || n < c.poolSlots) {
 			c.poolSlots = n

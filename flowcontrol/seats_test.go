@@ -684,27 +684,39 @@ func TestRankByKVRoom(t *testing.T) {
 	}
 }
 
-// TestRankWithoutSeats: under the Critical reserve endpoints rank by their occupancy over their seats. With its peer
-// replicas gone, one with no seat count of its own (a server taken over from a departed peer, which never queued here)
-// ranks by its occupancy over the most the pool has run, not as idle while it runs that many; a replica that never
-// had peers, or outside the reserve, ranks it by its queue as before.
-func TestRankWithoutSeats(t *testing.T) {
+// TestRankAdopted: under the Critical reserve endpoints rank by their occupancy over their seats. An endpoint that
+// joined after a peer replica had been live (taken over from a departed peer) and has no seat count learned here
+// ranks by its occupancy over the pool's seats (the slot limit learned, else the most the pool has run), not as idle
+// while it runs that many; once it has seats of its own it ranks by them. One that joined a replica that never had
+// peers, or any endpoint outside the reserve, ranks by its queue as before.
+func TestRankAdopted(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		peersGone bool
+		hadPeers  bool // a peer was live before b joined
+		peersStay bool // and still is (three replicas, one gone)
 		reserveOn bool
-		want      []float64 // a (seats 4, holding 2), b (no seats, holding 4)
+		slotLimit bool // a's queue shows a plateau long enough to learn its slot limit (4)
+		bQueues   bool // b then queues at 4: seats of its own
+		bSelf     bool // the request being ranked is the one reserved on b
+		want      []float64
 	}{
-		{name: "peers gone, under the reserve", peersGone: true, reserveOn: true, want: []float64{0.5, 1}},
-		{name: "never had peers, under the reserve", reserveOn: true, want: []float64{0.5, 0}},
-		{name: "peers gone, no Critical traffic", peersGone: true, want: []float64{0, 0}},
+		{name: "adopted, peers gone", hadPeers: true, reserveOn: true, want: []float64{0.5, 1}},
+		{name: "adopted, a peer still live", hadPeers: true, peersStay: true, reserveOn: true, want: []float64{0.5, 1}},
+		{name: "adopted, the pool's slot limit", hadPeers: true, reserveOn: true, slotLimit: true, want: []float64{0.5, 1}},
+		{name: "adopted, seats of its own since", hadPeers: true, reserveOn: true, bQueues: true, want: []float64{0.5, 1}},
+		{name: "never had peers", reserveOn: true, want: []float64{0.5, 0}},
+		{name: "adopted, no Critical traffic", hadPeers: true, want: []float64{0, 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				h := newHarness(t, testConfig(t, nil))
-				h.scrape(ep("a", 0), ep("b", 0))
-				if tc.peersGone {
+				h.scrape(ep("a", 0))
+				if tc.hadPeers {
 					h.c.SetPeers(Peers{ReserveShare: func(pool, _ int) int { return pool }})
+				}
+				h.step(50 * time.Millisecond)
+				h.scrape(ep("a", 0), ep("b", 0)) // b joins
+				if tc.hadPeers && !tc.peersStay {
 					h.c.SetPeers(Peers{})
 				}
 				if tc.reserveOn {
@@ -712,9 +724,19 @@ func TestRankWithoutSeats(t *testing.T) {
 					critical.wantOutcome(t, Dispatched, ReasonNone)
 					h.c.Release(critical.req.ID)
 				}
-				// a queues at 4 running (tentative seats: 4); b runs 4 and never queues.
-				h.step(50 * time.Millisecond)
-				h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1}, Endpoint{Name: "b", Running: 4})
+				// a queues at 4 running (tentative seats: 4); b runs 4, queueing only if bQueues.
+				bWaiting := 0
+				if tc.bQueues {
+					bWaiting = 1
+				}
+				plateau := 1
+				if tc.slotLimit {
+					plateau = 4
+				}
+				for range plateau {
+					h.step(50 * time.Millisecond)
+					h.scrape(Endpoint{Name: "a", Running: 4, WaitingQueue: 1}, Endpoint{Name: "b", Running: 4, WaitingQueue: bWaiting})
+				}
 				// Two scrapes in a row show the requests of another sender: the occupancy.
 				for range 2 {
 					h.step(50 * time.Millisecond)
