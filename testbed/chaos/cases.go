@@ -184,7 +184,8 @@ func Cases() []Case {
 		},
 		eppKilled(false),
 		eppKilled(true),
-		replicaKilled(),
+		replicaKilled(2),
+		replicaKilled(3),
 		{
 			Name:      "apiserver-restart",
 			MustLeave: true,
@@ -241,26 +242,31 @@ func Cases() []Case {
 	}
 }
 
-// replicaKilled is one of two EPP replicas sharing the endpoints killed mid-load: the survivor takes its endpoints
-// over once its connection fails (or after --peer-timeout) and the data plane stops sending it streams once its
-// connection fails. Streams in flight through the dead replica are cut. A request the dead replica held, or whose
+// replicaKilled is one of replicas EPP replicas sharing the endpoints killed mid-load: the survivors take its
+// endpoints over once its connection fails (or after --peer-timeout) and the data plane stops sending it streams once
+// its connection fails. Streams in flight through the dead replica are cut. A request the dead replica held, or whose
 // stream the data plane opened to it before its connection failed, gets the gateway's answer to a failed EPP, 503
-// with Retry-After (examples/envoy/epp-failure-503.yaml), which a client may retry; nothing may hang or be lost.
-func replicaKilled() Case {
+// with Retry-After (examples/envoy/epp-failure-503.yaml), which a client may retry; nothing may hang or be lost. With
+// three, the survivors still have a live peer when they adopt the dead one's endpoints.
+func replicaKilled(replicas int) Case {
+	name, of := "replica-killed", "two"
+	if replicas != 2 {
+		name, of = fmt.Sprintf("replica-killed-of-%d", replicas), fmt.Sprint(replicas)
+	}
 	return Case{
-		Name:  "replica-killed",
-		Smoke: true,
-		Fault: "one of two EPP replicas sharing the endpoints (--peers) is killed (SIGKILL); the survivor takes over its endpoints; " +
+		Name:  name,
+		Smoke: replicas == 2,
+		Fault: "one of " + of + " EPP replicas sharing the endpoints (--peers) is killed (SIGKILL); the survivors take over its endpoints; " +
 			"the data plane answers the dead replica's requests 503 with Retry-After (epp-failure-503.yaml)",
 		Modes: []Mode{Static},
-		Stack: func(o *StackOptions) { o.EPPReplicas, o.EPPFailureRetryAfter = 2, time.Second },
+		Stack: func(o *StackOptions) { o.EPPReplicas, o.EPPFailureRetryAfter = replicas, time.Second },
 		// Issue 22: Critical within 1.5x of one replica during the takeover.
 		Baseline:       func(o *StackOptions) { o.EPPReplicas = 1 },
 		BaselineName:   "one EPP replica",
 		BaselineTarget: 1.5,
 		Inject: func(r *Run) {
 			r.Mark("kill")
-			r.Stack.KillReplica(1)
+			r.Stack.KillReplica(replicas - 1)
 		},
 		Expect: func(r *Run, rec loadgen.Record, o Outcome) bool {
 			return Designed(r, rec, o) || cutAt(rec, r.At("kill"))
