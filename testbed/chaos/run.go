@@ -142,19 +142,8 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 			baseline.Failures = append(baseline.Failures, "the baseline run did not complete (see its subtest)")
 		}
 	}
-	opts := base
-	opts.Mode = mode
-	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode))
-	if c.Stack != nil {
-		c.Stack(&opts)
-	}
-	s := StartStack(t, opts)
+	opts, s := startCaseStack(t, c, mode, base, "", c.Stack)
 	ctx := t.Context()
-	if !c.NoSettle {
-		if err := s.WaitFresh(ctx, time.Minute); err != nil {
-			t.Fatalf("before the load: %v", err)
-		}
-	}
 	r := &Run{T: t, Stack: s, Timeline: tl, ctx: ctx, marks: map[string]time.Time{}}
 	cfg := loadConfig(t, s, c, tl)
 	logBefore := len(s.EPP.Output.String())
@@ -238,22 +227,31 @@ func saveRecords(t *testing.T, dir string, recs []loadgen.Record) {
 	}
 }
 
+// startCaseStack starts a stack for c in mode: base's options, its logs under base.Dir/<case>/<mode>[/sub], adjusted by
+// adjust (nil: none), and waits for the EPP's first scrapes unless c.NoSettle.
+func startCaseStack(t *testing.T, c Case, mode Mode, base StackOptions, sub string, adjust func(*StackOptions)) (StackOptions, *Stack) {
+	t.Helper()
+	opts := base
+	opts.Mode = mode
+	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode), sub)
+	if adjust != nil {
+		adjust(&opts)
+	}
+	s := StartStack(t, opts)
+	if !c.NoSettle {
+		if err := s.WaitFresh(t.Context(), time.Minute); err != nil {
+			t.Fatalf("before the load: %v", err)
+		}
+	}
+	return opts, s
+}
+
 // runBaseline runs c's load with no fault on the stack c.Baseline makes of base and returns its records, for b to be
 // measured over the window the fault has in the case's run. The run must end as any: every request answered once
 // with 200, or 429 or 503 with Retry-After, and nothing left in the EPP; b.Failures lists what did not.
 func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions, b *Baseline) []loadgen.Record {
-	opts := base
-	opts.Mode = mode
-	opts.Dir = filepath.Join(base.Dir, c.Name, string(mode), "baseline")
-	c.Baseline(&opts)
-	s := StartStack(t, opts)
-	ctx := t.Context()
-	if !c.NoSettle {
-		if err := s.WaitFresh(ctx, time.Minute); err != nil {
-			t.Fatalf("before the baseline's load: %v", err)
-		}
-	}
-	res, err := loadgen.Run(ctx, loadConfig(t, s, c, tl))
+	opts, s := startCaseStack(t, c, mode, base, "baseline", c.Baseline)
+	res, err := loadgen.Run(t.Context(), loadConfig(t, s, c, tl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +268,7 @@ func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions
 	if n := b.Outcomes[OutcomeLost] + b.Outcomes[OutcomeHung] + b.Outcomes[OutcomeOther]; n > 0 {
 		b.Failures = append(b.Failures, fmt.Sprintf("the baseline run, with no fault, had %d answers other than 200, 429 and 503 with Retry-After: %v", n, b.Outcomes))
 	}
-	if err := s.WaitDrained(ctx, drainTimeout); err != nil {
+	if err := s.WaitDrained(t.Context(), drainTimeout); err != nil {
 		b.Failures = append(b.Failures, "after the baseline's load: "+err.Error())
 	}
 	return res.Records
