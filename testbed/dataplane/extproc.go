@@ -374,18 +374,17 @@ func (ex *exchange) writeEPPUnavailable(err error) {
 	if ex.p.cfg.EPPFailureRetryAfter > 0 {
 		status = http.StatusServiceUnavailable
 	}
-	status = ex.p.cfg.localReply(status, ex.w.Header())
+	ex.p.cfg.localReply(status, ex.w.Header())
 	writeError(ex.w, status, errTypeServer, codeEPPUnavailable, "endpoint picker failed: "+err.Error())
 }
 
-// localReply applies to an answer the gateway gives itself (an EPP failure's, an EPP's ImmediateResponse, no
-// endpoint picked) the local reply mapping of examples/envoy/epp-failure-503.yaml, with Config.EPPFailureRetryAfter:
-// a 503 without a Retry-After gets one, in whole seconds rounded up. It returns the status, which the mapping keeps.
-func (c Config) localReply(status int, h http.Header) int {
+// localReply applies to the headers h of an answer of status the gateway gives itself (an EPP failure's, an EPP's
+// ImmediateResponse, no endpoint picked) the local reply mapping of examples/envoy/epp-failure-503.yaml, with
+// Config.EPPFailureRetryAfter: a 503 without a Retry-After gets one, in whole seconds rounded up. The status stays.
+func (c Config) localReply(status int, h http.Header) {
 	if status == http.StatusServiceUnavailable && c.EPPFailureRetryAfter > 0 && h.Get("Retry-After") == "" {
 		h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(c.EPPFailureRetryAfter.Seconds())), 10))
 	}
-	return status
 }
 
 // writeImmediate sends an EPP ImmediateResponse to the client: its status
@@ -401,7 +400,7 @@ func (ex *exchange) writeImmediate(ir *extprocv3.ImmediateResponse) {
 	}
 	rh := &responseHead{status: code, header: http.Header{"Content-Type": {"text/plain"}}}
 	applyResponseMutation(rh, ir.GetHeaders())
-	rh.status = ex.p.cfg.localReply(rh.status, rh.header)
+	ex.p.cfg.localReply(rh.status, rh.header)
 	rh.header.Set("Content-Length", strconv.Itoa(len(ir.GetBody())))
 	ex.writeHead(rh, "")
 	_, _ = ex.w.Write(ir.GetBody())

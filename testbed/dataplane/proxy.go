@@ -272,8 +272,8 @@ func (ex *exchange) writeHead(rh *responseHead, served string) {
 func (ex *exchange) dispatch(ctx context.Context, head *requestHead, body []byte, endpoints []string) (*http.Response, string, Outcome) {
 	p := ex.p
 	if len(endpoints) == 0 {
-		writeError(ex.w, ex.p.cfg.localReply(http.StatusServiceUnavailable, ex.w.Header()), errTypeServer, codeNoEndpoint,
-			"no endpoint was picked for the request")
+		ex.p.cfg.localReply(http.StatusServiceUnavailable, ex.w.Header())
+		writeError(ex.w, http.StatusServiceUnavailable, errTypeServer, codeNoEndpoint, "no endpoint was picked for the request")
 		return nil, "", OutcomeNoEndpoint
 	}
 	var lastErr error
