@@ -697,7 +697,6 @@ func TestRankAdopted(t *testing.T) {
 		reserveOn bool
 		slotLimit bool // a's queue shows a plateau long enough to learn its slot limit (4)
 		bQueues   bool // b then queues at 4: seats of its own
-		bSelf     bool // the request being ranked is the one reserved on b
 		want      []float64
 	}{
 		{name: "adopted, peers gone", hadPeers: true, reserveOn: true, want: []float64{0.5, 1}},

@@ -587,7 +587,8 @@ func (a *joinedBufferAdmission) Admit(ctx context.Context, _ *handlers.RequestCo
 // TestFailedRequestLoggedWithoutAPutBackBody: upstream's handler, failing a request after admission took it, logs the
 // message that carried the body at debug verbosity. The joined body's buffer is back in the pool by then, and another
 // stream may have taken it, so that message must no longer hold it: the line shows no body, not the prompt (which it
-// could only show while the buffer stays out of the pool), zeros or another request's prompt. Upstream's own handler runs here, with a Director that admits and then fails.
+// could only show while the buffer stays out of the pool), zeros or another request's prompt. Upstream's own handler
+// runs here, with a Director that admits and then fails.
 func TestFailedRequestLoggedWithoutAPutBackBody(t *testing.T) {
 	const first, last = `{"model":"m","messages":[{"role":"user","content":"`, `secret"}]}`
 	logged := &loggedRequestBodies{}

@@ -184,7 +184,7 @@ func (o *Options) Validate() error {
 	if o.ResponseObserverWait < 0 {
 		return fmt.Errorf("--response-observer-wait must not be negative, got %s", o.ResponseObserverWait)
 	}
-	if o.ResponseObserverWait > 0 && (o.Peers != "" || o.PeersFile != "" || o.PeersService != "") {
+	if o.ResponseObserverWait > 0 && o.Replicated() {
 		return errors.New("--response-observer-wait needs both ext_proc streams of a request on one replica: it does not go with --peers, --peers-file or --peers-service")
 	}
 	if !o.StaticMode() {
