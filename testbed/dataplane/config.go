@@ -105,6 +105,10 @@ type Config struct {
 	// the EPP learns the served endpoint from metadata either way. It also
 	// adds EPPTimeHeader, the time the request waited on the EPP.
 	ReportServedHeader bool
+	// RequestIDInResponse adds the request's x-request-id to its response, as Envoy's HCM does with
+	// always_set_request_id_in_response, so a load generator can join its records with the EPP's decision trace,
+	// which is keyed by that ID.
+	RequestIDInResponse bool
 	// AllowNonLoopbackUpstreams permits upstream endpoints outside
 	// 127.0.0.0/8, ::1 and "localhost". Off by default: this proxy is a
 	// benchmark and test tool, and its traffic stays on the machine unless

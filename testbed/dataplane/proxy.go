@@ -137,6 +137,8 @@ type exchange struct {
 	// opening the ext_proc stream to the request phase's last answer, and from sending the response headers to the
 	// EPP's answer to them. 0 without the EPP.
 	eppTime time.Duration
+	// requestID is the x-request-id the proxy gave the request ("" before requestHead).
+	requestID string
 }
 
 func (ex *exchange) run() Outcome {
@@ -177,7 +179,11 @@ func (ex *exchange) requestHead() *requestHead {
 	h.Del("Host")
 	h.Del(metadata.DestinationEndpointKey)
 	h.Del(metadata.DestinationEndpointServedKey)
-	h.Set("X-Request-Id", ex.p.cfg.NewRequestID())
+	ex.requestID = ex.p.cfg.NewRequestID()
+	h.Set("X-Request-Id", ex.requestID)
+	if ex.p.cfg.RequestIDInResponse {
+		ex.w.Header().Set("X-Request-Id", ex.requestID)
+	}
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -253,6 +259,9 @@ func (ex *exchange) writeHead(rh *responseHead, served string) {
 	h := ex.w.Header()
 	for k, v := range rh.header {
 		h[k] = v
+	}
+	if ex.p.cfg.RequestIDInResponse && ex.requestID != "" {
+		h.Set("X-Request-Id", ex.requestID)
 	}
 	h.Del(metadata.DestinationEndpointServedKey)
 	if ex.p.cfg.ReportServedHeader && served != "" {

@@ -189,6 +189,44 @@ func TestEPPImmediateResponsePassedThrough(t *testing.T) {
 	}
 }
 
+// TestRequestIDInResponse: with Config.RequestIDInResponse the client gets the x-request-id the proxy gave its
+// request (the one the EPP saw), whoever answered, as Envoy's always_set_request_id_in_response; without it, none.
+func TestRequestIDInResponse(t *testing.T) {
+	const id = "proxy-chosen"
+	upstream := startBackend(t, "b", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Request-Id", "upstream-chosen")
+		_, _ = io.WriteString(w, `{}`)
+	})
+	routed := startFakeEPP(t, eppBehaviour{decide: routeTo(upstream.addr(), nil)})
+	shed := startFakeEPP(t, eppBehaviour{decide: func(*seenExchange) []*extprocv3.ProcessingResponse {
+		return []*extprocv3.ProcessingResponse{immediate(envoytypev3.StatusCode_TooManyRequests, `{}`, "retry-after", "1")}
+	}})
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		status int
+		want   string
+	}{
+		{"routed, the upstream's own ID replaced", Config{EPPAddress: routed.addr, RequestIDInResponse: true}, http.StatusOK, id},
+		{"answered by the EPP", Config{EPPAddress: shed.addr, RequestIDInResponse: true}, http.StatusTooManyRequests, id},
+		{"EPP unreachable", Config{EPPAddress: refusedAddr(t), RequestIDInResponse: true}, http.StatusInternalServerError, id},
+		{"off: the upstream's header passes", Config{EPPAddress: routed.addr}, http.StatusOK, "upstream-chosen"},
+		{"off, answered by the EPP", Config{EPPAddress: shed.addr}, http.StatusTooManyRequests, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.NewRequestID = func() string { return id }
+			proxy, _ := startProxy(t, tc.cfg)
+			code, hdr, body := post(t, proxy.URL+"/v1/completions", `{"model":"m"}`, "X-Request-Id", "chosen-by-client")
+			if code != tc.status || hdr.Get("X-Request-Id") != tc.want {
+				t.Errorf("got %d with x-request-id %q (body %q), want %d with %q", code, hdr.Get("X-Request-Id"), body, tc.status, tc.want)
+			}
+		})
+	}
+	if ex := routed.exchanges(); len(ex) == 0 || ex[0].requestHeaders["x-request-id"] != id {
+		t.Errorf("the EPP did not see the ID the client got: %v", ex)
+	}
+}
+
 // TestEPPImmediateResponseLocalReplyMapping: with Config.EPPFailureRetryAfter, an EPP's ImmediateResponse is an Envoy
 // local reply: one of 503 without a Retry-After gets the mapping's, one with its own keeps it, other statuses pass as
 // they are; the body is kept.

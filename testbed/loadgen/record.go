@@ -63,9 +63,22 @@ type Record struct {
 	// EPPTime is the data plane's account of how long the attempt waited on the EPP before its response headers
 	// (x-dataplane-epp-seconds): the EPP hop's part of TTFT. 0 without an EPP or without the header.
 	EPPTime time.Duration `json:"epp_ns,omitempty"`
+	// RequestID is the x-request-id the gateway gave the attempt, when it says so in the response (the data plane's
+	// --request-id-in-response, Envoy's always_set_request_id_in_response): the key of the EPP's decision trace.
+	RequestID string `json:"request_id,omitempty"`
 	// Target is the index in RunConfig.Targets of the gateway the request
 	// went through; 0 with one target.
 	Target int `json:"target,omitempty"`
+}
+
+// maxRequestIDBytes bounds the request ID a record keeps; a longer one is not the gateway's and is dropped.
+const maxRequestIDBytes = 128
+
+// parseRequestID fills RequestID from a response's headers.
+func (r *Record) parseRequestID(h http.Header) {
+	if id := h.Get("X-Request-Id"); len(id) <= maxRequestIDBytes {
+		r.RequestID = id
+	}
 }
 
 // eppTimeHeader is the data plane's EPPTimeHeader (duplicated: loadgen is a client and imports no proxy code).

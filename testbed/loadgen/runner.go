@@ -483,6 +483,7 @@ func (r *runner) attempt(ctx context.Context, spec RequestSpec, rec *Record) {
 	rec.Endpoint = resp.Header.Get(servedHeader)
 	rec.parseServerTimes(resp.Header)
 	rec.parseEPPTime(resp.Header)
+	rec.parseRequestID(resp.Header)
 	if d, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 		rec.RetryAfter, rec.RetryAfterSet = d, true
 	}

@@ -51,6 +51,7 @@ func fakeModelServer(t *testing.T, hook func(w http.ResponseWriter, r *http.Requ
 			return
 		}
 		w.Header().Set(servedHeader, "127.0.0.1:9999")
+		w.Header().Set("X-Request-Id", "id-from-the-gateway")
 		if !req.Stream {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":%d}}`, req.MaxTokens)
@@ -138,8 +139,8 @@ func TestRunOpenLoopMeasures(t *testing.T) {
 			t.Fatalf("record %+v: want one final success per seq", r)
 		}
 		seqs[r.Seq] = true
-		if r.Endpoint != "127.0.0.1:9999" {
-			t.Errorf("served endpoint %q not recorded", r.Endpoint)
+		if r.Endpoint != "127.0.0.1:9999" || r.RequestID != "id-from-the-gateway" {
+			t.Errorf("served endpoint %q or request ID %q not recorded", r.Endpoint, r.RequestID)
 		}
 		switch r.Class {
 		case "s":
@@ -471,6 +472,27 @@ func TestParseEPPTime(t *testing.T) {
 		r.parseEPPTime(h)
 		if r.EPPTime != tc.want {
 			t.Errorf("%q: %v, want %v", tc.value, r.EPPTime, tc.want)
+		}
+	}
+}
+
+func TestParseRequestID(t *testing.T) {
+	long := strings.Repeat("x", maxRequestIDBytes+1)
+	for _, tc := range []struct {
+		value, want string
+	}{
+		{"6f1c2d9e-0000-4000-8000-000000000001", "6f1c2d9e-0000-4000-8000-000000000001"},
+		{"", ""},   // a gateway that does not say
+		{long, ""}, // not a gateway's ID
+	} {
+		h := http.Header{}
+		if tc.value != "" {
+			h.Set("X-Request-Id", tc.value)
+		}
+		var r Record
+		r.parseRequestID(h)
+		if r.RequestID != tc.want {
+			t.Errorf("%.20q: %q, want %q", tc.value, r.RequestID, tc.want)
 		}
 	}
 }

@@ -65,6 +65,7 @@ func run(args []string) error {
 		subsetHint    = fs.String("subset-hint", "", "comma-separated endpoints sent to the EPP as the envoy.lb.subset_hint subset")
 		subsetHeader  = fs.Bool("subset-hint-header", false, "take the subset hint per request from the x-gateway-destination-endpoint-subset header (tests)")
 		servedHeader  = fs.Bool("served-header", true, "add x-gateway-destination-endpoint-served to responses")
+		requestID     = fs.Bool("request-id-in-response", true, "add the request's x-request-id to its response (Envoy's always_set_request_id_in_response), which the EPP's decision trace is keyed by")
 		allowRemote   = fs.Bool("allow-non-loopback-upstreams", false, "allow upstream endpoints outside the loopback interface")
 		msgTimeout    = fs.Duration("message-timeout", dataplane.DefaultMessageTimeout, "how long to wait for the EPP's routing decision")
 		connTimeout   = fs.Duration("connect-timeout", dataplane.DefaultConnectTimeout, "timeout of one upstream connect before the next endpoint is tried")
@@ -108,6 +109,7 @@ func run(args []string) error {
 		SubsetHint:                dataplane.SplitEndpointList(*subsetHint),
 		SubsetHintFromHeader:      *subsetHeader,
 		ReportServedHeader:        *servedHeader,
+		RequestIDInResponse:       *requestID,
 		AllowNonLoopbackUpstreams: *allowRemote,
 		MessageTimeout:            *msgTimeout,
 		ConnectTimeout:            *connTimeout,
