@@ -17,6 +17,10 @@ const (
 	ResultsFileName = "results.json"
 	// RecordsFileName holds a run's records, in its folder under logs/ (logs/<case>/<mode>/, and baseline/ below it).
 	RecordsFileName = "records.json"
+	// DecisionsFileName holds, beside the records, the first EPP replica's decision trace as its
+	// /debug/sluice/decisions page served it at the run's end (--decision-trace); replica k's is decisions-k.json. A
+	// record's request_id is a decision's requestId. A replica killed in the run leaves none.
+	DecisionsFileName = "decisions.json"
 )
 
 // SortResults orders results as Cases lists the cases, static mode first
@@ -62,6 +66,7 @@ func WriteReport(w io.Writer, results []Result, tl Timeline) error {
 			leaveText(r), critical(r.CriticalDuring, r.CriticalDuringN), ms(r.CriticalBefore), drained, verdict)
 	}
 	writeBaselines(&b, results)
+	writeSlowest(&b, results)
 	b.WriteString("\n## Faults\n\n")
 	seen := map[string]bool{}
 	for _, r := range results {

@@ -195,6 +195,15 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 	if err := s.WaitDrained(ctx, drainTimeout); err != nil {
 		res.Leak = err.Error()
 	}
+	if err := s.SaveDecisions(ctx); err != nil {
+		t.Errorf("saving the decision traces: %v", err)
+	} else if baseline != nil {
+		decisions, err := loadDecisions(opts.Dir, len(s.Replicas))
+		if err != nil {
+			t.Errorf("reading the decision traces: %v", err)
+		}
+		res.Slowest = slowestCritical(main.Records, from, to, decisions, slowestShown)
+	}
 	if c.Check != nil {
 		if err := c.Check(r); err != nil {
 			res.CheckError = err.Error()
@@ -210,9 +219,10 @@ func loadConfig(t *testing.T, s *Stack, c Case, tl Timeline) loadgen.RunConfig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 1, Mode: loadgen.ModeOpen,
+	cfg := loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 1, Mode: loadgen.ModeOpen,
 		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: tl.Rate},
 		Duration: tl.Load + c.ExtraLoad, RequestTimeout: requestTimeout, Drain: requestTimeout}
+	return cfg
 }
 
 // saveRecords writes every attempt's record of a run's load into dir (RecordsFileName), beside the processes' logs, for
@@ -270,6 +280,9 @@ func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions
 	}
 	if err := s.WaitDrained(t.Context(), drainTimeout); err != nil {
 		b.Failures = append(b.Failures, "after the baseline's load: "+err.Error())
+	}
+	if err := s.SaveDecisions(t.Context()); err != nil {
+		t.Errorf("saving the decision traces: %v", err)
 	}
 	return res.Records
 }
@@ -420,6 +433,9 @@ type Result struct {
 	// Baseline is the same load's run with no fault (Case.Baseline); nil
 	// without one.
 	Baseline *Baseline `json:"baseline,omitempty"`
+	// Slowest are the slowest Critical requests of the fault's window, each with its EPP decision, for a case with a
+	// baseline.
+	Slowest []SlowRequest `json:"slowest_critical,omitempty"`
 	// Marks are the instants of the case's named events (Run.Mark: "fault",
 	// "clear", "kill"), from the start of the load, as the load's records
 	// (RecordsFileName) count time.

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -199,7 +201,8 @@ func StartStack(t *testing.T, opts StackOptions) *Stack {
 		addrs = append(addrs, srv.Addr)
 	}
 
-	eppArgs := append([]string{"--secure-serving=false", "--sluice-admission"}, opts.EPPArgs...)
+	eppArgs := append([]string{"--secure-serving=false", "--sluice-admission",
+		"--decision-trace=" + strconv.Itoa(decisionTraceSize), "--decision-trace-rate=0"}, opts.EPPArgs...)
 	var env []string
 	switch opts.Mode {
 	case Static:
@@ -297,6 +300,50 @@ func (s *Stack) saveEPPLog() {
 	for k, p := range s.Replicas[1:] {
 		_ = os.WriteFile(filepath.Join(s.opts.Dir, fmt.Sprintf("epp-%d.log", k+1)), []byte(p.Output.String()), 0o644)
 	}
+}
+
+// decisionTraceSize is every EPP's --decision-trace: more than a full timeline's requests and bursts, so that each of
+// a run's requests can be looked up (SaveDecisions).
+const decisionTraceSize = 4096
+
+// SaveDecisions writes each live replica's decision trace into the stack's folder (DecisionsFileName). A replica that
+// was killed is skipped.
+func (s *Stack) SaveDecisions(ctx context.Context) error {
+	var errs []error
+	for k, p := range s.Replicas {
+		if p.Exited() {
+			continue
+		}
+		name := DecisionsFileName
+		if k > 0 {
+			name = fmt.Sprintf("decisions-%d.json", k)
+		}
+		if err := s.fetch(ctx, fmt.Sprintf("http://127.0.0.1:%d%s", p.MetricsPort, runner.DecisionTracePath), filepath.Join(s.opts.Dir, name)); err != nil {
+			errs = append(errs, fmt.Errorf("replica %d's decision trace: %w", k, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// fetch writes the body of a GET of url into file.
+func (s *Stack) fetch(ctx context.Context, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, raw, 0o644)
 }
 
 // deletePool removes the run's pool and pods from the shared API server.

@@ -1,0 +1,144 @@
+package chaos
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-gw/sluice/plugins/decisiontrace"
+	"github.com/sluice-gw/sluice/testbed/loadgen"
+)
+
+// slowestShown is how many of a fault window's slowest Critical requests a case with a baseline explains.
+const slowestShown = 3
+
+// SlowRequest is one of the slowest Critical requests of a fault's window, joined by its request ID with the decision
+// the EPP replica that routed it traced: why it went where it went.
+type SlowRequest struct {
+	Seq int `json:"seq"`
+	// Start is when it was sent, from the start of the load; TTFT its time to first token; ServerQueue how long it
+	// waited inside the server before it was scheduled (the simulator's account).
+	Start       time.Duration `json:"start_ns"`
+	TTFT        time.Duration `json:"ttft_ns"`
+	ServerQueue time.Duration `json:"server_queue_ns,omitempty"`
+	Endpoint    string        `json:"endpoint,omitempty"`
+	// Replica is the EPP replica whose trace holds the decision; -1 when none does (a replica killed in the run
+	// leaves no trace).
+	Replica int `json:"replica"`
+	// Waited is how long admission queued it. Candidates are the primary profile's endpoints after its filters,
+	// highest total score first, and Headroom those admission found room on for its band.
+	Waited     time.Duration                  `json:"waited_ns,omitempty"`
+	Candidates []decisiontrace.EndpointScores `json:"candidates,omitempty"`
+	Headroom   []string                       `json:"headroom,omitempty"`
+}
+
+// loadDecisions reads the decision traces a run saved in dir (DecisionsFileName and decisions-k.json for replica k),
+// keyed by request ID, each with the index of its replica.
+func loadDecisions(dir string, replicas int) (map[string]tracedDecision, error) {
+	byID := map[string]tracedDecision{}
+	var errs []error
+	for k := range max(1, replicas) {
+		name := DecisionsFileName
+		if k > 0 {
+			name = fmt.Sprintf("decisions-%d.json", k)
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // killed in the run
+		}
+		var page decisiontrace.Page
+		if err == nil {
+			err = json.Unmarshal(raw, &page)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		for _, d := range page.Decisions {
+			if d.RequestID != "" {
+				byID[d.RequestID] = tracedDecision{replica: k, record: d}
+			}
+		}
+	}
+	return byID, errors.Join(errs...)
+}
+
+// tracedDecision is one decision and the replica that made it.
+type tracedDecision struct {
+	replica int
+	record  *decisiontrace.Record
+}
+
+// slowestCritical returns the n served Critical requests sent in [from, to) with the longest TTFT, slowest first,
+// each with its decision from decisions.
+func slowestCritical(recs []loadgen.Record, from, to time.Duration, decisions map[string]tracedDecision, n int) []SlowRequest {
+	var served []loadgen.Record
+	for _, r := range recs {
+		if r.Class == criticalClass && r.Final && r.OK() && r.Start >= from && r.Start < to {
+			served = append(served, r)
+		}
+	}
+	slices.SortFunc(served, func(a, b loadgen.Record) int { return int(b.TTFT - a.TTFT) })
+	var out []SlowRequest
+	for _, r := range served[:min(n, len(served))] {
+		s := SlowRequest{Seq: r.Seq, Start: r.Start, TTFT: r.TTFT, ServerQueue: r.ServerQueue, Endpoint: r.Endpoint, Replica: -1}
+		if d, ok := decisions[r.RequestID]; ok && r.RequestID != "" {
+			s.Replica = d.replica
+			if a := d.record.Admission; a != nil {
+				s.Waited = time.Duration(a.WaitSeconds * float64(time.Second))
+				s.Headroom = a.Headroom
+			}
+			if len(d.record.Profiles) > 0 {
+				s.Candidates = d.record.Profiles[0].Endpoints
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// writeSlowest renders, for the cases that explain their slowest Critical requests, one line per request: when it
+// was sent against the fault, its TTFT, where it went and why.
+func writeSlowest(b *strings.Builder, results []Result) {
+	header := false
+	for _, r := range results {
+		if len(r.Slowest) == 0 {
+			continue
+		}
+		if !header {
+			header = true
+			b.WriteString("\n## The slowest Critical requests of the fault's window\n\nEach with the decision of the EPP " +
+				"replica that routed it (its decision trace, joined by x-request-id; the traces are in each run's logs " +
+				"folder): the time admission queued it, the endpoints it had room on, and each candidate's total " +
+				"score, highest first, the chosen one starred. Server queue is the time the request waited inside the " +
+				"server before its first step.\n\n")
+		}
+		fmt.Fprintf(b, "- %s / %s:\n", r.Case, r.Mode)
+		for _, s := range r.Slowest {
+			fmt.Fprintf(b, "  - seq %d, sent %s after the fault, TTFT %s (server queue %s) on %s: %s\n", s.Seq,
+				ms(s.Start-r.Marks["fault"]), ms(s.TTFT), ms(s.ServerQueue), s.Endpoint, s.decisionText())
+		}
+	}
+}
+
+// decisionText says what the request's replica decided.
+func (s SlowRequest) decisionText() string {
+	if s.Replica < 0 {
+		return "no decision traced"
+	}
+	var totals []string
+	for _, c := range s.Candidates {
+		mark := ""
+		if c.Endpoint == s.Endpoint {
+			mark = "*"
+		}
+		totals = append(totals, fmt.Sprintf("%s %.2f%s", c.Endpoint, c.Total, mark))
+	}
+	return fmt.Sprintf("replica %d, queued %s, room on [%s], totals [%s]", s.Replica, ms(s.Waited),
+		strings.Join(s.Headroom, " "), strings.Join(totals, ", "))
+}
