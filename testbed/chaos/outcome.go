@@ -188,12 +188,13 @@ func TrafficLeft(recs []loadgen.Record, endpoint string, from, to, probeGap time
 	return l
 }
 
-// CriticalTTFT returns the times to first token of the successful attempts
-// of class that started within [from, to), ascending.
+// CriticalTTFT returns the times to first token of the requests of class
+// served on their first attempt, sent within [from, to), ascending. A request
+// served on a retry is counted apart (RetriesIn).
 func CriticalTTFT(recs []loadgen.Record, class string, from, to time.Duration) []time.Duration {
 	var out []time.Duration
 	for _, r := range recs {
-		if r.Class == class && r.OK() && r.Start >= from && r.Start < to {
+		if r.Class == class && r.Attempt <= 1 && r.OK() && r.Start >= from && r.Start < to {
 			out = append(out, r.TTFT)
 		}
 	}
@@ -219,4 +220,42 @@ func MissingFinals(recs []loadgen.Record) int {
 		}
 	}
 	return missing
+}
+
+// Retries is what the clients' retries after Retry-After (Case.Retry) did for
+// the requests first sent in a window.
+type Retries struct {
+	// Requests counts the requests retried at least once; Outcomes are their
+	// final answers.
+	Requests int             `json:"requests"`
+	Outcomes map[Outcome]int `json:"outcomes,omitempty"`
+	// Critical counts the Critical ones and CriticalServed those served in
+	// the end; CriticalFirstToken is the longest time from a served one's
+	// first attempt to its first token: what its client waited.
+	Critical           int           `json:"critical"`
+	CriticalServed     int           `json:"critical_served"`
+	CriticalFirstToken time.Duration `json:"critical_first_token_ns,omitempty"`
+}
+
+// RetriesIn measures the retries of the requests first sent within [from,
+// to); critical names the Critical class.
+func RetriesIn(recs []loadgen.Record, critical string, from, to time.Duration) Retries {
+	out := Retries{Outcomes: map[Outcome]int{}}
+	for _, r := range recs {
+		first := r.Start - r.SinceFirstAttempt
+		if !r.Final || r.Attempt <= 1 || first < from || first >= to {
+			continue
+		}
+		out.Requests++
+		out.Outcomes[Classify(r)]++
+		if r.Class != critical {
+			continue
+		}
+		out.Critical++
+		if r.OK() {
+			out.CriticalServed++
+			out.CriticalFirstToken = max(out.CriticalFirstToken, r.SinceFirstAttempt+r.TTFT)
+		}
+	}
+	return out
 }

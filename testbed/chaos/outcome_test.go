@@ -109,3 +109,44 @@ func TestMissingFinals(t *testing.T) {
 		t.Errorf("MissingFinals = %d, want 3 (seq 2, 3 and 4)", got)
 	}
 }
+
+// TestRetriesIn: the requests first sent in the window and retried are counted by their final answer, a Critical one
+// served on a retry by the wait from its first attempt; CriticalTTFT leaves them out.
+func TestRetriesIn(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	unavailable := func(seq int, class string, start time.Duration, attempt int, since time.Duration) loadgen.Record {
+		return loadgen.Record{Seq: seq, Class: class, Attempt: attempt, Start: start, SinceFirstAttempt: since,
+			Status: http.StatusServiceUnavailable, RetryAfterSet: true, RetryAfter: time.Second, E2E: ms(2)}
+	}
+	served := func(seq int, class string, start time.Duration, attempt int, since, ttft time.Duration) loadgen.Record {
+		return loadgen.Record{Seq: seq, Class: class, Attempt: attempt, Final: true, Start: start, SinceFirstAttempt: since,
+			Status: http.StatusOK, TTFT: ttft, E2E: ttft + ms(100)}
+	}
+	recs := []loadgen.Record{
+		served(0, criticalClass, ms(1500), 1, 0, ms(40)), // first attempt: no retry
+		unavailable(1, criticalClass, ms(2000), 1, 0),
+		served(1, criticalClass, ms(3005), 2, ms(1005), ms(50)), // served on its retry: 1,055 ms from its first attempt
+		unavailable(2, "standard", ms(2100), 1, 0),
+		unavailable(2, "standard", ms(3100), 2, ms(1000)),
+		func() loadgen.Record { // never served
+			r := unavailable(2, "standard", ms(4100), 3, ms(2000))
+			r.Final = true
+			return r
+		}(),
+		unavailable(3, criticalClass, ms(900), 1, 0), // first sent before the window
+		served(3, criticalClass, ms(1900), 2, ms(1000), ms(30)),
+		unavailable(4, criticalClass, ms(4900), 1, 0), // its retry starts after the window, its first attempt in it
+		served(4, criticalClass, ms(5900), 2, ms(1000), ms(20)),
+	}
+	got := RetriesIn(recs, criticalClass, ms(1000), ms(5000))
+	want := Retries{Requests: 3, Outcomes: map[Outcome]int{OutcomeOK: 2, OutcomeUnavailable: 1}, Critical: 2, CriticalServed: 2,
+		CriticalFirstToken: ms(1055)}
+	if got.Requests != want.Requests || got.Critical != want.Critical || got.CriticalServed != want.CriticalServed ||
+		got.CriticalFirstToken != want.CriticalFirstToken || len(got.Outcomes) != len(want.Outcomes) ||
+		got.Outcomes[OutcomeOK] != 2 || got.Outcomes[OutcomeUnavailable] != 1 {
+		t.Errorf("RetriesIn = %+v, want %+v", got, want)
+	}
+	if ttft := CriticalTTFT(recs, criticalClass, ms(1000), ms(5000)); len(ttft) != 1 || ttft[0] != ms(40) {
+		t.Errorf("CriticalTTFT = %v, want only the request served on its first attempt (40 ms)", ttft)
+	}
+}

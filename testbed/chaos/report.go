@@ -66,6 +66,7 @@ func WriteReport(w io.Writer, results []Result, tl Timeline) error {
 			leaveText(r), critical(r.CriticalDuring, r.CriticalDuringN), ms(r.CriticalBefore), drained, verdict)
 	}
 	writeBaselines(&b, results)
+	writeRetries(&b, results)
 	writeSlowest(&b, results)
 	b.WriteString("\n## Faults\n\n")
 	seen := map[string]bool{}
@@ -124,8 +125,8 @@ func writeBaselines(b *strings.Builder, results []Result) {
 			header = true
 			b.WriteString("\n## Against a baseline run\n\nThe same load, with no fault, run just before the case on the stack named, " +
 				"and the Critical TTFT of the fault's window set against the same window there. The TTFT figures count " +
-				"served requests only; a Critical request answered 503 with Retry-After (counted apart) waits at least that " +
-				"long for a retry. Over a few dozen requests, the p99 is the slowest one or two.\n\n" +
+				"requests served on their first attempt only; a Critical request answered 503 with Retry-After (counted " +
+				"apart) waits at least that long for a retry (see the retries below when the clients retry). Over a few dozen requests, the p99 is the slowest one or two.\n\n" +
 				"| case | mode | baseline | Critical TTFT p50 during / baseline | Critical TTFT p99 during / baseline | " +
 				"Critical requests served (during / baseline) | Critical 503+RA (during / baseline) | baseline's answers |\n" +
 				"|---|---|---|---|---|---|---|---|\n")
@@ -134,6 +135,38 @@ func writeBaselines(b *strings.Builder, results []Result) {
 			againstBaseline(r.CriticalDuringP50, bl.CriticalP50, r.CriticalDuringN, bl.CriticalN, bl.Target),
 			againstBaseline(r.CriticalDuring, bl.CriticalP99, r.CriticalDuringN, bl.CriticalN, bl.Target),
 			r.CriticalDuringN, bl.CriticalN, r.CriticalUnavailable, bl.CriticalUnavailable, outcomesText(bl.Outcomes))
+	}
+}
+
+// writeRetries renders, for the cases whose clients retry after Retry-After, what the retries of the requests first
+// sent during the fault did, beside the same window of the baseline run.
+func writeRetries(b *strings.Builder, results []Result) {
+	header := false
+	for _, r := range results {
+		rt := r.Retries
+		if rt == nil {
+			continue
+		}
+		if !header {
+			header = true
+			fmt.Fprintf(b, "\n## Retries after Retry-After\n\nThe cases whose clients retry a 429 or 503 that carries "+
+				"Retry-After (%d attempts, each wait as Retry-After says up to %s): the requests first sent during the "+
+				"fault that needed a retry, how they ended, and how long the longest-waiting Critical one took from its "+
+				"first attempt to its first token; with a baseline, its count over the same window.\n\n"+
+				"| case | mode | requests retried (during / baseline) | their final answers | Critical retried / served | "+
+				"Critical first token from the first attempt (longest) |\n|---|---|---|---|---|---|\n",
+				retryPolicy.MaxAttempts, retryPolicy.MaxWait)
+		}
+		baseline := "-"
+		if r.Baseline != nil && r.Baseline.Retries != nil {
+			baseline = fmt.Sprint(r.Baseline.Retries.Requests)
+		}
+		firstToken := "-"
+		if rt.CriticalServed > 0 {
+			firstToken = ms(rt.CriticalFirstToken)
+		}
+		fmt.Fprintf(b, "| %s | %s | %d / %s | %s | %d / %d | %s |\n", r.Case, r.Mode, rt.Requests, baseline,
+			outcomesText(rt.Outcomes), rt.Critical, rt.CriticalServed, firstToken)
 	}
 }
 

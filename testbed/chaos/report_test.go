@@ -70,3 +70,25 @@ func TestBaselineFailuresFailTheCase(t *testing.T) {
 		t.Errorf("the report does not fail the case:\n%s", b.String())
 	}
 }
+
+// TestReportRetries: a case whose clients retry gets a row of what the retries did, beside its baseline's count; a
+// case whose clients do not retry gets none.
+func TestReportRetries(t *testing.T) {
+	results := []Result{
+		{Case: "replica-killed", Mode: Static, Outcomes: map[Outcome]int{OutcomeOK: 210},
+			Retries:  &Retries{Requests: 2, Outcomes: map[Outcome]int{OutcomeOK: 2}, Critical: 1, CriticalServed: 1, CriticalFirstToken: 1055 * time.Millisecond},
+			Baseline: &Baseline{Name: "one EPP replica", Outcomes: map[Outcome]int{OutcomeOK: 210}, Retries: &Retries{}}},
+		{Case: "server-killed", Mode: Static, Outcomes: map[Outcome]int{OutcomeOK: 210}},
+	}
+	var b strings.Builder
+	if err := WriteReport(&b, results, ShortTimeline); err != nil {
+		t.Fatal(err)
+	}
+	want := "| replica-killed | static | 2 / 0 | 2 × 200 | 1 / 1 | 1055 ms |"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("report lacks the retries row %q:\n%s", want, b.String())
+	}
+	if strings.Contains(b.String(), "| server-killed | static | 0 /") {
+		t.Errorf("report shows retries for a case whose clients do not retry:\n%s", b.String())
+	}
+}

@@ -222,6 +222,11 @@ func loadConfig(t *testing.T, s *Stack, c Case, tl Timeline) loadgen.RunConfig {
 	cfg := loadgen.RunConfig{Target: s.Target, Mix: mix, Seed: 1, Mode: loadgen.ModeOpen,
 		Arrival:  loadgen.ArrivalConfig{Kind: loadgen.ArrivalPoisson, Rate: tl.Rate},
 		Duration: tl.Load + c.ExtraLoad, RequestTimeout: requestTimeout, Drain: requestTimeout}
+	if c.Retry {
+		// The drain outlasts a whole retry chain.
+		cfg.Retry = retryPolicy
+		cfg.Drain += time.Duration(retryPolicy.MaxAttempts-1) * retryPolicy.MaxWait
+	}
 	return cfg
 }
 
@@ -357,6 +362,10 @@ func (r *Run) collect(c Case, main *loadgen.Result, res *Result) (fault, end tim
 	during := CriticalTTFT(main.Records, criticalClass, fault, end)
 	res.CriticalDuringP50, res.CriticalDuring, res.CriticalDuringN = p50(during), p99(during), len(during)
 	res.CriticalUnavailable = countUnavailable(main.Records, criticalClass, fault, end)
+	if c.Retry {
+		retries := RetriesIn(main.Records, criticalClass, fault, end)
+		res.Retries = &retries
+	}
 	return fault, end
 }
 
@@ -365,6 +374,8 @@ func (b *Baseline) measure(recs []loadgen.Record, from, to time.Duration) {
 	window := CriticalTTFT(recs, criticalClass, from, to)
 	b.CriticalP50, b.CriticalP99, b.CriticalN = p50(window), p99(window), len(window)
 	b.CriticalUnavailable = countUnavailable(recs, criticalClass, from, to)
+	retries := RetriesIn(recs, criticalClass, from, to)
+	b.Retries = &retries
 }
 
 // countUnavailable counts the requests of class sent in [from, to) whose final answer was 503 with Retry-After: not
@@ -430,6 +441,9 @@ type Result struct {
 	CriticalDuringN   int           `json:"critical_during"`
 	// CriticalUnavailable counts the Critical requests sent during the fault answered 503 with Retry-After.
 	CriticalUnavailable int `json:"critical_unavailable_during,omitempty"`
+	// Retries is what the clients' retries did for the requests first sent during the fault (Case.Retry); nil when
+	// they do not retry.
+	Retries *Retries `json:"retries_during,omitempty"`
 	// Baseline is the same load's run with no fault (Case.Baseline); nil
 	// without one.
 	Baseline *Baseline `json:"baseline,omitempty"`
@@ -464,6 +478,8 @@ type Baseline struct {
 	CriticalP99         time.Duration `json:"critical_ttft_p99_ns"`
 	CriticalN           int           `json:"critical"`
 	CriticalUnavailable int           `json:"critical_unavailable,omitempty"`
+	// Retries is what the clients' retries did over the window; it counts nothing when they do not retry.
+	Retries *Retries `json:"retries,omitempty"`
 	// Failures lists why the baseline run fails the case: answers other than designed ones, a leak, a run that did
 	// not complete.
 	Failures []string `json:"failures,omitempty"`
