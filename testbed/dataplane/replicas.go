@@ -58,25 +58,33 @@ func newEPPReplicas(addresses []string, balance string, creds credentials.Transp
 	return r, nil
 }
 
-// pick returns the client of the next stream's replica, passing over a
-// replica whose connection is failing (Envoy's health checking and outlier
-// detection eject such a host from the ext_proc cluster) unless every one
-// is. Safe for concurrent use.
+// pick returns the client of the next stream's replica. As Envoy's load balancer does with the hosts its health
+// checking and outlier detection ejected from the ext_proc cluster, it passes over a replica whose connection is
+// failing and spreads the streams evenly over the others (round-robin or at random among them), rather than handing
+// the failing one's turn to its neighbour, which would get twice its share. Under half the replicas live, it picks
+// among all of them, as Envoy's panic mode (healthy_panic_threshold, 50% by default) does. Safe for concurrent use.
 func (r *eppReplicas) pick() extprocv3.ExternalProcessorClient {
 	n := len(r.clients)
 	if n == 1 {
 		return r.clients[0]
 	}
-	first := int((r.next.Add(1) - 1) % uint64(n))
-	if r.random {
-		first = rand.IntN(n)
-	}
-	for i := range n {
-		if k := (first + i) % n; r.conns[k].GetState() != connectivity.TransientFailure {
-			return r.clients[k]
+	turn := r.next.Add(1) - 1
+	live := make([]int, 0, n)
+	for k, c := range r.conns {
+		if c.GetState() != connectivity.TransientFailure {
+			live = append(live, k)
 		}
 	}
-	return r.clients[first]
+	if 2*len(live) < n {
+		live = live[:0]
+		for k := range n {
+			live = append(live, k)
+		}
+	}
+	if r.random {
+		return r.clients[live[rand.IntN(len(live))]]
+	}
+	return r.clients[live[turn%uint64(len(live))]]
 }
 
 // Close closes every replica's connection.
