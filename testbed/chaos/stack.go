@@ -578,4 +578,7 @@ func (s *Stack) TerminateEPP(limit time.Duration) error {
 
 // RestartEPP starts the EPP again on the same ports and waits until it is
 // ready.
-func (s *Stack) RestartEPP() { s.EPP = s.EPP.Restart(s.t) }
+func (s *Stack) RestartEPP() {
+	s.EPP = s.EPP.Restart(s.t)
+	s.Replicas[0] = s.EPP
+}
