@@ -3,11 +3,8 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -370,24 +367,8 @@ func probeOnce(client *http.Client, target, prefix string, n int) string {
 // into the run's log folder as heap-<what>.pb.gz, for `go tool pprof
 // -diff_base` between two instants.
 func (s *Stack) saveHeapProfile(ctx context.Context, what string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", s.EPP.MetricsPort), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP %d", resp.StatusCode)
-	}
-	f, err := os.Create(filepath.Join(s.opts.Dir, "heap-"+what+".pb.gz"))
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(f, resp.Body)
-	return errors.Join(err, f.Close())
+	return s.fetch(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", s.EPP.MetricsPort),
+		filepath.Join(s.opts.Dir, "heap-"+what+".pb.gz"))
 }
 
 // peakAndGrowth returns the largest figures of the samples and, per metric

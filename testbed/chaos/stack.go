@@ -339,11 +339,12 @@ func (s *Stack) fetch(ctx context.Context, url, file string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	raw, err := io.ReadAll(resp.Body)
+	f, err := os.Create(file)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(file, raw, 0o644)
+	_, err = io.Copy(f, resp.Body)
+	return errors.Join(err, f.Close())
 }
 
 // deletePool removes the run's pool and pods from the shared API server.
