@@ -60,31 +60,39 @@ func newEPPReplicas(addresses []string, balance string, creds credentials.Transp
 
 // pick returns the client of the next stream's replica. As Envoy's load balancer does with the hosts its health
 // checking and outlier detection ejected from the ext_proc cluster, it passes over a replica whose connection is
-// failing and spreads the streams evenly over the others (round-robin or at random among them), rather than handing
-// the failing one's turn to its neighbour, which would get twice its share. Under half the replicas live, it picks
-// among all of them, as Envoy's panic mode (healthy_panic_threshold, 50% by default) does. Safe for concurrent use.
+// failing and spreads the streams evenly over the others (round-robin or at random among them). Under half the
+// replicas live, it picks among all of them, as Envoy's panic mode (healthy_panic_threshold, 50% by default) does.
+// Safe for concurrent use.
 func (r *eppReplicas) pick() extprocv3.ExternalProcessorClient {
 	n := len(r.clients)
 	if n == 1 {
 		return r.clients[0]
 	}
 	turn := r.next.Add(1) - 1
-	live := make([]int, 0, n)
-	for k, c := range r.conns {
-		if c.GetState() != connectivity.TransientFailure {
-			live = append(live, k)
+	failing := func(k int) bool { return r.conns[k].GetState() == connectivity.TransientFailure }
+	live := 0
+	for k := range n {
+		if !failing(k) {
+			live++
 		}
 	}
-	if 2*len(live) < n {
-		live = live[:0]
-		for k := range n {
-			live = append(live, k)
-		}
+	panicking := 2*live < n
+	if panicking {
+		live = n
 	}
+	j := int(turn % uint64(live))
 	if r.random {
-		return r.clients[live[rand.IntN(len(live))]]
+		j = rand.IntN(live)
 	}
-	return r.clients[live[turn%uint64(len(live))]]
+	for k := range n {
+		if panicking || !failing(k) {
+			if j == 0 {
+				return r.clients[k]
+			}
+			j--
+		}
+	}
+	return r.clients[0] // a connection recovered between the two looks
 }
 
 // Close closes every replica's connection.
