@@ -526,14 +526,14 @@ func (r *realRun) profileEPPs(ctx context.Context) error {
 			file = fmt.Sprintf("epp-%d.cpu.pprof", k)
 		}
 		url := strings.TrimSuffix(metrics, "/metrics") + "/debug/pprof/profile?seconds=" + strconv.Itoa(seconds)
-		wg.Go(func() { errs[k] = saveURL(ctx, client, url, filepath.Join(r.dir, file)) })
+		wg.Go(func() { errs[k] = SaveURL(ctx, client, url, filepath.Join(r.dir, file)) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// saveURL writes the body of a GET of url to path.
-func saveURL(ctx context.Context, client *http.Client, url, path string) error {
+// SaveURL writes the body of a GET of url to path.
+func SaveURL(ctx context.Context, client *http.Client, url, path string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err

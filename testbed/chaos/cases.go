@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -277,15 +278,24 @@ func replicaKilled(replicas int) Case {
 			r.Mark("kill")
 			r.Stack.KillReplica(replicas - 1)
 		},
-		// A retry comes a second after the 503, when the data plane has long stopped opening streams to the dead
-		// replica: a survivor must serve it or shed it with 429, not answer 503 again.
 		Expect: func(r *Run, rec loadgen.Record, o Outcome) bool {
-			if o == OutcomeUnavailable && rec.Attempt > 1 {
-				return false
-			}
 			return Designed(r, rec, o) || cutAt(rec, r.At("kill"))
 		},
+		// A retry sent a second or more after the kill reaches a survivor (the data plane stopped opening streams
+		// to the dead replica within 130 ms of it): the survivor serves it or sheds it with 429, never 503.
+		Check: func(r *Run) error { return retriedUnavailable(r.Records(), r.At("kill")+time.Second) },
 	}
+}
+
+// retriedUnavailable fails when an attempt after the first, sent at or after since, was answered 503.
+func retriedUnavailable(recs []loadgen.Record, since time.Duration) error {
+	for _, rec := range recs {
+		if rec.Attempt > 1 && rec.Start >= since && rec.Status == http.StatusServiceUnavailable {
+			return fmt.Errorf("request %d's attempt %d, sent %v after the load began, was answered 503 by a surviving replica: %s",
+				rec.Seq, rec.Attempt, rec.Start.Round(time.Millisecond), rec.Error)
+		}
+	}
+	return nil
 }
 
 // eppKilled is the EPP killed with SIGKILL mid-load and restarted a second

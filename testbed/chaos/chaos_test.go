@@ -38,7 +38,7 @@ func TestChaos(t *testing.T) {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	base := StackOptions{Bin: bin, Dir: filepath.Join(dir, "logs"), Servers: 3, ServerArgs: serverArgs}
+	base := StackOptions{Bin: bin, Dir: filepath.Join(dir, "logs"), Servers: 3, ServerArgs: serverArgs, DecisionTrace: true}
 	var results []Result
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {

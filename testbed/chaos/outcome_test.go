@@ -150,3 +150,29 @@ func TestRetriesIn(t *testing.T) {
 		t.Errorf("CriticalTTFT = %v, want only the request served on its first attempt (40 ms)", ttft)
 	}
 }
+
+// TestRetriedUnavailable: replica-killed fails on a retry answered 503 once the survivors must answer it, whatever
+// attempt it was and whether a later one succeeded; a first attempt's 503 and a retry's 429 are fine.
+func TestRetriedUnavailable(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	attempt := func(n int, start time.Duration, status int) loadgen.Record {
+		return loadgen.Record{Seq: 1, Attempt: n, Start: start, Status: status, RetryAfterSet: status != http.StatusOK}
+	}
+	for _, tc := range []struct {
+		name    string
+		recs    []loadgen.Record
+		wantErr bool
+	}{
+		{"first attempt 503, retry served", []loadgen.Record{attempt(1, ms(10000), 503), attempt(2, ms(11000), 200)}, false},
+		{"retry shed with 429", []loadgen.Record{attempt(1, ms(10000), 429), attempt(2, ms(11000), 429)}, false},
+		{"retry before the survivors must answer", []loadgen.Record{attempt(1, ms(9000), 429), attempt(2, ms(10050), 503)}, false},
+		{"second attempt 503, third served", []loadgen.Record{attempt(1, ms(10000), 503), attempt(2, ms(11000), 503), attempt(3, ms(12000), 200)}, true},
+		{"final retry 503", []loadgen.Record{attempt(1, ms(10500), 503), attempt(2, ms(11500), 503)}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := retriedUnavailable(tc.recs, ms(11000)); (err != nil) != tc.wantErr {
+				t.Errorf("retriedUnavailable = %v, want an error: %v", err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,9 @@ type SlowRequest struct {
 	TTFT        time.Duration `json:"ttft_ns"`
 	ServerQueue time.Duration `json:"server_queue_ns,omitempty"`
 	Endpoint    string        `json:"endpoint,omitempty"`
+	// Picked is where the EPP sent it; the data plane may have served it elsewhere (Endpoint) when that endpoint
+	// refused the connection.
+	Picked string `json:"picked,omitempty"`
 	// Replica is the EPP replica whose trace holds the decision; -1 when none does (a replica killed in the run
 	// leaves no trace).
 	Replica int `json:"replica"`
@@ -37,20 +41,14 @@ type SlowRequest struct {
 	Headroom   []string                       `json:"headroom,omitempty"`
 }
 
-// loadDecisions reads the decision traces a run saved in dir (DecisionsFileName and decisions-k.json for replica k),
-// keyed by request ID, each with the index of its replica.
-func loadDecisions(dir string, replicas int) (map[string]tracedDecision, error) {
+// loadDecisions reads the decision traces SaveDecisions saved in dir for replicas, keyed by request ID, each with the
+// index of its replica.
+func loadDecisions(dir string, replicas []int) (map[string]tracedDecision, error) {
 	byID := map[string]tracedDecision{}
 	var errs []error
-	for k := range max(1, replicas) {
-		name := DecisionsFileName
-		if k > 0 {
-			name = fmt.Sprintf("decisions-%d.json", k)
-		}
+	for _, k := range replicas {
+		name := decisionsFile(k)
 		raw, err := os.ReadFile(filepath.Join(dir, name))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // killed in the run
-		}
 		var page decisiontrace.Page
 		if err == nil {
 			err = json.Unmarshal(raw, &page)
@@ -74,32 +72,44 @@ type tracedDecision struct {
 	record  *decisiontrace.Record
 }
 
-// slowestCritical returns the n served Critical requests sent in [from, to) with the longest TTFT, slowest first,
-// each with its decision from decisions.
+// slowestCritical returns the n Critical requests served on their first attempt and sent in [from, to) with the
+// longest TTFT, slowest first (the requests CriticalTTFT counts), each with its decision from decisions.
 func slowestCritical(recs []loadgen.Record, from, to time.Duration, decisions map[string]tracedDecision, n int) []SlowRequest {
 	var served []loadgen.Record
 	for _, r := range recs {
-		if r.Class == criticalClass && r.Final && r.OK() && r.Start >= from && r.Start < to {
+		if r.Class == criticalClass && r.Attempt <= 1 && r.Final && r.OK() && r.Start >= from && r.Start < to {
 			served = append(served, r)
 		}
 	}
-	slices.SortFunc(served, func(a, b loadgen.Record) int { return int(b.TTFT - a.TTFT) })
+	slices.SortFunc(served, func(a, b loadgen.Record) int { return cmp.Compare(b.TTFT, a.TTFT) })
 	var out []SlowRequest
 	for _, r := range served[:min(n, len(served))] {
 		s := SlowRequest{Seq: r.Seq, Start: r.Start, TTFT: r.TTFT, ServerQueue: r.ServerQueue, Endpoint: r.Endpoint, Replica: -1}
 		if d, ok := decisions[r.RequestID]; ok && r.RequestID != "" {
-			s.Replica = d.replica
+			s.Replica, s.Picked = d.replica, d.record.Endpoint
 			if a := d.record.Admission; a != nil {
 				s.Waited = time.Duration(a.WaitSeconds * float64(time.Second))
 				s.Headroom = a.Headroom
 			}
-			if len(d.record.Profiles) > 0 {
-				s.Candidates = d.record.Profiles[0].Endpoints
-			}
+			s.Candidates = primaryProfile(d.record).Endpoints
 		}
 		out = append(out, s)
 	}
 	return out
+}
+
+// primaryProfile returns the profile of record whose pick is where the request went (the primary profile), else its
+// first.
+func primaryProfile(record *decisiontrace.Record) decisiontrace.Profile {
+	for _, p := range record.Profiles {
+		if len(p.Picked) > 0 && p.Picked[0] == record.Endpoint {
+			return p
+		}
+	}
+	if len(record.Profiles) > 0 {
+		return record.Profiles[0]
+	}
+	return decisiontrace.Profile{}
 }
 
 // writeSlowest renders, for the cases that explain their slowest Critical requests, one line per request: when it
@@ -115,13 +125,17 @@ func writeSlowest(b *strings.Builder, results []Result) {
 			b.WriteString("\n## The slowest Critical requests of the fault's window\n\nEach with the decision of the EPP " +
 				"replica that routed it (its decision trace, joined by x-request-id; the traces are in each run's logs " +
 				"folder): the time admission queued it, the endpoints it had room on, and each candidate's total " +
-				"score, highest first, the chosen one starred. Server queue is the time the request waited inside the " +
+				"score, highest first, the one the EPP picked starred. Server queue is the time the request waited inside the " +
 				"server before its first step.\n\n")
 		}
 		fmt.Fprintf(b, "- %s / %s:\n", r.Case, r.Mode)
 		for _, s := range r.Slowest {
+			endpoint := s.Endpoint
+			if endpoint == "" {
+				endpoint = "-"
+			}
 			fmt.Fprintf(b, "  - seq %d, sent %s after the fault, TTFT %s (server queue %s) on %s: %s\n", s.Seq,
-				ms(s.Start-r.Marks["fault"]), ms(s.TTFT), ms(s.ServerQueue), s.Endpoint, s.decisionText())
+				ms(s.Start-r.Marks["fault"]), ms(s.TTFT), ms(s.ServerQueue), endpoint, s.decisionText())
 		}
 	}
 }
@@ -134,7 +148,7 @@ func (s SlowRequest) decisionText() string {
 	var totals []string
 	for _, c := range s.Candidates {
 		mark := ""
-		if c.Endpoint == s.Endpoint {
+		if c.Endpoint == s.Picked {
 			mark = "*"
 		}
 		totals = append(totals, fmt.Sprintf("%s %.2f%s", c.Endpoint, c.Total, mark))

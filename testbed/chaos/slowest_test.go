@@ -28,17 +28,20 @@ func TestSlowestCritical(t *testing.T) {
 	routed := func(id, endpoint string, waited float64, totals ...float64) *decisiontrace.Record {
 		r := &decisiontrace.Record{RequestID: id, Outcome: decisiontrace.Routed, Endpoint: endpoint,
 			Admission: &decisiontrace.Admission{Band: "critical", Outcome: "Dispatched", WaitSeconds: waited, Headroom: []string{endpoint}}}
-		p := decisiontrace.Profile{Name: "default"}
+		// A profile that ran first and picked elsewhere is not the one that routed the request.
+		other := decisiontrace.Profile{Name: "prefill", Picked: []string{"c:1"},
+			Endpoints: []decisiontrace.EndpointScores{{Endpoint: "c:1", Total: 1}}}
+		p := decisiontrace.Profile{Name: "default", Picked: []string{endpoint}}
 		for i, total := range totals {
 			p.Endpoints = append(p.Endpoints, decisiontrace.EndpointScores{Endpoint: []string{"a:1", "b:1"}[i], Total: total})
 		}
-		r.Profiles = []decisiontrace.Profile{p}
+		r.Profiles = []decisiontrace.Profile{other, p}
 		return r
 	}
 	writePage(DecisionsFileName, routed("id-slow", "b:1", 0.004, 0.9, 0.4))
 	// decisions-1.json is missing: replica 1 was killed.
 	writePage("decisions-2.json", routed("id-mid", "a:1", 0, 0.8, 0.7))
-	decisions, err := loadDecisions(dir, 3)
+	decisions, err := loadDecisions(dir, []int{0, 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +60,11 @@ func TestSlowestCritical(t *testing.T) {
 		rec(6, criticalClass, ms(2500), ms(100), "id-untraced", 200), // third, no decision (its replica was killed)
 		rec(7, criticalClass, ms(2600), ms(60), "", 200),             // fourth: not shown
 		rec(8, criticalClass, ms(3000), ms(2000), "", 200),           // after the window
+		func() loadgen.Record { // served on a retry: counted apart (RetriesIn)
+			r := rec(9, criticalClass, ms(2700), ms(1500), "", 200)
+			r.Attempt, r.SinceFirstAttempt = 2, ms(1000)
+			return r
+		}(),
 	}
 	got := slowestCritical(recs, ms(2000), ms(3000), decisions, 3)
 	if len(got) != 3 || got[0].Seq != 3 || got[1].Seq != 2 || got[2].Seq != 6 {
@@ -70,7 +78,7 @@ func TestSlowestCritical(t *testing.T) {
 	writeSlowest(&b, []Result{{Case: "replica-killed-of-3", Mode: Static, Marks: map[string]time.Duration{"fault": ms(2000)}, Slowest: got}})
 	for _, want := range []string{
 		"seq 3, sent 200 ms after the fault, TTFT 900 ms (server queue 0 ms) on b:1: replica 0, queued 4 ms, room on [b:1], totals [a:1 0.90, b:1 0.40*]",
-		"seq 6, sent 500 ms after the fault, TTFT 100 ms (server queue 0 ms) on : no decision traced",
+		"seq 6, sent 500 ms after the fault, TTFT 100 ms (server queue 0 ms) on -: no decision traced",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
@@ -78,13 +86,16 @@ func TestSlowestCritical(t *testing.T) {
 	}
 }
 
-// TestLoadDecisionsRejectsABadPage: a trace that cannot be read is an error, not an empty join.
+// TestLoadDecisionsRejectsABadPage: a saved trace that cannot be read, or is missing, is an error, not an empty join.
 func TestLoadDecisionsRejectsABadPage(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, DecisionsFileName), []byte("{not json"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadDecisions(dir, 1); err == nil || !strings.Contains(err.Error(), DecisionsFileName) {
-		t.Errorf("loadDecisions = %v, want an error naming %s", err, DecisionsFileName)
+	_, err := loadDecisions(dir, []int{0, 1})
+	for _, name := range []string{DecisionsFileName, "decisions-1.json"} {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("loadDecisions = %v, want an error naming %s", err, name)
+		}
 	}
 }

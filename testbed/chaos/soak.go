@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/runner"
+	"github.com/sluice-gw/sluice/testbed/benchsuite"
 	"github.com/sluice-gw/sluice/testbed/loadgen"
 )
 
@@ -367,7 +368,7 @@ func probeOnce(client *http.Client, target, prefix string, n int) string {
 // into the run's log folder as heap-<what>.pb.gz, for `go tool pprof
 // -diff_base` between two instants.
 func (s *Stack) saveHeapProfile(ctx context.Context, what string) error {
-	return s.fetch(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", s.EPP.MetricsPort),
+	return benchsuite.SaveURL(ctx, s.client, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", s.EPP.MetricsPort),
 		filepath.Join(s.opts.Dir, "heap-"+what+".pb.gz"))
 }
 

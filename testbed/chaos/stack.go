@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -129,6 +128,9 @@ type StackOptions struct {
 	// FailOpen runs the data plane with --failure-mode-allow (Envoy's
 	// failure_mode_allow); otherwise it fails closed, as GIE's default.
 	FailOpen bool
+	// DecisionTrace runs every EPP with the decision trace on (--decision-trace, no rate bound), for RunCase to save
+	// (SaveDecisions). The soak leaves it off: the trace's ring would count in the memory it measures.
+	DecisionTrace bool
 	// EPPFailureRetryAfter runs the data plane with --epp-failure-retry-after (Envoy with
 	// examples/envoy/epp-failure-503.yaml): failing closed, an EPP failure is answered 503 with this Retry-After
 	// instead of 500.
@@ -201,8 +203,10 @@ func StartStack(t *testing.T, opts StackOptions) *Stack {
 		addrs = append(addrs, srv.Addr)
 	}
 
-	eppArgs := append([]string{"--secure-serving=false", "--sluice-admission",
-		"--decision-trace=" + strconv.Itoa(decisionTraceSize), "--decision-trace-rate=0"}, opts.EPPArgs...)
+	eppArgs := append([]string{"--secure-serving=false", "--sluice-admission"}, opts.EPPArgs...)
+	if opts.DecisionTrace {
+		eppArgs = append(eppArgs, "--decision-trace="+strconv.Itoa(decisionTraceSize), "--decision-trace-rate=0")
+	}
 	var env []string
 	switch opts.Mode {
 	case Static:
@@ -302,49 +306,38 @@ func (s *Stack) saveEPPLog() {
 	}
 }
 
-// decisionTraceSize is every EPP's --decision-trace: more than a full timeline's requests and bursts, so that each of
-// a run's requests can be looked up (SaveDecisions).
+// decisionTraceSize is the EPPs' --decision-trace with StackOptions.DecisionTrace: more than a full timeline's
+// requests and bursts, so that each of a run's requests can be looked up (SaveDecisions).
 const decisionTraceSize = 4096
 
-// SaveDecisions writes each live replica's decision trace into the stack's folder (DecisionsFileName). A replica that
-// was killed is skipped.
-func (s *Stack) SaveDecisions(ctx context.Context) error {
+// decisionsFile names replica k's decision trace in a run's folder.
+func decisionsFile(k int) string {
+	if k == 0 {
+		return DecisionsFileName
+	}
+	return fmt.Sprintf("decisions-%d.json", k)
+}
+
+// SaveDecisions writes each live replica's decision trace into the stack's folder (decisionsFile) and returns the
+// replicas it saved, skipping one that was killed; none without StackOptions.DecisionTrace.
+func (s *Stack) SaveDecisions(ctx context.Context) ([]int, error) {
+	if !s.opts.DecisionTrace {
+		return nil, nil
+	}
+	var saved []int
 	var errs []error
 	for k, p := range s.Replicas {
 		if p.Exited() {
 			continue
 		}
-		name := DecisionsFileName
-		if k > 0 {
-			name = fmt.Sprintf("decisions-%d.json", k)
-		}
-		if err := s.fetch(ctx, fmt.Sprintf("http://127.0.0.1:%d%s", p.MetricsPort, runner.DecisionTracePath), filepath.Join(s.opts.Dir, name)); err != nil {
+		url := fmt.Sprintf("http://127.0.0.1:%d%s", p.MetricsPort, runner.DecisionTracePath)
+		if err := benchsuite.SaveURL(ctx, s.client, url, filepath.Join(s.opts.Dir, decisionsFile(k))); err != nil {
 			errs = append(errs, fmt.Errorf("replica %d's decision trace: %w", k, err))
+			continue
 		}
+		saved = append(saved, k)
 	}
-	return errors.Join(errs...)
-}
-
-// fetch writes the body of a GET of url into file.
-func (s *Stack) fetch(ctx context.Context, url, file string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(f, resp.Body)
-	return errors.Join(err, f.Close())
+	return saved, errors.Join(errs...)
 }
 
 // deletePool removes the run's pool and pods from the shared API server.
