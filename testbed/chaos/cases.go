@@ -266,7 +266,7 @@ func replicaKilled(replicas int) Case {
 		Smoke: replicas == 2,
 		Fault: "one of " + of + " EPP replicas sharing the endpoints (--peers) is killed (SIGKILL); the survivors take over its endpoints; " +
 			"the data plane answers the dead replica's requests 503 with Retry-After (epp-failure-503.yaml), which the clients retry",
-		Modes: []Mode{Static},
+		Modes: []Mode{Static, Kubernetes},
 		Stack: func(o *StackOptions) { o.EPPReplicas, o.EPPFailureRetryAfter = replicas, time.Second },
 		// Issue 22: Critical within 1.5x of one replica during the takeover.
 		Baseline:       func(o *StackOptions) { o.EPPReplicas = 1 },

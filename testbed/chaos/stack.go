@@ -122,8 +122,9 @@ type StackOptions struct {
 	ServerArgs []string
 	// EPPArgs are extra EPP flags.
 	EPPArgs []string
-	// EPPReplicas runs this many EPP replicas sharing the endpoints (--peers; static mode only), the data plane
-	// balancing streams over them round-robin; 0 and 1 run one.
+	// EPPReplicas runs this many EPP replicas sharing the endpoints (--peers, their health ports on loopback, in
+	// either mode: in Kubernetes mode each watches the pool itself), the data plane balancing streams over them
+	// round-robin; 0 and 1 run one.
 	EPPReplicas int
 	// FailOpen runs the data plane with --failure-mode-allow (Envoy's
 	// failure_mode_allow); otherwise it fails closed, as GIE's default.
@@ -281,9 +282,6 @@ func (s *Stack) startEPPs(env, args []string) {
 		s.EPP = runnertest.StartEPP(s.t, env, args...)
 		s.Replicas = []*runnertest.Process{s.EPP}
 		return
-	}
-	if s.opts.Mode != Static {
-		s.t.Fatalf("EPP replicas run in static mode only (their peers are their health ports on loopback)")
 	}
 	health, peers := make([]int, n), make([]string, n)
 	for k := range health {
