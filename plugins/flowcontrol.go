@@ -360,7 +360,7 @@ func (f *FlowControl) Admit(ctx context.Context, reqCtx *handlers.RequestContext
 	if !sent {
 		d, err = f.ctrl.Admit(ctx, req)
 	}
-	traceAdmission(ctx, reqCtx, priority, req.Tenant, d)
+	traceAdmission(ctx, reqCtx, priority, req.Tenant, d, f.ctrl.Counts)
 	if d.Outcome == flowcontrol.Cancelled {
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr

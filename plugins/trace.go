@@ -160,16 +160,22 @@ func endpointNames(eps []fwksched.Endpoint) []string {
 }
 
 // traceAdmission adds Sluice admission's decision d about reqCtx (admitted at priority, for tenant) to the request's
-// decision trace, if it is traced.
-func traceAdmission(ctx context.Context, reqCtx *handlers.RequestContext, priority int, tenant string, d flowcontrol.Decision) {
+// decision trace, if it is traced, with counts' counts of the endpoints it had room on.
+func traceAdmission(ctx context.Context, reqCtx *handlers.RequestContext, priority int, tenant string, d flowcontrol.Decision,
+	counts func(names []string) []flowcontrol.EndpointCount) {
 	t := decisiontrace.FromContext(ctx)
 	if !t.Active() {
 		return
 	}
 	t.Request(reqCtx.TargetModelName, reqCtx.ObjectiveKey, priority)
-	t.Admitted(decisiontrace.Admission{
+	a := decisiontrace.Admission{
 		Tenant: tenant, Band: d.Band.String(), Capped: d.Capped, Outcome: d.Outcome.String(), Reason: d.Reason.String(),
 		WaitSeconds: d.Waited.Seconds(), Burst: d.Burst, Headroom: slices.Clone(d.Endpoints),
 		RetryAfterSeconds: d.RetryAfterSeconds(),
-	})
+	}
+	for _, c := range counts(d.Endpoints) {
+		a.Counts = append(a.Counts, decisiontrace.EndpointCount{Endpoint: c.Name, InFlight: c.InFlight, Foreign: c.Foreign,
+			Peer: c.Peer, Seats: c.Seats, Capacity: c.Capacity, Adopted: c.Adopted})
+	}
+	t.Admitted(a)
 }

@@ -58,6 +58,25 @@ type Admission struct {
 	Headroom []string `json:"headroom,omitempty"`
 	// RetryAfterSeconds is the Retry-After of a request that was not dispatched.
 	RetryAfterSeconds int64 `json:"retryAfterSeconds,omitempty"`
+	// Counts are admission's counts of the endpoints in Headroom just after its decision, this request included.
+	Counts []EndpointCount `json:"counts,omitempty"`
+}
+
+// EndpointCount is admission's count of one endpoint's requests (flowcontrol.EndpointCount): its occupancy is
+// InFlight plus the larger of Foreign and Peer, against Seats (and, under the Critical reserve, Capacity).
+type EndpointCount struct {
+	Endpoint string `json:"endpoint"`
+	// InFlight counts this EPP's requests there, Foreign how many more its scrapes showed, Peer those other replicas
+	// said they run there.
+	InFlight int `json:"inFlight"`
+	Foreign  int `json:"foreign,omitempty"`
+	Peer     int `json:"peer,omitempty"`
+	// Seats is how many requests the endpoint starts at once (0 while unknown), Capacity the most admission keeps
+	// there under the Critical reserve (0: no bound).
+	Seats    int `json:"seats"`
+	Capacity int `json:"capacity,omitempty"`
+	// Adopted: taken over from a peer, no seat count learned here yet.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // Profile is one scheduling profile's run.

@@ -39,6 +39,8 @@ type SlowRequest struct {
 	Waited     time.Duration                  `json:"waited_ns,omitempty"`
 	Candidates []decisiontrace.EndpointScores `json:"candidates,omitempty"`
 	Headroom   []string                       `json:"headroom,omitempty"`
+	// Counts are admission's counts of the endpoints in Headroom just after its decision.
+	Counts []decisiontrace.EndpointCount `json:"counts,omitempty"`
 }
 
 // loadDecisions reads the decision traces SaveDecisions saved in dir for replicas, keyed by request ID, each with the
@@ -89,7 +91,7 @@ func slowestCritical(recs []loadgen.Record, from, to time.Duration, decisions ma
 			s.Replica, s.Picked = d.replica, d.record.Endpoint
 			if a := d.record.Admission; a != nil {
 				s.Waited = time.Duration(a.WaitSeconds * float64(time.Second))
-				s.Headroom = a.Headroom
+				s.Headroom, s.Counts = a.Headroom, a.Counts
 			}
 			s.Candidates = primaryProfile(d.record).Endpoints
 		}
@@ -124,7 +126,9 @@ func writeSlowest(b *strings.Builder, results []Result) {
 			header = true
 			b.WriteString("\n## The slowest Critical requests of the fault's window\n\nEach with the decision of the EPP " +
 				"replica that routed it (its decision trace, joined by x-request-id; the traces are in each run's logs " +
-				"folder): the time admission queued it, the endpoints it had room on, and each candidate's total " +
+				"folder): the time admission queued it, the endpoints it had room on with its count of each just after " +
+				"its decision (its requests there, this one included; the requests its scrapes showed beyond them; " +
+				"those peers run there; the seats), and each candidate's total " +
 				"score, highest first, the one the EPP picked starred. Server queue is the time the request waited inside the " +
 				"server before its first step.\n\n")
 		}
@@ -153,6 +157,15 @@ func (s SlowRequest) decisionText() string {
 		}
 		totals = append(totals, fmt.Sprintf("%s %.2f%s", c.Endpoint, c.Total, mark))
 	}
-	return fmt.Sprintf("replica %d, queued %s, room on [%s], totals [%s]", s.Replica, ms(s.Waited),
-		strings.Join(s.Headroom, " "), strings.Join(totals, ", "))
+	room := strings.Join(s.Headroom, " ")
+	if len(s.Counts) > 0 {
+		var counted []string
+		for _, c := range s.Counts {
+			counted = append(counted, fmt.Sprintf("%s (in flight %d, scraped beyond %d, peers' %d, seats %d)",
+				c.Endpoint, c.InFlight, c.Foreign, c.Peer, c.Seats))
+		}
+		room = strings.Join(counted, ", ")
+	}
+	return fmt.Sprintf("replica %d, queued %s, room on [%s], totals [%s]", s.Replica, ms(s.Waited), room,
+		strings.Join(totals, ", "))
 }
