@@ -9,14 +9,18 @@ type EndpointCount struct {
 	// scrapes both showed, and Peer those other replicas said they run there. Admission's occupancy is InFlight plus
 	// the larger of Foreign and Peer.
 	InFlight, Foreign, Peer int
-	// Seats is how many requests the endpoint starts at once (0 while unknown) and Capacity the most admission keeps
-	// there under the Critical reserve (0: no bound).
-	Seats, Capacity int
-	// Adopted reports an endpoint taken over from a peer that has no seat count learned here yet.
+	// Seats is how many requests the endpoint starts at once (0 while unknown). Capacity is the most admission keeps
+	// there when it judges seats strictly (under the Critical reserve, or for a tenant under its share; 0: no bound),
+	// which may be one above tentative seats, to probe for more. Known is the stated or learned slot limit it judges
+	// by otherwise (0 while neither is).
+	Seats, Capacity, Known int
+	// Adopted reports an endpoint that joined after a peer replica had been live (one a departed peer owned, say)
+	// with no seat count learned here yet.
 	Adopted bool
 }
 
-// Counts returns admission's counts of the named endpoints, in the order given; a name it does not know is left out.
+// Counts returns admission's counts of the named endpoints now, in the order given; a name it does not know (a peer's
+// endpoint) is left out.
 func (c *Controller) Counts(names []string) []EndpointCount {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -28,7 +32,7 @@ func (c *Controller) Counts(names []string) []EndpointCount {
 		}
 		e := &c.endpoints[i]
 		out = append(out, EndpointCount{Name: name, InFlight: e.inflight, Foreign: e.foreign, Peer: e.peer,
-			Seats: e.seats, Capacity: e.capacity, Adopted: e.adopted})
+			Seats: e.seats, Capacity: e.capacity, Known: e.known, Adopted: e.adopted})
 	}
 	return out
 }

@@ -17,7 +17,8 @@ func TestCounts(t *testing.T) {
 		h.c.SetPeers(Peers{Load: map[string]int{"a": 2}, ReserveShare: func(pool, _ int) int { return pool }})
 		h.step(50 * time.Millisecond)
 		h.scrape(ep("a", 0), ep("b", 0), ep("c", 0)) // c joins while a peer is live: adopted
-		// b queues at 4 running, twice: seats 4 (tentative); then a scrape shows 3 there, which are not ours.
+		// b queues at 4 running, twice: seats 4, tentative (no slot limit known yet), so its capacity probes one more;
+		// then scrapes show 3 there, which are not ours.
 		for _, running := range []int{4, 4, 3, 3} {
 			waiting := 0
 			if running == 4 {
@@ -28,19 +29,30 @@ func TestCounts(t *testing.T) {
 		}
 		first := h.admit(0, "t", 1)
 		first.wantOutcome(t, Dispatched, ReasonNone)
+		// A scrape that shows the request where admission sent it: no longer reserved there, still in flight.
+		var where string
+		for _, c := range h.c.Counts([]string{"a", "b", "c"}) {
+			if c.InFlight == 1 {
+				where = c.Name
+			}
+		}
+		scraped := map[string]int{"b": 3}
+		scraped[where]++
+		h.step(50 * time.Millisecond)
+		h.scrape(Endpoint{Name: "a", Running: scraped["a"]}, Endpoint{Name: "b", Running: scraped["b"]}, Endpoint{Name: "c", Running: scraped["c"]})
+
 		got := h.c.Counts([]string{"c", "nowhere", "b", "a"})
-		var inflight int
+		if len(got) != 3 {
+			t.Fatalf("Counts = %+v, want c, b and a", got)
+		}
+		inflight := map[string]int{}
 		for i := range got {
-			inflight += got[i].InFlight
-			got[i].InFlight = 0 // wherever admission placed the request: counted once below
+			inflight[got[i].Name] = got[i].InFlight
+			got[i].InFlight = 0
 		}
-		want := []EndpointCount{{Name: "c", Adopted: true}, {Name: "b", Foreign: 3, Seats: got[1].Seats, Capacity: got[1].Capacity},
-			{Name: "a", Peer: 2}}
-		if inflight != 1 || !reflect.DeepEqual(got, want) {
-			t.Errorf("Counts = %+v with %d of ours in flight, want %+v with 1", got, inflight, want)
-		}
-		if got[1].Seats != 4 {
-			t.Errorf("b's seats %d, want 4 (it queued at 4 running)", got[1].Seats)
+		want := []EndpointCount{{Name: "c", Adopted: true}, {Name: "b", Foreign: 3, Seats: 4, Capacity: 5}, {Name: "a", Peer: 2}}
+		if !reflect.DeepEqual(got, want) || inflight[where] != 1 || inflight["a"]+inflight["b"]+inflight["c"] != 1 {
+			t.Errorf("Counts = %+v with ours in flight %v, want %+v with one on %s", got, inflight, want, where)
 		}
 	})
 }

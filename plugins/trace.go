@@ -173,9 +173,11 @@ func traceAdmission(ctx context.Context, reqCtx *handlers.RequestContext, priori
 		WaitSeconds: d.Waited.Seconds(), Burst: d.Burst, Headroom: slices.Clone(d.Endpoints),
 		RetryAfterSeconds: d.RetryAfterSeconds(),
 	}
-	for _, c := range counts(d.Endpoints) {
-		a.Counts = append(a.Counts, decisiontrace.EndpointCount{Endpoint: c.Name, InFlight: c.InFlight, Foreign: c.Foreign,
-			Peer: c.Peer, Seats: c.Seats, Capacity: c.Capacity, Adopted: c.Adopted})
+	if len(d.Endpoints) > 0 { // counts is not kept: an untraced request's method value stays on the stack
+		for _, c := range counts(d.Endpoints) {
+			a.Counts = append(a.Counts, decisiontrace.EndpointCount{Endpoint: c.Name, InFlight: c.InFlight, Foreign: c.Foreign,
+				Peer: c.Peer, Seats: c.Seats, Capacity: c.Capacity, Known: c.Known, Adopted: c.Adopted})
+		}
 	}
 	t.Admitted(a)
 }

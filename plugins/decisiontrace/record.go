@@ -58,12 +58,15 @@ type Admission struct {
 	Headroom []string `json:"headroom,omitempty"`
 	// RetryAfterSeconds is the Retry-After of a request that was not dispatched.
 	RetryAfterSeconds int64 `json:"retryAfterSeconds,omitempty"`
-	// Counts are admission's counts of the endpoints in Headroom just after its decision, this request included.
+	// Counts are admission's counts of the endpoints in Headroom as the trace read them, just after the decision
+	// (this request included, and any dispatched in between). A peer's endpoint, where a request sent to a peer's
+	// idle seat goes, has none.
 	Counts []EndpointCount `json:"counts,omitempty"`
 }
 
 // EndpointCount is admission's count of one endpoint's requests (flowcontrol.EndpointCount): its occupancy is
-// InFlight plus the larger of Foreign and Peer, against Seats (and, under the Critical reserve, Capacity).
+// InFlight plus the larger of Foreign and Peer, held to Capacity when admission judges seats strictly (under the
+// Critical reserve, or for a tenant under its share) and to Known otherwise.
 type EndpointCount struct {
 	Endpoint string `json:"endpoint"`
 	// InFlight counts this EPP's requests there, Foreign how many more its scrapes showed, Peer those other replicas
@@ -71,11 +74,13 @@ type EndpointCount struct {
 	InFlight int `json:"inFlight"`
 	Foreign  int `json:"foreign,omitempty"`
 	Peer     int `json:"peer,omitempty"`
-	// Seats is how many requests the endpoint starts at once (0 while unknown), Capacity the most admission keeps
-	// there under the Critical reserve (0: no bound).
+	// Seats is how many requests the endpoint starts at once (0 while unknown); Capacity the most admission keeps
+	// there when it judges seats strictly (0: no bound), one above tentative seats while it probes for more; Known
+	// the stated or learned slot limit (0 while neither is).
 	Seats    int `json:"seats"`
 	Capacity int `json:"capacity,omitempty"`
-	// Adopted: taken over from a peer, no seat count learned here yet.
+	Known    int `json:"known,omitempty"`
+	// Adopted: joined after a peer replica had been live, with no seat count learned here yet.
 	Adopted bool `json:"adopted,omitempty"`
 }
 

@@ -128,7 +128,8 @@ func writeSlowest(b *strings.Builder, results []Result) {
 				"replica that routed it (its decision trace, joined by x-request-id; the traces are in each run's logs " +
 				"folder): the time admission queued it, the endpoints it had room on with its count of each just after " +
 				"its decision (its requests there, this one included; the requests its scrapes showed beyond them; " +
-				"those peers run there; the seats), and each candidate's total " +
+				"those peers run there; the seats; the capacity it holds to when it judges seats strictly, one above " +
+				"seats not yet confirmed; the slot limit it knows), and each candidate's total " +
 				"score, highest first, the one the EPP picked starred. Server queue is the time the request waited inside the " +
 				"server before its first step.\n\n")
 		}
@@ -157,15 +158,21 @@ func (s SlowRequest) decisionText() string {
 		}
 		totals = append(totals, fmt.Sprintf("%s %.2f%s", c.Endpoint, c.Total, mark))
 	}
-	room := strings.Join(s.Headroom, " ")
-	if len(s.Counts) > 0 {
-		var counted []string
-		for _, c := range s.Counts {
-			counted = append(counted, fmt.Sprintf("%s (in flight %d, scraped beyond %d, peers' %d, seats %d)",
-				c.Endpoint, c.InFlight, c.Foreign, c.Peer, c.Seats))
+	var room []string
+	for _, name := range s.Headroom {
+		i := slices.IndexFunc(s.Counts, func(c decisiontrace.EndpointCount) bool { return c.Endpoint == name })
+		if i < 0 {
+			room = append(room, name)
+			continue
 		}
-		room = strings.Join(counted, ", ")
+		c := s.Counts[i]
+		text := fmt.Sprintf("%s (in flight %d, scraped beyond %d, peers' %d, seats %d, capacity %d, known %d",
+			name, c.InFlight, c.Foreign, c.Peer, c.Seats, c.Capacity, c.Known)
+		if c.Adopted {
+			text += ", adopted"
+		}
+		room = append(room, text+")")
 	}
-	return fmt.Sprintf("replica %d, queued %s, room on [%s], totals [%s]", s.Replica, ms(s.Waited), room,
-		strings.Join(totals, ", "))
+	return fmt.Sprintf("replica %d, queued %s, room on [%s], totals [%s]", s.Replica, ms(s.Waited),
+		strings.Join(room, ", "), strings.Join(totals, ", "))
 }
