@@ -173,7 +173,9 @@ func traceAdmission(ctx context.Context, reqCtx *handlers.RequestContext, priori
 		WaitSeconds: d.Waited.Seconds(), Burst: d.Burst, Headroom: slices.Clone(d.Endpoints),
 		RetryAfterSeconds: d.RetryAfterSeconds(),
 	}
-	if len(d.Endpoints) > 0 { // counts is not kept: an untraced request's method value stays on the stack
+	// Nothing to count without endpoints. counts is called here only and never kept, so the method value an untraced
+	// request passes stays on its stack.
+	if len(d.Endpoints) > 0 {
 		for _, c := range counts(d.Endpoints) {
 			a.Counts = append(a.Counts, decisiontrace.EndpointCount{Endpoint: c.Name, InFlight: c.InFlight, Foreign: c.Foreign,
 				Peer: c.Peer, Seats: c.Seats, Capacity: c.Capacity, Known: c.Known, Adopted: c.Adopted})

@@ -194,12 +194,25 @@ func TrafficLeft(recs []loadgen.Record, endpoint string, from, to, probeGap time
 func CriticalTTFT(recs []loadgen.Record, class string, from, to time.Duration) []time.Duration {
 	var out []time.Duration
 	for _, r := range recs {
-		if r.Class == class && r.Attempt <= 1 && r.OK() && r.Start >= from && r.Start < to {
+		if servedFirstTry(r, class, from, to) {
 			out = append(out, r.TTFT)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// servedFirstTry reports whether r is a request of class served on its first attempt and sent within [from, to):
+// what the Critical TTFT figures count.
+func servedFirstTry(r loadgen.Record, class string, from, to time.Duration) bool {
+	return r.Class == class && r.Attempt <= 1 && r.OK() && r.Start >= from && r.Start < to
+}
+
+// firstSentIn reports whether r's request was first sent within [from, to), whichever attempt r is: retried requests
+// belong to the window of their first attempt.
+func firstSentIn(r loadgen.Record, from, to time.Duration) bool {
+	first := r.Start - r.SinceFirstAttempt
+	return first >= from && first < to
 }
 
 // MissingFinals counts the issued requests (sequence numbers 0 to the
@@ -242,8 +255,7 @@ type Retries struct {
 func RetriesIn(recs []loadgen.Record, critical string, from, to time.Duration) Retries {
 	out := Retries{Outcomes: map[Outcome]int{}}
 	for _, r := range recs {
-		first := r.Start - r.SinceFirstAttempt
-		if !r.Final || r.Attempt <= 1 || first < from || first >= to {
+		if !r.Final || r.Attempt <= 1 || !firstSentIn(r, from, to) {
 			continue
 		}
 		out.Requests++

@@ -395,8 +395,7 @@ func (b *Baseline) measure(recs []loadgen.Record, from, to time.Duration, retry 
 func countUnavailable(recs []loadgen.Record, class string, from, to time.Duration) int {
 	n := 0
 	for _, r := range recs {
-		first := r.Start - r.SinceFirstAttempt
-		if r.Class == class && r.Final && Classify(r) == OutcomeUnavailable && first >= from && first < to {
+		if r.Class == class && r.Final && Classify(r) == OutcomeUnavailable && firstSentIn(r, from, to) {
 			n++
 		}
 	}

@@ -79,7 +79,7 @@ type tracedDecision struct {
 func slowestCritical(recs []loadgen.Record, from, to time.Duration, decisions map[string]tracedDecision, n int) []SlowRequest {
 	var served []loadgen.Record
 	for _, r := range recs {
-		if r.Class == criticalClass && r.Attempt <= 1 && r.Final && r.OK() && r.Start >= from && r.Start < to {
+		if servedFirstTry(r, criticalClass, from, to) {
 			served = append(served, r)
 		}
 	}
