@@ -68,6 +68,7 @@ func WriteReport(w io.Writer, results []Result, tl Timeline) error {
 	writeBaselines(&b, results)
 	writeRetries(&b, results)
 	writeSlowest(&b, results)
+	writeAboveSeats(&b, results)
 	b.WriteString("\n## Faults\n\n")
 	seen := map[string]bool{}
 	for _, r := range results {

@@ -140,9 +140,12 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 	t.Helper()
 	var baseline *Baseline
 	var baselineRecords []loadgen.Record
+	var baselineDecisions map[string]tracedDecision
 	if c.Baseline != nil {
 		baseline = &Baseline{Name: c.BaselineName, Target: c.BaselineTarget}
-		if !t.Run("baseline", func(t *testing.T) { baselineRecords = runBaseline(t, c, mode, tl, base, baseline) }) {
+		if !t.Run("baseline", func(t *testing.T) {
+			baselineRecords, baselineDecisions = runBaseline(t, c, mode, tl, base, baseline)
+		}) {
 			baseline.Failures = append(baseline.Failures, "the baseline run did not complete (see its subtest)")
 		}
 	}
@@ -210,6 +213,10 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 			t.Logf("reading the decision traces: %v", err)
 		}
 		res.Slowest = slowestCritical(main.Records, from, to, decisions, slowestShown)
+		if baselineDecisions != nil {
+			above, baseAbove := aboveSeats(main.Records, from, to, decisions), aboveSeats(baselineRecords, from, to, baselineDecisions)
+			res.AboveSeats, baseline.AboveSeats = &above, &baseAbove
+		}
 	}
 	r.records = main.Records
 	if c.Check != nil {
@@ -269,10 +276,11 @@ func startCaseStack(t *testing.T, c Case, mode Mode, base StackOptions, sub stri
 	return opts, s
 }
 
-// runBaseline runs c's load with no fault on the stack c.Baseline makes of base and returns its records, for b to be
-// measured over the window the fault has in the case's run. The run must end as any: every request answered once
+// runBaseline runs c's load with no fault on the stack c.Baseline makes of base and returns its records and its
+// decision traces (nil when none could be read), for b to be measured over the window the fault has in the case's
+// run. The run must end as any: every request answered once
 // with 200, or 429 or 503 with Retry-After, and nothing left in the EPP; b.Failures lists what did not.
-func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions, b *Baseline) []loadgen.Record {
+func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions, b *Baseline) ([]loadgen.Record, map[string]tracedDecision) {
 	opts, s := startCaseStack(t, c, mode, base, "baseline", c.Baseline)
 	res, err := loadgen.Run(t.Context(), loadConfig(t, s, c, tl))
 	if err != nil {
@@ -294,10 +302,18 @@ func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions
 	if err := s.WaitDrained(t.Context(), drainTimeout); err != nil {
 		b.Failures = append(b.Failures, "after the baseline's load: "+err.Error())
 	}
-	if _, err := s.SaveDecisions(t.Context()); err != nil {
+	saved, err := s.SaveDecisions(t.Context())
+	if err != nil {
 		t.Logf("saving the decision traces: %v", err)
 	}
-	return res.Records
+	if len(saved) == 0 {
+		return res.Records, nil
+	}
+	decisions, err := loadDecisions(opts.Dir, saved)
+	if err != nil {
+		t.Logf("reading the baseline's decision traces: %v", err)
+	}
+	return res.Records, decisions
 }
 
 // collect classifies every final answer (the load's and the bursts') and
@@ -462,6 +478,9 @@ type Result struct {
 	// Slowest are the slowest Critical requests of the fault's window, each with its EPP decision, for a case with a
 	// baseline.
 	Slowest []SlowRequest `json:"slowest_critical,omitempty"`
+	// AboveSeats counts the window's attempts placed above an endpoint's seats, for a case whose run and baseline
+	// were traced.
+	AboveSeats *AboveSeats `json:"above_seats,omitempty"`
 	// Marks are the instants of the case's named events (Run.Mark: "fault",
 	// "clear", "kill"), from the start of the load, as the load's records
 	// (RecordsFileName) count time.
@@ -492,6 +511,8 @@ type Baseline struct {
 	CriticalUnavailable int           `json:"critical_unavailable,omitempty"`
 	// Retries is what the clients' retries did over the window; it counts nothing when they do not retry.
 	Retries *Retries `json:"retries,omitempty"`
+	// AboveSeats is Result.AboveSeats over the same window of the baseline run.
+	AboveSeats *AboveSeats `json:"above_seats,omitempty"`
 	// Failures lists why the baseline run fails the case: answers other than designed ones, a leak, a run that did
 	// not complete.
 	Failures []string `json:"failures,omitempty"`
