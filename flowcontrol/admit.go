@@ -136,6 +136,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 			d.Outcome, d.Burst = Dispatched, burst
 			best, d.Endpoints = c.kvPlaceLocked(band, req.Tenant, size, best, names, now)
 			c.reserveLocked(req.ID, req.Streamed, size, best, now)
+			d.Reserved = c.endpoints[best].Name
 			if c.totalCount > 0 {
 				c.drain.add(cost)
 			}

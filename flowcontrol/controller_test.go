@@ -17,8 +17,9 @@ func TestFastPath(t *testing.T) {
 		h := newHarness(t, testConfig(t, nil))
 		h.scrape(ep("a", 4), ep("b", 0), ep("c", 9))
 		d := h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone)
-		if !slices.Equal(d.Endpoints, []string{"a", "b"}) || d.Waited != 0 || d.Band != Standard || d.RetryAfter != 0 {
-			t.Fatalf("decision = %+v, want endpoints [a b], no wait, band Standard", d)
+		if !slices.Equal(d.Endpoints, []string{"a", "b"}) || d.Waited != 0 || d.Band != Standard || d.RetryAfter != 0 ||
+			d.Reserved != "b" {
+			t.Fatalf("decision = %+v, want endpoints [a b] and reserved on b, no wait, band Standard", d)
 		}
 		if s := h.c.Stats(); s.Reserved != 1 || s.Queued != [NumBands]int{} {
 			t.Fatalf("stats = %+v, want one reservation and nothing queued", s)
@@ -27,8 +28,9 @@ func TestFastPath(t *testing.T) {
 		for range 3 {
 			h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone)
 		}
-		if d = h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"a", "b"}) {
-			t.Fatalf("endpoints = %v, want [a b]", d.Endpoints)
+		if d = h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"a", "b"}) ||
+			d.Reserved != "a" {
+			t.Fatalf("endpoints = %v reserved on %q, want [a b] reserved on a", d.Endpoints, d.Reserved)
 		}
 		if d = h.admit(0, "t", 10).wantOutcome(t, Dispatched, ReasonNone); !slices.Equal(d.Endpoints, []string{"b"}) {
 			t.Fatalf("endpoints = %v, want [b] (a is full)", d.Endpoints)
@@ -58,6 +60,11 @@ func TestStrictPriority(t *testing.T) {
 			h.step(10 * time.Millisecond)
 			h.scrape(ep("a", 4))
 			got := dispatchedIDs(calls...)
+			for _, cl := range calls {
+				if cl.finished() && cl.d.Outcome == Dispatched && cl.d.Reserved != "a" {
+					t.Fatalf("%s dispatched after waiting, reserved on %q, want a", cl.req.ID, cl.d.Reserved)
+				}
+			}
 			if len(got) != len(order)+1 {
 				t.Fatalf("after a one-slot scrape, dispatched %v (before: %v)", got, order)
 			}

@@ -31,7 +31,7 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			c.reserveLocked(it.id, it.streamed, it.size, best, now)
 			c.drain.add(it.cost)
 			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
-				Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)
+				Reserved: c.endpoints[best].Name, Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)
 			n++
 		}
 	}

@@ -114,6 +114,9 @@ type Decision struct {
 	// Endpoints lists, for a Dispatched request, the endpoints that had headroom for its band at dispatch time, in
 	// snapshot order. The scheduler should be restricted to them.
 	Endpoints []string
+	// Reserved is, for a Dispatched request, the endpoint of Endpoints admission counts it on until Bind moves it to
+	// the one the scheduler picked; empty when it holds nothing here (DispatchedElsewhere).
+	Reserved string
 	// RetryAfter is set for Rejected (except ReasonInvalidRequest and ReasonBandNotAllowed, which a retry cannot
 	// change) and Unavailable: a whole number of seconds, at least 1.
 	RetryAfter time.Duration

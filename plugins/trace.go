@@ -170,7 +170,7 @@ func traceAdmission(ctx context.Context, reqCtx *handlers.RequestContext, priori
 	t.Request(reqCtx.TargetModelName, reqCtx.ObjectiveKey, priority)
 	a := decisiontrace.Admission{
 		Tenant: tenant, Band: d.Band.String(), Capped: d.Capped, Outcome: d.Outcome.String(), Reason: d.Reason.String(),
-		WaitSeconds: d.Waited.Seconds(), Burst: d.Burst, Headroom: slices.Clone(d.Endpoints),
+		WaitSeconds: d.Waited.Seconds(), Burst: d.Burst, Headroom: slices.Clone(d.Endpoints), Reserved: d.Reserved,
 		RetryAfterSeconds: d.RetryAfterSeconds(),
 	}
 	// Nothing to count without endpoints. counts is called here only and never kept, so the method value an untraced

@@ -108,7 +108,7 @@ func TestTracedSchedulingRecordsTheDecision(t *testing.T) {
 	}
 	// Admission's count there includes the untraced request before it and this one, both dispatched and not released.
 	wantAdmission := &decisiontrace.Admission{Tenant: "tenant", Band: "Standard", Outcome: "dispatched", Headroom: []string{"10.0.0.2:8000"},
-		Counts: []decisiontrace.EndpointCount{{Endpoint: "10.0.0.2:8000", InFlight: 2}}}
+		Reserved: "10.0.0.2:8000", Counts: []decisiontrace.EndpointCount{{Endpoint: "10.0.0.2:8000", InFlight: 2}}}
 	if !reflect.DeepEqual(r.Admission, wantAdmission) {
 		t.Errorf("admission %+v, want %+v", r.Admission, wantAdmission)
 	}
@@ -355,7 +355,7 @@ func TestTraceRecordsTheQueueWait(t *testing.T) {
 
 		want := map[string]decisiontrace.Admission{
 			"waited": {Tenant: "tenant", Band: "Standard", Outcome: "dispatched", WaitSeconds: 1.5, Headroom: []string{"10.0.0.1:8000"},
-				Counts: []decisiontrace.EndpointCount{{Endpoint: "10.0.0.1:8000", InFlight: 1}}},
+				Reserved: "10.0.0.1:8000", Counts: []decisiontrace.EndpointCount{{Endpoint: "10.0.0.1:8000", InFlight: 1}}},
 			"timed-out": {Tenant: "tenant", Band: "Standard", Outcome: "rejected", Reason: "queue_timeout", WaitSeconds: 2},
 		}
 		for id, w := range want {

@@ -58,9 +58,11 @@ type Admission struct {
 	Headroom []string `json:"headroom,omitempty"`
 	// RetryAfterSeconds is the Retry-After of a request that was not dispatched.
 	RetryAfterSeconds int64 `json:"retryAfterSeconds,omitempty"`
+	// Reserved is the endpoint of Headroom admission counted the request on until the scheduler's pick moved it.
+	Reserved string `json:"reserved,omitempty"`
 	// Counts are admission's counts of the endpoints in Headroom as the trace read them, just after the decision
-	// (this request included, and any dispatched in between). A peer's endpoint, where a request sent to a peer's
-	// idle seat goes, has none.
+	// (this request included on Reserved only, and any dispatched in between). A peer's endpoint, where a request
+	// sent to a peer's idle seat goes, has none.
 	Counts []EndpointCount `json:"counts,omitempty"`
 }
 

@@ -277,9 +277,9 @@ func startCaseStack(t *testing.T, c Case, mode Mode, base StackOptions, sub stri
 }
 
 // runBaseline runs c's load with no fault on the stack c.Baseline makes of base and returns its records and its
-// decision traces (nil when none could be read), for b to be measured over the window the fault has in the case's
-// run. The run must end as any: every request answered once
-// with 200, or 429 or 503 with Retry-After, and nothing left in the EPP; b.Failures lists what did not.
+// decision traces (nil when none was saved; what could be read of them otherwise), for b to be measured over the
+// window the fault has in the case's run. The run must end as any: every request answered once with 200, or 429 or
+// 503 with Retry-After, and nothing left in the EPP; b.Failures lists what did not.
 func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions, b *Baseline) ([]loadgen.Record, map[string]tracedDecision) {
 	opts, s := startCaseStack(t, c, mode, base, "baseline", c.Baseline)
 	res, err := loadgen.Run(t.Context(), loadConfig(t, s, c, tl))

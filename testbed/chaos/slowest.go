@@ -39,8 +39,10 @@ type SlowRequest struct {
 	Waited     time.Duration                  `json:"waited_ns,omitempty"`
 	Candidates []decisiontrace.EndpointScores `json:"candidates,omitempty"`
 	Headroom   []string                       `json:"headroom,omitempty"`
-	// Counts are admission's counts of the endpoints in Headroom just after its decision.
-	Counts []decisiontrace.EndpointCount `json:"counts,omitempty"`
+	// Counts are admission's counts of the endpoints in Headroom just after its decision, the request itself counted
+	// on Reserved, where admission reserved it until the scheduler's pick moved it.
+	Counts   []decisiontrace.EndpointCount `json:"counts,omitempty"`
+	Reserved string                        `json:"reserved,omitempty"`
 }
 
 // loadDecisions reads the decision traces SaveDecisions saved in dir for replicas, keyed by request ID, each with the
@@ -91,7 +93,7 @@ func slowestCritical(recs []loadgen.Record, from, to time.Duration, decisions ma
 			s.Replica, s.Picked = d.replica, d.record.Endpoint
 			if a := d.record.Admission; a != nil {
 				s.Waited = time.Duration(a.WaitSeconds * float64(time.Second))
-				s.Headroom, s.Counts = a.Headroom, a.Counts
+				s.Headroom, s.Counts, s.Reserved = a.Headroom, a.Counts, a.Reserved
 			}
 			s.Candidates = primaryProfile(d.record).Endpoints
 		}
@@ -127,7 +129,7 @@ func writeSlowest(b *strings.Builder, results []Result) {
 			b.WriteString("\n## The slowest Critical requests of the fault's window\n\nEach with the decision of the EPP " +
 				"replica that routed it (its decision trace, joined by x-request-id; the traces are in each run's logs " +
 				"folder): the time admission queued it, the endpoints it had room on with its count of each just after " +
-				"its decision (its requests there, this one included; the requests its scrapes showed beyond them; " +
+				"its decision (its requests there, this one included where marked \"this one\"; the requests its scrapes showed beyond them; " +
 				"those peers run there; the seats; the capacity it holds to when it judges seats strictly, one above " +
 				"seats not yet confirmed; the slot limit it knows), and each candidate's total " +
 				"score, highest first, the one the EPP picked starred. Server queue is the time the request waited inside the " +
@@ -170,6 +172,9 @@ func (s SlowRequest) decisionText() string {
 			name, c.InFlight, c.Foreign, c.Peer, c.Seats, c.Capacity, c.Known)
 		if c.Adopted {
 			text += ", adopted"
+		}
+		if name == s.Reserved {
+			text += ", this one"
 		}
 		room = append(room, text+")")
 	}

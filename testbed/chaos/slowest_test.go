@@ -28,7 +28,8 @@ func TestSlowestCritical(t *testing.T) {
 	routed := func(id, endpoint string, waited float64, totals ...float64) *decisiontrace.Record {
 		r := &decisiontrace.Record{RequestID: id, Outcome: decisiontrace.Routed, Endpoint: endpoint,
 			Admission: &decisiontrace.Admission{Band: "critical", Outcome: "Dispatched", WaitSeconds: waited, Headroom: []string{endpoint},
-				Counts: []decisiontrace.EndpointCount{{Endpoint: endpoint, InFlight: 3, Peer: 1, Seats: 4, Capacity: 5, Adopted: true}}}}
+				Reserved: endpoint,
+				Counts:   []decisiontrace.EndpointCount{{Endpoint: endpoint, InFlight: 3, Peer: 1, Seats: 4, Capacity: 5, Adopted: true}}}}
 		// A profile that ran first and picked elsewhere is not the one that routed the request.
 		other := decisiontrace.Profile{Name: "prefill", Picked: []string{"c:1"},
 			Endpoints: []decisiontrace.EndpointScores{{Endpoint: "c:1", Total: 1}}}
@@ -79,7 +80,7 @@ func TestSlowestCritical(t *testing.T) {
 	writeSlowest(&b, []Result{{Case: "replica-killed-of-3", Mode: Static, Marks: map[string]time.Duration{"fault": ms(2000)}, Slowest: got}})
 	for _, want := range []string{
 		"seq 3, sent 200 ms after the fault, TTFT 900 ms (server queue 0 ms) on b:1: replica 0, queued 4 ms, " +
-			"room on [b:1 (in flight 3, scraped beyond 0, peers' 1, seats 4, capacity 5, known 0, adopted)], totals [a:1 0.90, b:1 0.40*]",
+			"room on [b:1 (in flight 3, scraped beyond 0, peers' 1, seats 4, capacity 5, known 0, adopted, this one)], totals [a:1 0.90, b:1 0.40*]",
 		"seq 6, sent 500 ms after the fault, TTFT 100 ms (server queue 0 ms) on -: no decision traced",
 	} {
 		if !strings.Contains(b.String(), want) {
