@@ -115,7 +115,8 @@ type Decision struct {
 	// snapshot order. The scheduler should be restricted to them.
 	Endpoints []string
 	// Reserved is, for a Dispatched request, the endpoint of Endpoints admission counts it on until Bind moves it to
-	// the one the scheduler picked; empty when it holds nothing here (DispatchedElsewhere).
+	// the one the scheduler picked; empty when it holds nothing here (sent to a peer's endpoint: DispatchedElsewhere,
+	// DispatchWaitingElsewhere, DispatchSpareElsewhere).
 	Reserved string
 	// RetryAfter is set for Rejected (except ReasonInvalidRequest and ReasonBandNotAllowed, which a retry cannot
 	// change) and Unavailable: a whole number of seconds, at least 1.
