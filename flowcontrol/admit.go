@@ -135,8 +135,7 @@ func (c *Controller) admitLocked(req Request, now time.Time) (d Decision, it *it
 			// Fast path: headroom and nobody ahead.
 			d.Outcome, d.Burst = Dispatched, burst
 			best, d.Endpoints = c.kvPlaceLocked(band, req.Tenant, size, best, names, now)
-			c.reserveLocked(req.ID, req.Streamed, size, best, now)
-			d.Reserved = c.endpoints[best].Name
+			d.Reserved = c.reserveLocked(req.ID, req.Streamed, size, best, now)
 			if c.totalCount > 0 {
 				c.drain.add(cost)
 			}

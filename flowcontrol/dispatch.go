@@ -28,10 +28,10 @@ func (c *Controller) dispatchLocked(now time.Time) int {
 			it := q.popTenant(tq)
 			c.tenantLeftLocked(tq, it.cost, now)
 			c.dequeuedLocked(it)
-			c.reserveLocked(it.id, it.streamed, it.size, best, now)
+			reserved := c.reserveLocked(it.id, it.streamed, it.size, best, now)
 			c.drain.add(it.cost)
 			c.finalizeLocked(it, Decision{Outcome: Dispatched, Band: b, Capped: it.capped, Endpoints: names,
-				Reserved: c.endpoints[best].Name, Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)
+				Reserved: reserved, Waited: now.Sub(it.enqueuedAt), Burst: burst}, nil)
 			n++
 		}
 	}

@@ -8,8 +8,9 @@ import (
 )
 
 // reserveLocked counts a dispatched request against endpoint i until it is released: in flight, unscraped
-// until a scrape covers it and, if streamed, pending until it has started.
-func (c *Controller) reserveLocked(id string, streamed bool, size kvSize, i int, now time.Time) {
+// until a scrape covers it and, if streamed, pending until it has started. It returns the endpoint's name, the
+// decision's Reserved.
+func (c *Controller) reserveLocked(id string, streamed bool, size kvSize, i int, now time.Time) string {
 	e := &c.endpoints[i]
 	r := reservation{endpoint: e.Name, at: now, ahead: e.pending, unscraped: true, pending: streamed,
 		occupied: e.occupied(), size: size}
@@ -17,6 +18,7 @@ func (c *Controller) reserveLocked(id string, streamed bool, size kvSize, i int,
 	e.add(&r, c.cfg.Endpoint)
 	e.noteFull(now)
 	c.reservations[id] = r
+	return e.Name
 }
 
 // UpdateEndpoints replaces the pool snapshot after a scrape. Requests dispatched to an endpoint before its scrape stop
