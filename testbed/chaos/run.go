@@ -202,16 +202,8 @@ func RunCase(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions) Re
 	if err := s.WaitDrained(ctx, drainTimeout); err != nil {
 		res.Leak = err.Error()
 	}
-	// The traces explain; a replica whose trace cannot be had is only not explained.
-	saved, err := s.SaveDecisions(ctx)
-	if err != nil {
-		t.Logf("saving the decision traces: %v", err)
-	}
-	if baseline != nil && len(saved) > 0 {
-		decisions, err := loadDecisions(opts.Dir, saved)
-		if err != nil {
-			t.Logf("reading the decision traces: %v", err)
-		}
+	// Only a case with a baseline reads its traces back; every case keeps them.
+	if decisions := keepDecisions(t, s, opts.Dir, baseline != nil); decisions != nil {
 		res.Slowest = slowestCritical(main.Records, from, to, decisions, slowestShown)
 		if baselineDecisions != nil {
 			above, baseAbove := aboveSeats(main.Records, from, to, decisions), aboveSeats(baselineRecords, from, to, baselineDecisions)
@@ -302,18 +294,25 @@ func runBaseline(t *testing.T, c Case, mode Mode, tl Timeline, base StackOptions
 	if err := s.WaitDrained(t.Context(), drainTimeout); err != nil {
 		b.Failures = append(b.Failures, "after the baseline's load: "+err.Error())
 	}
+	return res.Records, keepDecisions(t, s, opts.Dir, true)
+}
+
+// keepDecisions saves the decision traces of s's live replicas into dir and, with read, reads them back keyed by
+// request ID (nil when none was saved or without read). The traces explain; a replica whose trace cannot be had only
+// leaves its requests unexplained, so its error is logged, not failed.
+func keepDecisions(t *testing.T, s *Stack, dir string, read bool) map[string]tracedDecision {
 	saved, err := s.SaveDecisions(t.Context())
 	if err != nil {
 		t.Logf("saving the decision traces: %v", err)
 	}
-	if len(saved) == 0 {
-		return res.Records, nil
+	if !read || len(saved) == 0 {
+		return nil
 	}
-	decisions, err := loadDecisions(opts.Dir, saved)
+	decisions, err := loadDecisions(dir, saved)
 	if err != nil {
-		t.Logf("reading the baseline's decision traces: %v", err)
+		t.Logf("reading the decision traces: %v", err)
 	}
-	return res.Records, decisions
+	return decisions
 }
 
 // collect classifies every final answer (the load's and the bursts') and

@@ -92,7 +92,7 @@ func (r *eppReplicas) pick() extprocv3.ExternalProcessorClient {
 			j--
 		}
 	}
-	return r.clients[0] // a connection recovered between the two looks
+	return r.clients[0] // a connection failed between the two looks
 }
 
 // Close closes every replica's connection.
