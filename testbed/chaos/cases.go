@@ -210,11 +210,20 @@ func Cases() []Case {
 		{
 			Name:  "client-disconnects",
 			Smoke: true,
-			Fault: "60 clients send Standard requests at once and disconnect after 0.5 s, while queued",
+			Fault: "16 Standard requests with long answers take the free seats; then 60 clients send Standard " +
+				"requests at once and disconnect after 0.5 s, while queued",
 			Modes: both,
-			// Half a second, less than one request's service: at 1.5 s the EPP had on some runs dispatched the whole
-			// queue into freed slots by the time the clients left, and no withdrawal was left to check.
-			Inject: func(r *Run) { r.Burst(60, 500*time.Millisecond, true) },
+			// The burst's clients arrive 1 ms apart and leave in the same order, so any seat that frees while they
+			// wait starts a chain: it goes to the head of the queue, whose client leaves a millisecond later, which
+			// frees it for the next. On a quiet machine that chain took every request of the burst a millisecond
+			// before its client left, and none was withdrawn. Seats held by answers that outlast the wait free none.
+			Inject: func(r *Run) {
+				r.Hold(16)
+				if err := r.Stack.WaitQueued(r.ctx, 1, 30*time.Second); err != nil {
+					r.T.Fatalf("the long answers left a seat free: none queued in the EPP: %v", err)
+				}
+				r.Burst(60, 500*time.Millisecond, true)
+			},
 			Check: func(r *Run) error {
 				page, err := r.Stack.EPPMetrics(r.ctx)
 				if err != nil {

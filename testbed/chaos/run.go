@@ -57,6 +57,12 @@ stream: true
 classes:
   - {name: burst, model: m, objective: standard, tenant: burst, prompt_tokens: 64, output_tokens: 32}
 `
+	// holdMixYAML's answers are four times the load's: they hold their seats for seconds.
+	holdMixYAML = `api: chat
+stream: true
+classes:
+  - {name: hold, model: m, objective: standard, tenant: burst, prompt_tokens: 64, output_tokens: 128}
+`
 	criticalClass = "critical"
 )
 
@@ -112,10 +118,19 @@ func (r *Run) At(name string) time.Duration {
 // disconnect, each client gives up after timeout (the request is then
 // counted as disconnected, not hung); 0 is the usual bound.
 func (r *Run) Burst(n int, timeout time.Duration, disconnect bool) {
+	r.send(burstMixYAML, n, timeout, disconnect)
+}
+
+// Hold sends n Standard requests at once, beside the load, whose answers
+// are long enough to keep the seats they take for seconds.
+func (r *Run) Hold(n int) { r.send(holdMixYAML, n, 0, false) }
+
+// send sends n requests of mixYAML at once, beside the load (see Burst).
+func (r *Run) send(mixYAML string, n int, timeout time.Duration, disconnect bool) {
 	if timeout == 0 {
 		timeout = requestTimeout
 	}
-	mix, err := loadgen.ParseMix([]byte(burstMixYAML))
+	mix, err := loadgen.ParseMix([]byte(mixYAML))
 	if err != nil {
 		r.T.Fatal(err)
 	}
