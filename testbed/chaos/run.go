@@ -57,7 +57,9 @@ stream: true
 classes:
   - {name: burst, model: m, objective: standard, tenant: burst, prompt_tokens: 64, output_tokens: 32}
 `
-	// holdMixYAML's answers are four times the load's: they hold their seats for seconds.
+	// holdMixYAML's answers are four times the load's: they hold their seats for about 2.5 s. Its tenant is the
+	// burst's, so that a burst sent after it queues behind it in arrival order: as another tenant, the burst would
+	// take its fair turn at the seats the holders wait for.
 	holdMixYAML = `api: chat
 stream: true
 classes:
@@ -125,12 +127,12 @@ func (r *Run) Burst(n int, timeout time.Duration, disconnect bool) {
 // are long enough to keep the seats they take for seconds.
 func (r *Run) Hold(n int) { r.send(holdMixYAML, n, 0, false) }
 
-// send sends n requests of mixYAML at once, beside the load (see Burst).
-func (r *Run) send(mixYAML string, n int, timeout time.Duration, disconnect bool) {
+// send sends n requests of the classes (a mix in YAML) at once, beside the load (see Burst).
+func (r *Run) send(classes string, n int, timeout time.Duration, disconnect bool) {
 	if timeout == 0 {
 		timeout = requestTimeout
 	}
-	mix, err := loadgen.ParseMix([]byte(mixYAML))
+	mix, err := loadgen.ParseMix([]byte(classes))
 	if err != nil {
 		r.T.Fatal(err)
 	}
