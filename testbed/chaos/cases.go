@@ -219,7 +219,7 @@ func Cases() []Case {
 			Inject: func(r *Run) {
 				r.Hold(20)
 				if err := r.Stack.WaitQueued(r.ctx, 4, 30*time.Second); err != nil {
-					r.T.Fatalf("the long answers left a seat free: none queued in the EPP: %v", err)
+					r.T.Fatalf("the long answers left seats free: fewer than four requests queued in the EPP: %v", err)
 				}
 				r.Burst(60, 500*time.Millisecond, true)
 			},
