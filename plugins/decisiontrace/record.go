@@ -86,6 +86,10 @@ type EndpointCount struct {
 	Adopted bool `json:"adopted,omitempty"`
 }
 
+// Occupancy is how many requests admission counted the endpoint as holding: InFlight plus the larger of Foreign and
+// Peer, since the peers' requests are among those the scrapes show as foreign (flowcontrol's rule).
+func (c EndpointCount) Occupancy() int { return c.InFlight + max(c.Foreign, c.Peer) }
+
 // Profile is one scheduling profile's run.
 type Profile struct {
 	Name string `json:"name"`

@@ -46,7 +46,7 @@ func aboveSeats(recs []loadgen.Record, from, to time.Duration, decisions map[str
 			continue
 		}
 		c := a.Counts[i]
-		occupancy := c.InFlight + max(c.Foreign, c.Peer)
+		occupancy := c.Occupancy()
 		if a.Reserved != picked {
 			occupancy++
 		}
